@@ -1,0 +1,45 @@
+"""Rounding and saturation of quotients into each quantized type."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qlinear.dtypes import ElementType
+
+__all__ = ["to_integer", "to_float"]
+
+
+def to_integer(quotient: np.ndarray, zero_point: np.ndarray | None, t: ElementType) -> np.ndarray:
+    """``clip(rint(quotient) + zero_point, qmin, qmax)`` as type ``t``.
+
+    The sum is taken in float64: exact for every rounded quotient below 2**53
+    and still ordered correctly beyond it, so values far outside int32 and
+    infinities saturate instead of wrapping. NaN has no integer, so it
+    quantizes to the zero point (docs/semantics.md).
+    """
+    rounded = np.rint(quotient.astype(np.float64))
+    rounded[np.isnan(rounded)] = 0.0
+    if zero_point is not None:
+        rounded += zero_point.astype(np.float64)
+    return np.clip(rounded, t.qmin, t.qmax).astype(t.dtype)
+
+
+def to_float(quotient: np.ndarray, zero_point: np.ndarray | None, t: ElementType, saturate: bool) -> np.ndarray:
+    """``quotient + zero_point`` rounded to float type ``t`` (ONNX cast tables).
+
+    Rounding is to nearest even. With ``saturate`` (or for types without
+    infinities or NaN: float4, float6) values beyond the largest finite value,
+    infinities included, become that value; without it they follow ONNX's
+    table (NaN, or infinity for float8e5m2). A zero zero point adds nothing,
+    so -0 stays -0. NaN becomes the zero point where the type has no NaN.
+    """
+    q = quotient
+    if zero_point is not None:
+        zp = np.broadcast_to(zero_point.astype(q.dtype), q.shape)
+        q = np.where(zp == 0, q, q + zp)
+    if not t.has_nan:
+        q = np.where(np.isnan(q), zero_point.astype(q.dtype) if zero_point is not None else q.dtype.type(0), q)
+    if saturate or not t.saturate_applies:
+        limit = q.dtype.type(t.max_finite)
+        q = np.clip(q, -limit, limit)
+    return q.astype(t.dtype)

@@ -1,0 +1,67 @@
+"""ONNX QuantizeLinear, every version and domain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from qlinear.kernels import backend as _backend
+from qlinear.spec import plan_quantize
+
+__all__ = ["quantize_linear"]
+
+
+def quantize_linear(
+    x: Any,
+    y_scale: Any,
+    y_zero_point: Any = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: Any = None,
+    saturate: bool = True,
+    precision: Any = None,
+    opset: int | None = None,
+    domain: str = "",
+    backend: str = "reference",
+) -> np.ndarray:
+    """ONNX QuantizeLinear, all versions: ``y = saturate(round(x / y_scale) + y_zero_point)``.
+
+    The division is done in the scale's type, or in ``precision``; ``round``
+    is half to even for integer outputs and the conversion to the output
+    type (round to nearest even, ONNX's cast tables) for float outputs.
+
+    Args:
+        x: the full-precision array (float32, float16, bfloat16 or int32, as
+            the version allows).
+        y_scale: scalar (per-tensor), 1-D along ``axis`` (per-axis), or the
+            shape of ``x`` with ``ceil(D/block_size)`` along ``axis`` (blocked).
+        y_zero_point: same shape as ``y_scale``; its type is the output type.
+        axis: quantization axis for per-axis and blocked; negative counts
+            from the back.
+        block_size: elements per block along ``axis``; 0 means not blocked.
+        output_dtype: output type when there is no zero point (ONNX name,
+            dtype or TensorProto enum); default uint8.
+        saturate: float8 outputs clamp out-of-range values to the largest
+            finite value (True) or follow ONNX's non-saturating table.
+        precision: type in which ``x / y_scale`` is computed.
+        opset: apply the version in force at this opset; None is the newest.
+        domain: ``""`` for ai.onnx or ``"com.microsoft"``.
+        backend: kernel set computing the result.
+
+    Returns:
+        The quantized array, one element per value (ml_dtypes for sub-byte
+        and float8 types).
+
+    Raises:
+        QuantizationError: any input the chosen version does not allow.
+
+    >>> quantize_linear(np.array([0.0, 1.5, 2.5, 300.0], np.float32), np.float32(1.0)).tolist()
+    [0, 2, 2, 255]
+    """
+    plan, x, y_scale, y_zero_point = plan_quantize(
+        x, y_scale, y_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype,
+        saturate=saturate, precision=precision, opset=opset, domain=domain,
+    )
+    return _backend(backend, caller="quantize_linear").quantize(plan, x, y_scale, y_zero_point)

@@ -1,0 +1,178 @@
+"""Turn a user's call into a validated plan, or say exactly what is wrong."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from qlinear._errors import QuantizationError
+from qlinear.dtypes import ElementType, element_type
+from qlinear.spec._plan import DequantizePlan, Granularity, QuantizePlan
+from qlinear.spec._versions import OperatorVersion, operator_version
+
+__all__ = ["plan_quantize", "plan_dequantize", "check_array"]
+
+
+def check_array(value: Any, arg: str, caller: str) -> np.ndarray:
+    """``value`` as an ndarray; numpy scalars become 0-d arrays."""
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        raise QuantizationError(f"{caller}: {arg} must be a numpy array, got {type(value).__name__}")
+    return value
+
+
+def _type_of(a: np.ndarray, arg: str, allowed: frozenset[str], version: OperatorVersion, caller: str) -> ElementType:
+    expected = ", ".join(sorted(allowed))
+    try:
+        t = element_type(a.dtype)
+    except QuantizationError:
+        t = None
+    if t is None or t.name not in allowed:
+        raise QuantizationError(f"{caller}: {arg} has type {a.dtype}, expected one of {expected} for {version}")
+    return t
+
+
+def _requested_type(value: Any, arg: str, caller: str) -> ElementType | None:
+    if value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == 0):
+        return None
+    return element_type(value, what=f"{caller}: {arg}")
+
+
+def _granularity(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: Any, block_size: Any, version: OperatorVersion, caller: str, scale_arg: str) -> Granularity:
+    if not isinstance(block_size, (int, np.integer)) or isinstance(block_size, bool):
+        raise QuantizationError(f"{caller}: block_size must be an int, got {block_size!r}")
+    block_size = int(block_size)
+    if block_size and not version.blocked:
+        raise QuantizationError(f"{caller}: block_size is not an attribute of {version}; blocked quantization needs opset >= 21, got block_size={block_size}")
+    if block_size < 0:
+        raise QuantizationError(f"{caller}: block_size must be >= 0, got {block_size}")
+    # A scalar or a one-element 1-D scale is per-tensor: ONNX Runtime and the
+    # onnx reference both read a shape-(1,) scale as a scalar.
+    if len(scale_shape) == 0 or (len(scale_shape) == 1 and scale_shape[0] == 1 and not block_size):
+        return Granularity("per_tensor")
+    rank = len(x_shape)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise QuantizationError(f"{caller}: axis must be an int, got {axis!r}")
+    if not -rank <= axis < rank:
+        raise QuantizationError(f"{caller}: axis must be in [{-rank}, {rank - 1}] for x with shape {x_shape}, got axis={axis}")
+    axis = int(axis) % rank
+    if not block_size:
+        if len(scale_shape) == 1 and scale_shape[0] == x_shape[axis]:
+            if not version.per_axis:
+                raise QuantizationError(f"{caller}: {scale_arg} must be a scalar for {version} (per-tensor only), got shape {scale_shape}")
+            return Granularity("per_axis", axis)
+        hint = " (set block_size for blocked quantization)" if len(scale_shape) == rank and rank > 1 else ""
+        raise QuantizationError(
+            f"{caller}: {scale_arg} has shape {scale_shape}, expected () or ({x_shape[axis]},) for axis={axis} of x with shape {x_shape}{hint}"
+        )
+    expected = tuple(-(-d // block_size) if i == axis else d for i, d in enumerate(x_shape))
+    if len(scale_shape) != rank or any(s != d for i, (s, d) in enumerate(zip(scale_shape, x_shape)) if i != axis):
+        raise QuantizationError(
+            f"{caller}: {scale_arg} has shape {scale_shape}, expected {expected} for block_size={block_size} on axis={axis} of x with shape {x_shape}"
+        )
+    d, s = x_shape[axis], scale_shape[axis]
+    low = -(-d // s) if s else 1
+    high = -(-d // (s - 1)) - 1 if s > 1 else math.inf
+    if not (low <= block_size <= high) or (s == 0 and d != 0):
+        rng = f"[{low}, {high}]" if high != math.inf else f"[{low}, inf)"
+        raise QuantizationError(
+            f"{caller}: block_size must be in {rng} for {scale_arg} with {s} blocks over {d} elements on axis={axis}, got block_size={block_size}"
+        )
+    return Granularity("blocked", axis, block_size)
+
+
+def _check_zero_point(zero_point: np.ndarray | None, scale: np.ndarray, caller: str, zp_arg: str, scale_arg: str) -> None:
+    if zero_point is not None and zero_point.shape != scale.shape:
+        raise QuantizationError(f"{caller}: {zp_arg} has shape {zero_point.shape}, expected {scale.shape}, the shape of {scale_arg}")
+
+
+def _check_attr(name: str, version: OperatorVersion, caller: str, value: Any) -> None:
+    if name not in version.attributes:
+        raise QuantizationError(f"{caller}: {name} is not an attribute of {version}, got {name}={value!r}")
+
+
+def _default_precision(scale_type: ElementType) -> np.dtype:
+    # float8e8m0 and int32 scales have no division of their own: float32 is
+    # exact for every e8m0 power of two and the operator's default type.
+    return scale_type.dtype if scale_type.kind == "wide" else np.dtype(np.float32)
+
+
+def plan_quantize(x: Any, y_scale: Any, y_zero_point: Any, *, axis: Any, block_size: Any, output_dtype: Any,
+                  saturate: Any, precision: Any, opset: int | None, domain: str) -> tuple[QuantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Validate a QuantizeLinear call; return the plan and the arrays."""
+    caller = "quantize_linear"
+    version = operator_version("QuantizeLinear", opset, domain, caller=caller)
+    x = check_array(x, "x", caller)
+    y_scale = check_array(y_scale, "y_scale", caller)
+    y_zero_point = None if y_zero_point is None else check_array(y_zero_point, "y_zero_point", caller)
+    x_type = _type_of(x, "x", version.x_types, version, caller)
+    scale_type = _type_of(y_scale, "y_scale", version.scale_types or frozenset({x_type.name}), version, caller)
+    if version.scale_types is None and scale_type != x_type:
+        raise QuantizationError(f"{caller}: y_scale has type {scale_type}, expected {x_type} (the type of x) for {version}")
+    requested = _requested_type(output_dtype, "output_dtype", caller)
+    if requested is not None:
+        _check_attr("output_dtype", version, caller, requested.name)
+    if y_zero_point is not None:
+        out_type = _type_of(y_zero_point, "y_zero_point", version.quantized_types, version, caller)
+        if requested is not None and requested != out_type:
+            raise QuantizationError(f"{caller}: y_zero_point has type {out_type}, expected {requested} to match output_dtype")
+    else:
+        out_type = requested or element_type("uint8")
+        if out_type.name not in version.quantized_types:
+            raise QuantizationError(
+                f"{caller}: output_dtype must be one of {', '.join(sorted(version.quantized_types))} for {version}, got {out_type}"
+            )
+    if not isinstance(saturate, (bool, np.bool_, int)):
+        raise QuantizationError(f"{caller}: saturate must be a bool, got {saturate!r}")
+    if not saturate:
+        _check_attr("saturate", version, caller, False)
+    prec = _requested_type(precision, "precision", caller)
+    if prec is not None:
+        _check_attr("precision", version, caller, prec.name)
+        if prec.kind != "wide":
+            raise QuantizationError(f"{caller}: precision must be one of bfloat16, float, float16, got {prec}")
+    _check_zero_point(y_zero_point, y_scale, caller, "y_zero_point", "y_scale")
+    granularity = _granularity(x.shape, y_scale.shape, axis, block_size, version, caller, "y_scale")
+    plan = QuantizePlan(
+        version=version,
+        x_shape=x.shape,
+        granularity=granularity,
+        output_type=out_type,
+        precision=prec.dtype if prec is not None else _default_precision(scale_type),
+        saturate=bool(saturate),
+    )
+    return plan, x, y_scale, y_zero_point
+
+
+def plan_dequantize(x: Any, x_scale: Any, x_zero_point: Any, *, axis: Any, block_size: Any, output_dtype: Any,
+                    opset: int | None, domain: str) -> tuple[DequantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Validate a DequantizeLinear call; return the plan and the arrays."""
+    caller = "dequantize_linear"
+    version = operator_version("DequantizeLinear", opset, domain, caller=caller)
+    x = check_array(x, "x", caller)
+    x_scale = check_array(x_scale, "x_scale", caller)
+    x_zero_point = None if x_zero_point is None else check_array(x_zero_point, "x_zero_point", caller)
+    x_type = _type_of(x, "x", version.x_types, version, caller)
+    scale_type = _type_of(x_scale, "x_scale", version.scale_types, version, caller)
+    if x_zero_point is not None:
+        zp_type = _type_of(x_zero_point, "x_zero_point", version.quantized_types, version, caller)
+        if zp_type != x_type:
+            raise QuantizationError(f"{caller}: x_zero_point has type {zp_type}, expected {x_type} (the type of x)")
+    requested = _requested_type(output_dtype, "output_dtype", caller)
+    if requested is not None:
+        _check_attr("output_dtype", version, caller, requested.name)
+        if requested.name not in version.output_types:
+            raise QuantizationError(
+                f"{caller}: output_dtype must be one of {', '.join(sorted(version.output_types))} for {version}, got {requested}"
+            )
+        out = requested.dtype
+    else:
+        # An e8m0 scale is no output type; float32 holds every e8m0 value.
+        out = scale_type.dtype if scale_type.kind == "wide" else np.dtype(np.float32)
+    _check_zero_point(x_zero_point, x_scale, caller, "x_zero_point", "x_scale")
+    granularity = _granularity(x.shape, x_scale.shape, axis, block_size, version, caller, "x_scale")
+    plan = DequantizePlan(version=version, x_shape=x.shape, granularity=granularity, input_type=x_type, output_dtype=out)
+    return plan, x, x_scale, x_zero_point
