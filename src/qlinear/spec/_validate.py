@@ -85,7 +85,9 @@ def _granularity(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: A
 
 
 def _check_zero_point(zero_point: np.ndarray | None, scale: np.ndarray, caller: str, zp_arg: str, scale_arg: str) -> None:
-    if zero_point is not None and zero_point.shape != scale.shape:
+    # A one-element zero point goes with a one-element scale whatever their
+    # ranks: ONNX's own backend cases pair a scalar scale with a (1,) zero point.
+    if zero_point is not None and zero_point.shape != scale.shape and not (zero_point.size == scale.size == 1):
         raise QuantizationError(f"{caller}: {zp_arg} has shape {zero_point.shape}, expected {scale.shape}, the shape of {scale_arg}")
 
 

@@ -30,13 +30,14 @@ def to_float(quotient: np.ndarray, zero_point: np.ndarray | None, t: ElementType
     Rounding is to nearest even. With ``saturate`` (or for types without
     infinities or NaN: float4, float6) values beyond the largest finite value,
     infinities included, become that value; without it they follow ONNX's
-    table (NaN, or infinity for float8e5m2). A zero zero point adds nothing,
-    so -0 stays -0. NaN becomes the zero point where the type has no NaN.
+    table (NaN, or infinity for float8e5m2). The zero point is added as the
+    formula says, in IEEE arithmetic (so ``-0 + 0`` is ``+0``, as ONNX's
+    float4e2m1 backend case expects). NaN becomes the zero point where the
+    type has no NaN.
     """
     q = quotient
     if zero_point is not None:
-        zp = np.broadcast_to(zero_point.astype(q.dtype), q.shape)
-        q = np.where(zp == 0, q, q + zp)
+        q = q + zero_point.astype(q.dtype)
     if not t.has_nan:
         q = np.where(np.isnan(q), zero_point.astype(q.dtype) if zero_point is not None else q.dtype.type(0), q)
     if saturate or not t.saturate_applies:

@@ -26,7 +26,6 @@ def dequantize(plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_poin
         else:
             diff = x.astype(np.float32)
             if zero_point is not None:
-                zp = expand(zero_point, g, shape).astype(np.float32)
-                diff = np.where(zp == 0, diff, diff - zp)
+                diff = diff - expand(zero_point, g, shape).astype(np.float32)
         y = diff * expand(scale, g, shape).astype(np.float32)
         return y.astype(plan.output_dtype, copy=False)

@@ -1,0 +1,32 @@
+"""The ``qlinear`` command: one subcommand a module, registered here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main"]
+
+# Subcommand name -> module defining ``add_arguments(parser)`` and ``run(args) -> int``.
+SUBCOMMANDS = {
+    "conformance": "qlinear.cli._conformance",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``qlinear`` command line; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="qlinear", description="ONNX linear quantization, exact to the specification.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules = {}
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__)
+        module.add_arguments(sub)
+        modules[name] = module
+    args = parser.parse_args(argv)
+    return modules[args.command].run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

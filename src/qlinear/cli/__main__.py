@@ -1,0 +1,5 @@
+import sys
+
+from qlinear.cli import main
+
+sys.exit(main())
