@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
 from qlinear.dtypes import element_type, from_tensor_proto, to_tensor_proto
 from qlinear.ops import dequantize_linear, dynamic_quantize_linear, quantize_linear
+from qlinear.spec import plan_dequantize, plan_quantize
 
 __all__ = ["NodeCase", "node_case_from_model", "run_qlinear"]
 
@@ -48,27 +50,52 @@ class NodeCase:
     domain: str = ""
     expected: list[np.ndarray] | None = None
 
-    def model(self) -> onnx.ModelProto:
-        """The case as an ONNX model with graph inputs for every array."""
-        names = [n if a is not None else "" for n, a in zip(_INPUT_NAMES[self.op], self.inputs)]
+    def model(self, *, constant: Callable[[np.ndarray], bool] = lambda a: False, opset: int | None = None) -> onnx.ModelProto:
+        """The case as an ONNX model.
+
+        Args:
+            constant: arrays for which it returns True become initializers
+                instead of graph inputs (for runtimes that cannot be fed them).
+            opset: import this opset instead of the case's own.
+        """
+        names = [n if a is not None else "" for n, a in zip(_INPUT_NAMES[self.op], self.inputs, strict=False)]
         while names and names[-1] == "":
             names.pop()
         node = helper.make_node(self.op, names, list(_OUTPUT_NAMES[self.op]), domain=self.domain, **self.attributes)
-        graph_inputs = [
-            helper.make_tensor_value_info(n, element_type(a.dtype).onnx_enum, a.shape)
-            for n, a in zip(names, self.inputs) if n
-        ]
-        outputs = [helper.make_tensor_value_info(n, 0, None) for n in _OUTPUT_NAMES[self.op]]
-        graph = helper.make_graph([node], self.name, graph_inputs, outputs)
-        imports = [helper.make_opsetid(self.domain, self.opset)]
+        present = [(n, a) for n, a in zip(names, self.inputs, strict=False) if n]
+        graph_inputs = [helper.make_tensor_value_info(n, element_type(a.dtype).onnx_enum, a.shape) for n, a in present if not constant(a)]
+        initializers = [to_tensor_proto(a, n) for n, a in present if constant(a)]
+        outputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(_OUTPUT_NAMES[self.op], self._output_types(), strict=True)]
+        graph = helper.make_graph([node], self.name.replace("/", "_"), graph_inputs, outputs, initializer=initializers)
+        imports = [helper.make_opsetid(self.domain, opset or self.opset)]
         if self.domain:
             imports.append(helper.make_opsetid("", 21))
         model = helper.make_model(graph, opset_imports=imports)
         model.ir_version = 10
         return model
 
-    def feeds(self) -> dict[str, np.ndarray]:
-        return {n: a for n, a in zip(_INPUT_NAMES[self.op], self.inputs) if a is not None}
+    def call_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of qlinear's operator functions for this case."""
+        if self.op == "DynamicQuantizeLinear":
+            return {}
+        a = self.attributes
+        kwargs = {"axis": a.get("axis", 1), "block_size": a.get("block_size", 0), "output_dtype": a.get("output_dtype"),
+                  "opset": self.opset, "domain": self.domain}
+        if self.op == "QuantizeLinear":
+            kwargs.update(saturate=bool(a.get("saturate", 1)), precision=a.get("precision"))
+        return kwargs
+
+    def _output_types(self) -> list[int]:
+        """ONNX element types of the outputs, as qlinear's spec decides them."""
+        if self.op == "DynamicQuantizeLinear":
+            return [TensorProto.UINT8, TensorProto.FLOAT, TensorProto.UINT8]
+        if self.op == "QuantizeLinear":
+            return [plan_quantize(*self.inputs, **self.call_arguments())[0].output_type.onnx_enum]
+        return [element_type(plan_dequantize(*self.inputs, **self.call_arguments())[0].output_dtype).onnx_enum]
+
+    def feeds(self, *, constant: Callable[[np.ndarray], bool] = lambda a: False) -> dict[str, np.ndarray]:
+        """Graph inputs of :meth:`model` with the same ``constant``."""
+        return {n: a for n, a in zip(_INPUT_NAMES[self.op], self.inputs, strict=False) if a is not None and not constant(a)}
 
 
 def node_case_from_model(name: str, model: onnx.ModelProto, inputs: list[Any], outputs: list[Any] | None = None) -> NodeCase:
@@ -90,20 +117,7 @@ def node_case_from_model(name: str, model: onnx.ModelProto, inputs: list[Any], o
 
 def run_qlinear(case: NodeCase, backend: str = "reference") -> list[np.ndarray]:
     """Run ``case`` through qlinear's operator functions."""
-    a = dict(case.attributes)
-    common = {"opset": case.opset, "domain": case.domain, "backend": backend}
     if case.op == "DynamicQuantizeLinear":
         return list(dynamic_quantize_linear(case.inputs[0], backend=backend))
-    if "axis" in a:
-        common["axis"] = a.pop("axis")
-    if "block_size" in a:
-        common["block_size"] = a.pop("block_size")
-    if "output_dtype" in a:
-        common["output_dtype"] = a.pop("output_dtype")
-    if case.op == "QuantizeLinear":
-        if "saturate" in a:
-            common["saturate"] = bool(a.pop("saturate"))
-        if "precision" in a:
-            common["precision"] = a.pop("precision")
-        return [quantize_linear(*case.inputs, **common)]
-    return [dequantize_linear(*case.inputs, **common)]
+    function = quantize_linear if case.op == "QuantizeLinear" else dequantize_linear
+    return [function(*case.inputs, **case.call_arguments(), backend=backend)]
