@@ -1,0 +1,128 @@
+"""Run a model: Q/DQ nodes by qlinear's operators, the rest by onnx's reference evaluator.
+
+Backends:
+
+- ``"qlinear"``: ``onnx.reference.ReferenceEvaluator`` with qlinear's
+  QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear plugged in as
+  custom operators for the ai.onnx and com.microsoft domains, so every type
+  and version qlinear knows runs, and every other operator runs as onnx
+  defines it.
+- ``"onnxruntime"``: ONNX Runtime's CPU provider with graph optimizations
+  off, so its Q/DQ kernels run as the graph says instead of fused integer
+  kernels.
+- ``"reference"``: onnx's reference evaluator alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from os import PathLike
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from qlinear._errors import QuantizationError
+from qlinear.onnx._analysis import check_model
+from qlinear.onnx._io import load
+from qlinear.onnx._node_case import NodeCase, run_qlinear
+from qlinear.onnx._ort_values import from_ort_value, to_ort_value
+from qlinear.onnx._qdq_check import QDQ_OPS
+
+__all__ = ["BACKENDS", "run"]
+
+BACKENDS = ("qlinear", "onnxruntime", "reference")
+_INPUT_COUNT = {"QuantizeLinear": 3, "DequantizeLinear": 3, "DynamicQuantizeLinear": 1}
+
+
+class _QDQ(OpRun):
+    """A Q/DQ node computed by :func:`qlinear.onnx._node_case.run_qlinear`."""
+
+    # No schema: attributes come from the node as written, and the operator
+    # version in force at the model's opset supplies the defaults.
+    op_schema = None
+
+    def __init__(self, onnx_node: onnx.NodeProto, run_params: dict[str, Any]) -> None:
+        super().__init__(onnx_node, run_params)
+        self._opset = run_params["opsets"][onnx_node.domain]
+        self._attrs = {a.name: helper.get_attribute_value(a) for a in onnx_node.attribute}
+
+    def _run(self, *inputs: np.ndarray | None, **_attributes: Any) -> tuple[np.ndarray, ...]:
+        node = self.onnx_node
+        arrays = list(inputs) + [None] * (_INPUT_COUNT[node.op_type] - len(inputs))
+        case = NodeCase(node.name, node.op_type, self._opset, arrays, dict(self._attrs), node.domain)
+        try:
+            return tuple(run_qlinear(case))
+        except QuantizationError as e:
+            raise QuantizationError(f"node {node.name or node.op_type!r}: {e}") from None
+
+
+# The evaluator looks custom operators up by (op_domain, class name).
+_QLINEAR_OPS = [type(op, (_QDQ,), {"op_domain": domain}) for op in QDQ_OPS for domain in ("", "com.microsoft")]
+
+
+def run(model: onnx.ModelProto | str | PathLike[str], feeds: Mapping[str, Any], *, backend: str = "qlinear",
+        output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """Run ``model`` on ``feeds`` and return its outputs by name.
+
+    Args:
+        model: a ModelProto or the path of a model file.
+        feeds: an array for each graph input (ml_dtypes arrays for int4,
+            float8 and the other low-precision types).
+        backend: ``"qlinear"``, ``"onnxruntime"`` or ``"reference"``.
+        output_names: graph outputs to return; default all.
+
+    Returns:
+        ``{name: array}`` in the order asked for; quantized outputs carry
+        their ml_dtypes type on every backend.
+
+    Raises:
+        QuantizationError: a node the model's opset does not allow, a
+            missing input or a type mismatch (the node named), a missing
+            feed, or an unknown backend.
+
+    >>> from qlinear.onnx import Graph
+    >>> g = Graph(opset=21); x = g.input("x", "float", (3,))
+    >>> g.output(g.quantize_linear(x, np.float32(0.5), np.int8(0), output_names=["y"]))
+    >>> run(g.to_model(), {"x": np.array([1.0, -2.2, 100.0], np.float32)})["y"].tolist()
+    [2, -4, 127]
+    """
+    if backend not in BACKENDS:
+        raise QuantizationError(f"run: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if not isinstance(model, onnx.ModelProto):
+        model = load(model)
+    check_model(model)
+    graph_outputs = [o.name for o in model.graph.output]
+    names = list(output_names) if output_names is not None else graph_outputs
+    unknown = [n for n in names if n not in graph_outputs]
+    if unknown:
+        raise QuantizationError(f"run: output_names must be graph outputs ({', '.join(graph_outputs)}), got {unknown}")
+    initializers = {t.name for t in model.graph.initializer}
+    needed = [i.name for i in model.graph.input if i.name not in initializers]
+    missing = [n for n in needed if n not in feeds]
+    if missing:
+        raise QuantizationError(f"run: feeds must hold every graph input; missing {', '.join(missing)}")
+    arrays = {n: np.asarray(feeds[n]) for n in needed}
+    if backend == "onnxruntime":
+        values = _run_onnxruntime(model, arrays, names)
+    else:
+        evaluator = ReferenceEvaluator(model, new_ops=_QLINEAR_OPS if backend == "qlinear" else None)
+        values = evaluator.run(names, arrays)
+    return dict(zip(names, values))
+
+
+def _run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4  # its errors come back as exceptions; no duplicate log lines
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        values = session.run_with_ort_values(names, {n: to_ort_value(a) for n, a in feeds.items()})
+    except Exception as e:  # ONNX Runtime raises its own exception types
+        raise QuantizationError(f"run: ONNX Runtime failed: {str(e).strip().splitlines()[0]}") from None
+    return [from_ort_value(v) for v in values]
