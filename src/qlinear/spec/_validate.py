@@ -68,18 +68,15 @@ def _granularity(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: A
         raise QuantizationError(
             f"{caller}: {scale_arg} has shape {scale_shape}, expected () or ({x_shape[axis]},) for axis={axis} of x with shape {x_shape}{hint}"
         )
+    # The spec's range rule, block_size in [ceil(D/S), ceil(D/(S-1)) - 1], says
+    # exactly that S == ceil(D/block_size): every block but the last is full.
     expected = tuple(-(-d // block_size) if i == axis else d for i, d in enumerate(x_shape))
-    if len(scale_shape) != rank or any(s != d for i, (s, d) in enumerate(zip(scale_shape, x_shape)) if i != axis):
+    if tuple(scale_shape) != expected:
+        d, s = x_shape[axis], scale_shape[axis] if len(scale_shape) == rank else 0
+        low, high = (-(-d // s), (-(-d // (s - 1)) - 1) if s > 1 else math.inf) if s and len(scale_shape) == rank else (1, 0)
+        fits = f"; block_size in [{low}, {high}] fits this {scale_arg}" if low <= high and scale_shape[:axis] + scale_shape[axis + 1:] == x_shape[:axis] + x_shape[axis + 1:] else ""
         raise QuantizationError(
-            f"{caller}: {scale_arg} has shape {scale_shape}, expected {expected} for block_size={block_size} on axis={axis} of x with shape {x_shape}"
-        )
-    d, s = x_shape[axis], scale_shape[axis]
-    low = -(-d // s) if s else 1
-    high = -(-d // (s - 1)) - 1 if s > 1 else math.inf
-    if not (low <= block_size <= high) or (s == 0 and d != 0):
-        rng = f"[{low}, {high}]" if high != math.inf else f"[{low}, inf)"
-        raise QuantizationError(
-            f"{caller}: block_size must be in {rng} for {scale_arg} with {s} blocks over {d} elements on axis={axis}, got block_size={block_size}"
+            f"{caller}: {scale_arg} has shape {scale_shape}, expected {expected} for block_size={block_size} on axis={axis} of x with shape {x_shape}{fits}"
         )
     return Granularity("blocked", axis, block_size)
 
@@ -111,9 +108,9 @@ def plan_quantize(x: Any, y_scale: Any, y_zero_point: Any, *, axis: Any, block_s
     y_scale = check_array(y_scale, "y_scale", caller)
     y_zero_point = None if y_zero_point is None else check_array(y_zero_point, "y_zero_point", caller)
     x_type = _type_of(x, "x", version.x_types, version, caller)
+    if version.scale_types is None and y_scale.dtype != x.dtype:
+        raise QuantizationError(f"{caller}: y_scale has type {y_scale.dtype}, expected {x_type} (the type of x) for {version}")
     scale_type = _type_of(y_scale, "y_scale", version.scale_types or frozenset({x_type.name}), version, caller)
-    if version.scale_types is None and scale_type != x_type:
-        raise QuantizationError(f"{caller}: y_scale has type {scale_type}, expected {x_type} (the type of x) for {version}")
     requested = _requested_type(output_dtype, "output_dtype", caller)
     if requested is not None:
         _check_attr("output_dtype", version, caller, requested.name)
