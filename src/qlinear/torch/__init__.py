@@ -1,0 +1,17 @@
+"""Training through quantization in PyTorch, and exact QDQ export.
+
+Install with ``pip install qlinear[torch]``. Quantized values are float32
+tensors holding the exact values of the quantized type; forward results are
+bit-identical to :func:`qlinear.quantize_linear` and
+:func:`qlinear.dequantize_linear` on CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+from qlinear.torch._functional import dequantize_linear, fake_quantize, quantize_linear
+
+__all__ = [
+    "quantize_linear",
+    "dequantize_linear",
+    "fake_quantize",
+]

@@ -1,0 +1,132 @@
+"""Gradients through quantization: straight-through for x, LSQ for the qparams.
+
+Rounding has a zero derivative almost everywhere, so training uses the
+straight-through estimator: rounding passes gradients unchanged, saturation
+stops them. With ``v = x / s``, ``q`` the quantized value and ``inside`` the
+elements saturation left alone:
+
+* QuantizeLinear ``q = clamp(round(v) + z)``: ``dq/dx = inside / s``,
+  ``dq/ds = -inside * v / s``, ``dq/dz = inside``.
+* FakeQuantize ``y = s * (q - z)`` (LSQ, Esser et al. 2020; LSQ+ for the
+  zero point): ``dy/dx = inside``, ``dy/ds = (q - z) - inside * v`` (that is
+  ``round(v) - v`` inside and ``qmin - z`` or ``qmax - z`` at the clamps),
+  ``dy/dz = -(1 - inside) * s``; the scale and zero-point gradients are
+  multiplied by LSQ's ``1 / sqrt(n * qmax)``, ``n`` the elements per scale.
+
+``grad_scale`` (the seed's "lda coeff") multiplies the gradient sent back to
+``x``, as the last operation, so it scales exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from qlinear.spec import QuantizePlan
+from qlinear.torch._core import dequantize, pre_saturation, quantize, quotient
+from qlinear.torch._layout import counts, expand, reduce
+
+__all__ = ["QuantizeFunction", "FakeQuantizeFunction", "saturation_bounds"]
+
+
+def saturation_bounds(plan: QuantizePlan) -> tuple[float, float]:
+    """The clamp range of the output type: ``[qmin, qmax]`` or ``±max_finite``."""
+    t = plan.output_type
+    return (float(t.qmin), float(t.qmax)) if t.is_integer else (-t.max_finite, t.max_finite)
+
+
+def _forward(plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None):
+    """The quantized values, the unsaturated mask and the values at the clamps."""
+    lo, hi = saturation_bounds(plan)
+    pre = pre_saturation(plan, quotient(plan, x, scale), zero_point)
+    inside = (pre >= lo) & (pre <= hi)
+    q = quantize(plan, x, scale, zero_point)
+    # Outside, the LSQ gradient needs the clamp (q is NaN or inf there when a
+    # float8 type does not saturate).
+    clamped = torch.where(inside, q, torch.clamp(pre, lo, hi))
+    return q, inside, clamped
+
+
+class QuantizeFunction(torch.autograd.Function):
+    """QuantizeLinear with straight-through gradients (see the module docstring)."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, zp_values: torch.Tensor | None,
+                plan: QuantizePlan, grad_scale: float) -> torch.Tensor:
+        q, inside, _ = _forward(plan, x, scale, zp_values)
+        return q, inside
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        x, scale, zero_point, _, plan, grad_scale = inputs
+        _, inside = output
+        ctx.plan, ctx.grad_scale = plan, grad_scale
+        ctx.zp_dtype = None if zero_point is None else zero_point.dtype
+        ctx.save_for_backward(x, scale, inside)
+        ctx.mark_non_differentiable(inside)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _grad_inside: Any):
+        x, scale, inside = ctx.saved_tensors
+        plan = ctx.plan
+        g = torch.where(inside, grad.to(torch.float32), 0.0)
+        s = expand(scale, plan.granularity, plan.x_shape).to(torch.float32)
+        dx = ds = dz = None
+        if ctx.needs_input_grad[0]:
+            dx = (g / s).to(x.dtype) * ctx.grad_scale
+        if ctx.needs_input_grad[1]:
+            v = x.to(torch.float32) / s
+            ds = reduce(-g * v / s, plan.granularity, tuple(scale.shape)).to(scale.dtype)
+        if ctx.needs_input_grad[2]:
+            dz = reduce(g, plan.granularity, tuple(scale.shape)).to(ctx.zp_dtype)
+        return dx, ds, dz, None, None, None
+
+
+class FakeQuantizeFunction(torch.autograd.Function):
+    """DequantizeLinear(QuantizeLinear(x)) with LSQ gradients (see the module docstring)."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, zp_values: torch.Tensor | None,
+                plan: QuantizePlan, grad_scale: float, dq_plan: Any) -> torch.Tensor:
+        q, inside, clamped = _forward(plan, x, scale, zp_values)
+        return dequantize(dq_plan, q, scale, zp_values), inside, clamped
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        x, scale, zero_point, zp_values, plan, grad_scale, _ = inputs
+        _, inside, clamped = output
+        ctx.plan, ctx.grad_scale = plan, grad_scale
+        ctx.zp_dtype = None if zero_point is None else zero_point.dtype
+        ctx.save_for_backward(x, scale, zp_values, inside, clamped)
+        ctx.mark_non_differentiable(inside, clamped)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _grad_inside: Any, _grad_clamped: Any):
+        x, scale, zp_values, inside, clamped = ctx.saved_tensors
+        plan = ctx.plan
+        g_all = grad.to(torch.float32)
+        dx = ds = dz = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.where(inside, g_all, 0.0).to(x.dtype) * ctx.grad_scale
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            shape = tuple(scale.shape)
+            lsq = torch.rsqrt(counts(plan.granularity, plan.x_shape, shape, x.device) * _qmax(plan))
+            s = expand(scale, plan.granularity, plan.x_shape).to(torch.float32)
+            if ctx.needs_input_grad[1]:
+                z = 0.0 if zp_values is None else expand(zp_values, plan.granularity, plan.x_shape)
+                v = x.to(torch.float32) / s
+                per_element = g_all * ((clamped - z) - torch.where(inside, v, 0.0))
+                # NaN inputs carry no information about the scale.
+                per_element = torch.where(torch.isnan(per_element), 0.0, per_element)
+                ds = (reduce(per_element, plan.granularity, shape) * lsq).to(scale.dtype)
+            if ctx.needs_input_grad[2]:
+                per_element = torch.where(inside, 0.0, -g_all * s)
+                dz = (reduce(per_element, plan.granularity, shape) * lsq).to(ctx.zp_dtype)
+        return dx, ds, dz, None, None, None, None
+
+
+def _qmax(plan: QuantizePlan) -> float:
+    """LSQ's ``Q_P``: the largest positive quantized value."""
+    t = plan.output_type
+    return float(t.qmax) if t.is_integer else t.max_finite
