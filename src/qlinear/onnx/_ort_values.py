@@ -20,8 +20,8 @@ __all__ = ["from_ort_value", "to_ort_value"]
 
 
 def _needs_bytes(dtype: np.dtype) -> bool:
-    # ml_dtypes types are numpy "void" kinds that ONNX Runtime does not map.
-    return dtype.kind == "V"
+    # ml_dtypes types are user-defined dtypes (isbuiltin 2), which ONNX Runtime does not map.
+    return dtype.isbuiltin == 2
 
 
 def to_ort_value(a: np.ndarray) -> Any:
