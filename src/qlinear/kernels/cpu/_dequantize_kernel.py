@@ -1,0 +1,112 @@
+"""The fused DequantizeLinear kernel (numba, parallel over chunks of ``x``).
+
+``y = (x - zero_point) * scale`` in one pass: each tile of ``x`` is read as
+float32 (types of 8 bits or fewer through a table of their values, packed
+2/4/6-bit codes straight from their bytes, 16/32-bit integers directly),
+the zero point subtracted, the scale multiplied in float32, and the result
+written as float32 or rounded to float16/bfloat16 bits.
+
+Integer differences are exact as the reference wants: below 32 bits both
+operands and their difference are exact in float32; int32 differences are
+taken in float64 (exact) and rounded once to float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from qlinear.kernels.cpu._params import L_CHUNK, L_N
+from qlinear.kernels.cpu._tiles import TILE, encode, next_run
+
+__all__ = ["dequantize_kernel"]
+
+# Slots of the integer parameter array ``p``.
+(P_READ, P_BITS, P_SIGN_BIT, P_WIDE_OUT) = range(4)
+P_LEN = 4
+# How x is read (P_READ).
+READ_TABLE, READ_PACKED, READ_INTEGER = range(3)
+
+_jit = njit(cache=True, nogil=True, error_model="numpy")
+
+
+@_jit
+def _load(x, j, n, tile, table, zp, sidx, step, p):
+    """float32 ``tile[:n]`` = ``x[j:j+n] - zp``."""
+    read = p[P_READ]
+    if read == READ_INTEGER:
+        # Unsigned views of int16/int32: subtracting twice the sign bit
+        # restores the signed value, then the difference is exact in float64.
+        sign_bit = p[P_SIGN_BIT]
+        for k in range(n):
+            v = np.int64(x[j + k])
+            v -= (v & sign_bit) << 1
+            tile[k] = np.float32(np.float64(v) - (zp[sidx + k] if step else zp[sidx]))
+        return
+    if read == READ_TABLE:
+        for k in range(n):
+            tile[k] = table[x[j + k]]
+    else:
+        bits = p[P_BITS]
+        mask = (1 << bits) - 1
+        for k in range(n):
+            pos = (j + k) * bits
+            lo = pos >> 3
+            hi = (pos + bits - 1) >> 3
+            word = np.int64(x[lo]) | (np.int64(x[hi]) << 8)
+            tile[k] = table[(word >> (pos & 7)) & mask]
+    if step:
+        for k in range(n):
+            tile[k] = tile[k] - np.float32(zp[sidx + k])
+    else:
+        z = np.float32(zp[sidx])
+        for k in range(n):
+            tile[k] = tile[k] - z
+
+
+@_jit
+def _dequantize_run(x, j, n, table, scale, zp, sidx, step, out, tile, p, e_out, submul):
+    _load(x, j, n, tile, table, zp, sidx, step, p)
+    if step:
+        for k in range(n):
+            tile[k] = tile[k] * scale[sidx + k]
+    else:
+        s = scale[sidx]
+        for k in range(n):
+            tile[k] = tile[k] * s
+    if p[P_WIDE_OUT]:
+        encode(tile, n, out, j, e_out, submul)
+    else:
+        for k in range(n):
+            out[j + k] = tile[k]
+
+
+@_jit
+def _dequantize_chunk(x, start, end, table, scale, zp, out, lay, p, e_out, submul):
+    tile = np.empty(TILE, np.float32)
+    j = start
+    while j < end:
+        n, sidx, step = next_run(j, end, lay)
+        while n > 0:
+            m = min(n, TILE)
+            _dequantize_run(x, j, m, table, scale, zp, sidx, step, out, tile, p, e_out, submul)
+            j += m
+            n -= m
+            sidx += m * step
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def dequantize_kernel(x, table, scale, zp, out, lay, p, e_out, submul):
+    """Dequantize flat ``x`` into flat ``out``.
+
+    Args:
+        x: uint8 codes or packed bytes, or uint16/uint32 views of integers.
+        table: float32 value of each code (READ_TABLE, READ_PACKED).
+        scale: flat float32 scales; zp: flat float64 zero points (0 if none).
+        out: float32 values, or uint16 float16/bfloat16 bits.
+        lay, p, e_out, submul: layout, parameters, output encoding (_params).
+    """
+    total, chunk = lay[L_N], lay[L_CHUNK]
+    for c in prange((total + chunk - 1) // chunk):
+        start = c * chunk
+        _dequantize_chunk(x, start, min(total, start + chunk), table, scale, zp, out, lay, p, e_out, submul)

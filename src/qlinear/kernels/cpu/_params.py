@@ -1,0 +1,154 @@
+"""What the fused kernels are told: plain integer and float parameter arrays.
+
+The kernels are few and generic. Everything that varies between element
+types, granularities and precisions reaches them as numbers in small arrays
+built here, in numpy, so one compiled kernel serves every output type and
+numba compiles a handful of specializations (by the array types of ``x`` and
+the output), not one per combination.
+
+Slot names are module constants: numba freezes them into the kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from qlinear.dtypes import ElementType, element_type
+from qlinear.spec import Granularity
+
+__all__ = [
+    "layout",
+    "float_encoding",
+    "decode_table",
+    "precision_code",
+    "CHUNK",
+]
+
+# Elements one parallel task covers; a multiple of 4 so a task owns whole
+# bytes of every packed layout (2, 4 and 6 bits).
+CHUNK = 16384
+
+# Layout slots: x is seen as (O, D, I) in C order, scales as blocks of B
+# along D; the scale of element (o, d, i) is scale[o*SO + (d//B)*SB + i*SI].
+L_N, L_D, L_I, L_B, L_SO, L_SB, L_SI, L_CHUNK = range(8)
+
+# Encoding slots: float32 -> an IEEE-like format with M mantissa bits, by bit
+# arithmetic (round half to even). ENC_SUBMUL (a float) lives in the float
+# array the kernels receive.
+(E_M, E_REBIAS, E_SUBLIM, E_MAXMAG, E_OVF, E_NANBASE, E_NANMASK, E_NANMIN,
+ E_SIGNSHIFT, E_SIGNED_ZERO, E_SIGNED_SPECIAL) = range(11)
+_E_LEN = 11
+
+# Precision codes: how a float32 value is rounded to the plan's precision.
+PREC_F32, PREC_F16, PREC_BF16 = 0, 1, 2
+_PRECISION_CODES = {np.dtype(np.float32): PREC_F32, np.dtype(np.float16): PREC_F16, np.dtype(ml_dtypes.bfloat16): PREC_BF16}
+
+
+def precision_code(dtype: np.dtype) -> int:
+    """The kernels' code for a float32, float16 or bfloat16 dtype."""
+    return _PRECISION_CODES[np.dtype(dtype)]
+
+
+def layout(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> np.ndarray:
+    """Layout slots for ``x`` of ``shape`` quantized with granularity ``g``.
+
+    Per-axis on a last (or trailing size-1) axis is laid out as rows whose
+    scale steps with each element, so the kernel sees long runs either way.
+    """
+    n = math.prod(shape)
+    if g.kind == "per_tensor":
+        o, d, i, b, so, sb, si = 1, 1, n, 1, 0, 0, 0
+    else:
+        o = math.prod(shape[: g.axis])
+        d = shape[g.axis]
+        i = math.prod(shape[g.axis + 1:])
+        if g.kind == "per_axis":
+            o, d, i, b, so, sb, si = (o, 1, d, 1, 0, 0, 1) if i == 1 else (o, d, i, 1, 0, 1, 0)
+        else:
+            nb = scale_shape[g.axis]
+            b = g.block_size
+            so, sb, si = (nb, 1, 0) if i == 1 else (nb * i, i, 1)
+    return np.array([n, d, i, b, so, sb, si, CHUNK], dtype=np.int64)
+
+
+def _encoding(m: int, bias: int, maxmag: int, ovf: int, nanbase: int, nanmask: int, nanmin: int,
+              bits: int, *, signed_zero: bool, signed_special: bool, subnormals: bool) -> tuple[np.ndarray, float]:
+    emin = 1 - bias
+    e = np.zeros(_E_LEN, dtype=np.int64)
+    e[E_M] = m
+    e[E_REBIAS] = (127 - bias) << m
+    # Below the smallest normal the code is rint(|v| * 2**(m - emin)); bfloat16
+    # shares float32's exponent range, so its rounding never needs that path.
+    e[E_SUBLIM] = (emin + 127) << 23 if subnormals else 0
+    e[E_MAXMAG] = maxmag
+    e[E_OVF] = ovf
+    e[E_NANBASE], e[E_NANMASK], e[E_NANMIN] = nanbase, nanmask, nanmin
+    e[E_SIGNSHIFT] = bits - 1
+    e[E_SIGNED_ZERO] = signed_zero
+    e[E_SIGNED_SPECIAL] = signed_special
+    return e, 2.0 ** (m - emin) if subnormals else 1.0
+
+
+def _finfo_encoding(t: ElementType) -> tuple[np.ndarray, float]:
+    info = ml_dtypes.finfo(t.dtype)
+    m, bias = int(info.nmant), 1 - int(info.minexp)
+    maxmag = int(np.array(t.max_finite, np.float32).astype(t.dtype).view(np.uint8)) & ((1 << (t.bits - 1)) - 1)
+    fnuz = t.name.endswith("fnuz")
+    if fnuz:
+        # One NaN, 0x80, and no negative zero: overflow, infinities and NaN all land there.
+        return _encoding(m, bias, maxmag, 0x80, 0x80, 0, 0, t.bits, signed_zero=False, signed_special=False, subnormals=True)
+    if t.has_inf:
+        # float8e5m2: overflow rounds to infinity; NaN becomes the quiet 0x7e (ml_dtypes).
+        inf = (((1 << (t.bits - 1 - m)) - 1) << m)
+        return _encoding(m, bias, maxmag, inf, inf | (1 << (m - 1)), 0, 0, t.bits, signed_zero=True, signed_special=True, subnormals=True)
+    if t.has_nan:
+        # float8e4m3fn: the all-ones pattern is NaN; overflow and infinities become NaN.
+        nan = (1 << (t.bits - 1)) - 1
+        return _encoding(m, bias, maxmag, nan, nan, 0, 0, t.bits, signed_zero=True, signed_special=True, subnormals=True)
+    # float4/float6 have neither: the kernel always clamps first, so overflow
+    # cannot reach the encoder; saturating is the safe answer if it did.
+    return _encoding(m, bias, maxmag, maxmag, maxmag, 0, 0, t.bits, signed_zero=True, signed_special=True, subnormals=True)
+
+
+# float16 follows numpy's cast: NaN keeps its sign and top payload bits, and
+# a payload that truncates to zero becomes 1 (still NaN). bfloat16 follows
+# ml_dtypes: every NaN becomes the quiet 0x7fc0 with its sign.
+_F16 = _encoding(10, 15, 0x7BFF, 0x7C00, 0x7C00, 0x3FF, 1, 16, signed_zero=True, signed_special=True, subnormals=True)
+_BF16 = _encoding(7, 127, 0x7F7F, 0x7F80, 0x7FC0, 0, 0, 16, signed_zero=True, signed_special=True, subnormals=False)
+_WIDE = {PREC_F16: _F16, PREC_BF16: _BF16}
+
+
+def float_encoding(target: ElementType | int) -> tuple[np.ndarray, float]:
+    """Encoding slots and subnormal multiplier for a float type or precision code.
+
+    ``target`` is a quantized float type (float8/float6/float4) or
+    ``PREC_F16`` / ``PREC_BF16``; ``PREC_F32`` gets float16's slots, unused.
+    """
+    if isinstance(target, ElementType):
+        return _finfo_encoding(target)
+    return _WIDE.get(target, _F16)
+
+
+def decode_table(t: ElementType, packed: bool) -> np.ndarray:
+    """float32 value of every byte (or, packed, every code) of type ``t``.
+
+    DequantizeLinear reads types of 8 bits or fewer through this table: one
+    exact lookup per element instead of a decode per element.
+    """
+    codes = np.arange(1 << t.bits if packed else 256, dtype=np.uint16).astype(np.uint8)
+    return codes.view(t.dtype).astype(np.float32)
+
+
+def _check_encodings() -> None:
+    """Each quantized float type's slots reproduce ml_dtypes on its own values."""
+    for name in ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1", "float6e2m3", "float6e3m2"):
+        t = element_type(name)
+        e, _ = _finfo_encoding(t)
+        if float(np.array(e[E_MAXMAG], np.uint8).view(t.dtype)) != t.max_finite:
+            raise AssertionError(f"{name}: largest magnitude code disagrees with the type table")
+
+
+_check_encodings()

@@ -1,0 +1,160 @@
+"""The fused QuantizeLinear kernel (numba, parallel over chunks of ``x``).
+
+``y = saturate(round(x / scale) + zero_point)`` in one pass: each tile of
+``x`` is decoded to float32, rounded to the plan's precision, divided by
+its scales, rounded again, then turned into integer codes (half to even,
+NaN to 0, clamp) or float codes (zero point added in IEEE arithmetic, NaN to
+the zero point where the type has none, clamp, bit-exact encoding). The
+float32 holding every intermediate is exact: a float16 or bfloat16 quotient
+is the float32 quotient rounded once (float32 has more than twice their
+significand bits plus two, so that is the correctly rounded result).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from qlinear.kernels.cpu._params import L_CHUNK, L_N, PREC_F32
+from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, next_run, pack_codes, round_to_precision
+
+__all__ = ["quantize_kernel"]
+
+# Slots of the integer parameter array ``p``.
+(P_FLOAT_OUT, P_XWIDE, P_PREC, P_QMIN, P_QMAX, P_MASK, P_HAS_ZP, P_NAN_TO_ZP, P_CLIP, P_PACKED_BITS) = range(10)
+P_LEN = 10
+# Slots of the float parameter array ``f``.
+F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
+F_LEN = 3
+
+_jit = njit(cache=True, nogil=True, error_model="numpy")
+
+
+@_jit
+def _load(x, j, n, tile, xwide):
+    """float32 ``tile[:n]`` = ``x[j:j+n]``: float32/int32 values, or float16/bfloat16 bits."""
+    if xwide == PREC_F32:
+        for k in range(n):
+            tile[k] = np.float32(x[j + k])
+    else:
+        decode_wide(x, j, n, tile, xwide)
+
+
+@_jit
+def _divide(tile, n, scale, sidx, step):
+    if step:
+        for k in range(n):
+            tile[k] = tile[k] / scale[sidx + k]
+    else:
+        s = scale[sidx]
+        for k in range(n):
+            tile[k] = tile[k] / s
+
+
+@_jit
+def _to_integer(tile, n, zp, sidx, step, dst, d0, p):
+    """Integer codes: ``clip(rint(q) + zp, qmin, qmax)``, NaN -> zp.
+
+    float32 is enough: a rounded quotient and a zero point below 2**16 add
+    exactly unless the sum is far outside every integer range, where the
+    clamp gives the same answer either way.
+    """
+    qmin, qmax = np.float32(p[P_QMIN]), np.float32(p[P_QMAX])
+    mask = p[P_MASK]
+    if step:
+        for k in range(n):
+            dst[d0 + k] = _integer_code(tile[k], zp[sidx + k], qmin, qmax, mask)
+    else:
+        z = zp[sidx]
+        for k in range(n):
+            dst[d0 + k] = _integer_code(tile[k], z, qmin, qmax, mask)
+
+
+@_jit
+def _integer_code(q, z, qmin, qmax, mask):
+    r = np.rint(q)
+    v = (np.float32(0) if r != r else r) + z
+    v = qmin if v < qmin else (qmax if v > qmax else v)
+    return np.int32(v) & mask
+
+
+@_jit
+def _to_float(tile, codes, n, zp, sidx, step, dst, d0, p, f, e_out, e_prec):
+    """Float codes: ``q + zp`` (if a zero point was given), NaN -> zp, clamp, encode."""
+    prec = p[P_PREC]
+    if p[P_HAS_ZP]:
+        if step:
+            for k in range(n):
+                tile[k] = tile[k] + zp[sidx + k]
+        else:
+            z = zp[sidx]
+            for k in range(n):
+                tile[k] = tile[k] + z
+        if prec != PREC_F32:
+            round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
+    if p[P_NAN_TO_ZP]:
+        for k in range(n):
+            if tile[k] != tile[k]:
+                tile[k] = zp[sidx + k] if step else zp[sidx]
+    if p[P_CLIP]:
+        lim = np.float32(f[F_LIMIT])
+        for k in range(n):
+            v = tile[k]
+            tile[k] = lim if v > lim else (-lim if v < -lim else v)
+    encode(tile, n, dst, d0, e_out, f[F_SUBMUL_OUT])
+
+
+@_jit
+def _quantize_run(x, j, n, scale, zp, sidx, step, dst, d0, tile, codes, p, f, e_out, e_prec):
+    prec = p[P_PREC]
+    _load(x, j, n, tile, p[P_XWIDE])
+    if prec != PREC_F32:
+        round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
+    _divide(tile, n, scale, sidx, step)
+    if prec != PREC_F32:
+        round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
+    if p[P_FLOAT_OUT]:
+        _to_float(tile, codes, n, zp, sidx, step, dst, d0, p, f, e_out, e_prec)
+    else:
+        _to_integer(tile, n, zp, sidx, step, dst, d0, p)
+
+
+@_jit
+def _quantize_chunk(x, start, end, scale, zp, out, lay, p, f, e_out, e_prec):
+    tile = np.empty(TILE, np.float32)
+    codes = np.empty(TILE, np.int64)
+    bits = p[P_PACKED_BITS]
+    # Packed outputs collect the chunk's codes first: the chunk owns whole
+    # bytes, runs inside it do not.
+    dst = np.empty(end - start if bits else 0, out.dtype)
+    j = start
+    while j < end:
+        n, sidx, step = next_run(j, end, lay)
+        while n > 0:
+            m = min(n, TILE)
+            if bits:
+                _quantize_run(x, j, m, scale, zp, sidx, step, dst, j - start, tile, codes, p, f, e_out, e_prec)
+            else:
+                _quantize_run(x, j, m, scale, zp, sidx, step, out, j, tile, codes, p, f, e_out, e_prec)
+            j += m
+            n -= m
+            sidx += m * step
+    if bits:
+        pack_codes(dst, end - start, out, start, bits)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def quantize_kernel(x, scale, zp, out, lay, p, f, e_out, e_prec):
+    """Quantize flat ``x`` into ``out`` (one code per element, or packed bytes).
+
+    Args:
+        x: flat float32 or int32 values, or uint16 float16/bfloat16 bits.
+        scale, zp: flat float32 scales and zero points in the plan's
+            precision (zero points all 0 when the call had none).
+        out: flat uint8/uint16 codes, or packed uint8 bytes.
+        lay, p, f, e_out, e_prec: layout, parameters, encodings (_params).
+    """
+    total, chunk = lay[L_N], lay[L_CHUNK]
+    for c in prange((total + chunk - 1) // chunk):
+        start = c * chunk
+        _quantize_chunk(x, start, min(total, start + chunk), scale, zp, out, lay, p, f, e_out, e_prec)

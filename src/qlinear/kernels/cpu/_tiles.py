@@ -1,0 +1,155 @@
+"""Numba building blocks shared by the fused kernels.
+
+A parallel task takes a chunk of ``x`` in flat order, splits it into runs
+where the scale is either constant or steps with each element, and pushes
+each run through the conversion stages one small tile at a time: the tile
+stays in L1, so the chunk is read and written once and no array the size of
+``x`` is ever allocated. Each stage is a simple loop with its branches
+outside, so LLVM vectorizes it.
+
+No fastmath: every operation must round exactly as numpy does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from qlinear.kernels.cpu._params import (
+    E_M, E_MAXMAG, E_NANBASE, E_NANMASK, E_NANMIN, E_OVF, E_REBIAS, E_SIGNED_SPECIAL, E_SIGNED_ZERO,
+    E_SIGNSHIFT, E_SUBLIM, L_B, L_D, L_I, L_SB, L_SI, L_SO, PREC_F16,
+)
+
+__all__ = ["TILE", "next_run", "encode", "decode_wide", "round_to_precision", "pack_codes"]
+
+# Elements per tile: 4 KiB of float32, well inside L1.
+TILE = 1024
+
+_jit = njit(cache=True, nogil=True, error_model="numpy")
+
+_F16_SUBNORMAL_UNIT = np.float32(2.0**-24)  # value of float16 code 0x0001
+
+
+@_jit
+def next_run(j, end, lay):
+    """``(length, scale index, step)`` of the run starting at flat index ``j``.
+
+    ``step`` is 0 when the scale is constant over the run and 1 when it
+    advances with each element.
+    """
+    d_len, i_len, block = lay[L_D], lay[L_I], lay[L_B]
+    di = d_len * i_len
+    o = j // di
+    rem = j - o * di
+    d = rem // i_len
+    i = rem - d * i_len
+    b = d // block
+    sidx = o * lay[L_SO] + b * lay[L_SB] + i * lay[L_SI]
+    if lay[L_SI] == 0:
+        group_end = (o * d_len + min(d_len, (b + 1) * block)) * i_len
+        return min(group_end, end) - j, sidx, 0
+    return min(j + i_len - i, end) - j, sidx, 1
+
+
+@_jit
+def encode(tile, n, dst, d0, e, submul):
+    """``dst[d0:d0+n]`` = codes of float32 ``tile[:n]`` in encoding ``e``.
+
+    Round half to even on the bits: add half an ulp of the target (less one,
+    plus the kept lowest bit) and shift. Below the smallest normal the code is
+    the integer ``rint(|v| * submul)``, exact because ``submul`` is a power of
+    two. A magnitude past the largest finite code (infinity included) is the
+    overflow code; NaN is ``NANBASE | max(payload, NANMIN)``.
+    """
+    bits = tile.view(np.uint32)
+    m = e[E_M]
+    sh = 23 - m
+    half = (np.int64(1) << (sh - 1)) - 1
+    rebias, sublim, maxmag = e[E_REBIAS], e[E_SUBLIM], e[E_MAXMAG]
+    ovf, nanbase, nanmask, nanmin = e[E_OVF], e[E_NANBASE], e[E_NANMASK], e[E_NANMIN]
+    sshift, signed_zero, signed_special = e[E_SIGNSHIFT], e[E_SIGNED_ZERO], e[E_SIGNED_SPECIAL]
+    fsub = np.float32(submul)
+    for k in range(n):
+        b = np.int64(bits[k])
+        sign = (b >> 31) << sshift
+        a = b & 0x7FFFFFFF
+        normal = ((a + half + ((a >> sh) & 1)) >> sh) - rebias
+        scaled = min(abs(tile[k]) * fsub, np.float32(1 << 24))
+        mag = np.int64(np.rint(scaled)) if a < sublim else normal
+        if a > 0x7F800000:
+            code = nanbase | max((a >> sh) & nanmask, nanmin)
+            keep_sign = signed_special
+        elif mag > maxmag:
+            code = ovf
+            keep_sign = signed_special
+        else:
+            code = mag
+            keep_sign = 1 if mag != 0 else signed_zero
+        dst[d0 + k] = code | (sign if keep_sign else 0)
+
+
+@_jit
+def decode_wide(src, s0, n, tile, prec):
+    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[s0:s0+n]``.
+
+    float16: rebias normal numbers, keep NaN payloads (as numpy does), and
+    build subnormals as ``code * 2**-24`` in float arithmetic (exact).
+    """
+    bits = tile.view(np.uint32)
+    if prec == PREC_F16:
+        for k in range(n):
+            h = np.uint32(src[s0 + k]) & 0xFFFF
+            sign = (h & 0x8000) << 16
+            exp = (h >> 10) & 0x1F
+            mant = h & 0x3FF
+            wide = sign | 0x7F800000 | (mant << 13) if exp == 0x1F else sign | ((exp + 112) << 23) | (mant << 13)
+            bits[k] = wide
+        for k in range(n):
+            h = np.uint32(src[s0 + k]) & 0xFFFF
+            if (h & 0x7C00) == 0:
+                value = np.float32(h & 0x3FF) * _F16_SUBNORMAL_UNIT
+                tile[k] = -value if h & 0x8000 else value
+    else:
+        for k in range(n):
+            bits[k] = (np.uint32(src[s0 + k]) & 0xFFFF) << 16
+
+
+@_jit
+def round_to_precision(tile, codes, n, prec, e, submul):
+    """Round float32 ``tile[:n]`` to float16 or bfloat16 in place (and back to float32)."""
+    encode(tile, n, codes, 0, e, submul)
+    decode_wide(codes, 0, n, tile, prec)
+
+
+@_jit
+def pack_codes(codes, n, out, first, bits):
+    """Pack ``codes[:n]`` (element ``first`` onward, ``first % 4 == 0``) into ONNX bytes.
+
+    2- and 4-bit codes go several to a byte, lowest bits first; 6-bit codes
+    go four to three bytes. Only the bytes the elements need are written.
+    """
+    if bits == 6:
+        o0 = first // 4 * 3
+        nbytes = (n * 6 + 7) // 8
+        for g in range((n + 3) // 4):
+            word = np.uint32(0)
+            for lane in range(4):
+                if 4 * g + lane < n:
+                    word |= np.uint32(codes[4 * g + lane]) << (6 * lane)
+            for q in range(3):
+                if 3 * g + q < nbytes:
+                    out[o0 + 3 * g + q] = (word >> (8 * q)) & 0xFF
+        return
+    per = 8 // bits
+    o0 = first // per
+    full = n // per
+    for byte in range(full):
+        acc = np.uint32(0)
+        for lane in range(per):
+            acc |= np.uint32(codes[byte * per + lane]) << (bits * lane)
+        out[o0 + byte] = acc
+    if full * per < n:
+        acc = np.uint32(0)
+        for lane in range(n - full * per):
+            acc |= np.uint32(codes[full * per + lane]) << (bits * lane)
+        out[o0 + full] = acc
