@@ -11,6 +11,7 @@ __all__ = ["main"]
 # Subcommand name -> module defining ``add_arguments(parser)`` and ``run(args) -> int``.
 SUBCOMMANDS = {
     "conformance": "qlinear.cli._conformance",
+    "inspect": "qlinear.cli._inspect",
 }
 
 
