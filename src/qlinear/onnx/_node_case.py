@@ -50,6 +50,10 @@ class NodeCase:
     domain: str = ""
     expected: list[np.ndarray] | None = None
 
+    def __post_init__(self) -> None:
+        # numpy scalars become 0-d arrays: runtimes accept only arrays.
+        self.inputs = [None if a is None else np.asarray(a) for a in self.inputs]
+
     def model(self, *, constant: Callable[[np.ndarray], bool] = lambda a: False, opset: int | None = None) -> onnx.ModelProto:
         """The case as an ONNX model.
 

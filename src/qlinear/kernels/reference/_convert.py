@@ -18,9 +18,9 @@ def to_integer(quotient: np.ndarray, zero_point: np.ndarray | None, t: ElementTy
     quantizes to the zero point (docs/semantics.md).
     """
     rounded = np.rint(quotient.astype(np.float64))
-    rounded[np.isnan(rounded)] = 0.0
+    rounded = np.where(np.isnan(rounded), 0.0, rounded)
     if zero_point is not None:
-        rounded += zero_point.astype(np.float64)
+        rounded = rounded + zero_point.astype(np.float64)
     return np.clip(rounded, t.qmin, t.qmax).astype(t.dtype)
 
 

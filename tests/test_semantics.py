@@ -1,0 +1,209 @@
+"""Each decision of docs/semantics.md: qlinear follows the spec, hand-computed,
+and the divergence from onnx.reference or ONNX Runtime is real."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qlinear
+from qlinear.onnx import NodeCase
+from qlinear.onnx._node_case import run_qlinear
+from qlinear.onnx._oracles import Unsupported, run_onnx_reference, run_onnxruntime
+
+NAN, INF = np.float32(np.nan), np.float32(np.inf)
+
+
+def q_case(x, scale, zp=None, opset=21, **attrs):
+    return NodeCase("semantics", "QuantizeLinear", opset, [x, scale, zp], attrs)
+
+
+def dq_case(x, scale, zp=None, opset=21, **attrs):
+    return NodeCase("semantics", "DequantizeLinear", opset, [x, scale, zp], attrs)
+
+
+def ort(case):
+    try:
+        return run_onnxruntime(case)[0]
+    except Unsupported:
+        pytest.skip("ONNX Runtime has no kernel for this case")
+
+
+def test_one_element_scale_is_per_tensor():
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    y = qlinear.quantize_linear(x, np.array([0.5], np.float32), np.array([1], np.uint8), axis=1)
+    assert y.tolist() == [[3, 5, 7]]
+    assert qlinear.quantize_linear(x, np.float32(0.5), np.array([1], np.uint8)).tolist() == [[3, 5, 7]]
+    case = q_case(x, np.array([0.5], np.float32), np.array([1], np.uint8))
+    assert run_onnx_reference(case)[0].tolist() == [[3, 5, 7]]
+    assert ort(case).tolist() == [[3, 5, 7]]
+
+
+def test_axis_ignored_for_per_tensor():
+    x = np.array([1.0, 2.0], np.float32)
+    assert qlinear.quantize_linear(x, np.float32(1), axis=5).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize(("qtype", "zp"), [(np.int8, -3), (np.uint8, 7), (np.int16, 100), (ml_dtypes.int4, 2), (ml_dtypes.uint2, 1)])
+def test_nan_to_integer_is_zero_point(qtype, zp):
+    x = np.array([NAN, 1.0], np.float32)
+    y = qlinear.quantize_linear(x, np.float32(1), np.array(zp, qtype), opset=25)
+    assert int(y[0]) == zp and int(y[1]) == zp + 1
+    ref = run_onnx_reference(q_case(x, np.float32(1), np.array(zp, qtype), opset=25))[0]
+    assert int(ref[0]) != zp  # onnx.reference: NaN cast through int32
+
+
+def test_nan_to_integer_onnxruntime_gives_qmin():
+    x = np.array([NAN], np.float32)
+    assert int(ort(q_case(x, np.float32(1), np.int8(5)))[0]) == -128
+    assert int(qlinear.quantize_linear(x, np.float32(1), np.int8(5))[0]) == 5
+
+
+@pytest.mark.parametrize("value", [np.inf, 3e38, 1e10, 2.0**31])
+def test_infinity_and_huge_values_saturate(value):
+    x = np.array([value, -value], np.float32)
+    for qtype, (lo, hi) in [(np.int8, (-128, 127)), (np.uint8, (0, 255)), (np.int16, (-32768, 32767)), (ml_dtypes.int4, (-8, 7)), (ml_dtypes.uint2, (0, 3))]:
+        y = qlinear.quantize_linear(x, np.float32(1), np.array(0, qtype), opset=25)
+        assert [int(v) for v in y] == [hi, lo]
+    ref = run_onnx_reference(q_case(x, np.float32(1), np.int8(0)))[0]
+    assert ref.tolist() != [127, -128]  # wraps through int32
+
+
+def test_onnxruntime_int2_positive_infinity_wraps():
+    x = np.array([np.inf], np.float32)
+    got = run_onnxruntime(q_case(x, np.float32(1), np.array(0, ml_dtypes.int2), opset=25))[0]
+    assert int(got[0]) == -2
+    assert int(qlinear.quantize_linear(x, np.float32(1), np.array(0, ml_dtypes.int2))[0]) == 1
+
+
+@pytest.mark.parametrize("qtype", [ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn])
+def test_nan_to_float4_and_float6_is_zero_point(qtype):
+    x = np.array([NAN, -NAN], np.float32)
+    y = qlinear.quantize_linear(x, np.float32(1), output_dtype=qtype)
+    assert y.view(np.uint8).tolist() == [0, 0]  # +0: the default zero point
+    y = qlinear.quantize_linear(x, np.float32(1), np.array(1.0, qtype))
+    assert y.astype(np.float32).tolist() == [1.0, 1.0]
+    ref = run_onnx_reference(q_case(x, np.float32(1), np.array(0, qtype), opset=28))[0]
+    assert ref.view(np.uint8).tolist() != [0, 0]  # ml_dtypes gives a signed zero from the NaN's sign bit
+
+
+@pytest.mark.parametrize("qtype", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float4_e2m1fn])
+def test_float_zero_point_is_added(qtype):
+    x = np.array([0.0, 1.0, -2.0], np.float32)
+    zp = np.array(0.5, qtype)
+    assert qlinear.quantize_linear(x, np.float32(1), zp).astype(np.float32).tolist() == [0.5, 1.5, -1.5]
+    if qtype is not ml_dtypes.float4_e2m1fn:
+        ref = run_onnx_reference(q_case(x, np.float32(1), zp))[0]
+        assert ref.astype(np.float32).tolist() == [0.0, 1.0, -2.0]  # zero point ignored
+
+
+def test_float8_minus_zero_with_zero_point():
+    x = np.array([-0.0, -1e-30], np.float32)
+    zp = np.array(0, ml_dtypes.float8_e4m3fn)
+    y = qlinear.quantize_linear(x, np.float32(1), zp)
+    # -0 + +0 = +0; -1e-30 + 0 is still -1e-30, which rounds to -0 in float8.
+    assert y.view(np.uint8).tolist() == [0, 0x80]
+    y = qlinear.quantize_linear(x, np.float32(1), output_dtype="float8e4m3fn")
+    assert y.view(np.uint8).tolist() == [0x80, 0x80]  # no zero point: nothing added
+    assert run_onnx_reference(q_case(x, np.float32(1), zp))[0].view(np.uint8).tolist() == [0x80, 0x80]
+    assert ort(q_case(x, np.float32(1), zp)).view(np.uint8).tolist() == [0x80, 0x80]
+    # ONNX's own float4 backend case expects -0 / 4 + 0 = +0.
+    f4 = qlinear.quantize_linear(np.array([-0.0], np.float32), np.float32(4), np.array(0, ml_dtypes.float4_e2m1fn))
+    assert f4.view(np.uint8).tolist() == [0]
+
+
+def test_division_in_scale_precision():
+    # 2.5004 rounds to 2.5 in float16, a tie that rounds to 2; in float32 it rounds to 3.
+    x = np.array([2.5004, -0.5002], np.float32)
+    y = qlinear.quantize_linear(x, np.float16(1), np.int8(0), opset=23)
+    assert y.tolist() == [2, 0]
+    assert qlinear.quantize_linear(x, np.float16(1), np.int8(0), precision="float", opset=23).tolist() == [3, -1]
+    assert qlinear.quantize_linear(x, ml_dtypes.bfloat16(1), np.int8(0), opset=23).tolist() == [2, 0]
+    assert run_onnx_reference(q_case(x, np.float16(1), np.int8(0), opset=23))[0].tolist() == [3, -1]
+
+
+def test_int32_input_rounded_to_precision():
+    # 25165823 rounds to 25165824 = 1.5 * 2**24 in float32: a tie, to even 2.
+    x = np.array([25165823], np.int32)
+    scale = np.float32(2**24)
+    assert qlinear.quantize_linear(x, scale, np.int8(0), opset=13).tolist() == [2]
+    assert run_onnx_reference(q_case(x, scale, np.int8(0), opset=13))[0].tolist() == [1]  # float64 division
+
+
+def test_e8m0_scale_divides_in_float32():
+    scale = np.array([2.0**-20, 2.0**20], np.float32).astype(ml_dtypes.float8_e8m0fnu)
+    x = np.array([[3 * 2.0**-21, 5 * 2.0**19]], np.float32)
+    assert qlinear.quantize_linear(x, scale, np.zeros(2, np.int8), axis=1).tolist() == [[2, 2]]  # 1.5 -> 2, 2.5 -> 2
+
+
+def test_degenerate_scales():
+    x = np.array([1.0, -1.0, 0.0], np.float32)
+    with np.errstate(all="ignore"):
+        assert qlinear.quantize_linear(x, np.float32(0), np.int8(3)).tolist() == [127, -128, 3]
+        assert qlinear.quantize_linear(x, np.float32(np.nan), np.int8(3)).tolist() == [3, 3, 3]
+        assert qlinear.quantize_linear(x, np.float32(np.inf), np.int8(3)).tolist() == [3, 3, 3]
+        assert qlinear.quantize_linear(x, np.float32(-0.5), np.int8(0)).tolist() == [-2, 2, 0]
+        assert qlinear.quantize_linear(x, np.float32(0), output_dtype="float8e4m3fn").astype(np.float32)[:2].tolist() == [448.0, -448.0]
+
+
+def test_int32_difference_is_exact():
+    x = np.array([2**31 - 1, -(2**31)], np.int32)
+    zp = np.int32(-(2**31))
+    y = qlinear.dequantize_linear(x, np.float32(1), zp)
+    assert y.tolist() == [float(np.float32(2.0**32 - 1)), 0.0]
+    big = np.array([16777217], np.int32)
+    assert qlinear.dequantize_linear(big, np.float32(1), np.int32(1)).tolist() == [16777216.0]
+    ref = run_onnx_reference(dq_case(big, np.float32(1), np.int32(1)))[0]
+    assert ref.tolist() == [16777215.0]  # 16777217 rounded to float32 first, then 1 subtracted
+    assert ort(dq_case(x, np.float32(1), zp)).tolist() != y.tolist()  # int32 subtraction wraps
+
+
+def test_sixteen_bit_output_rounds_float32_product():
+    x = np.arange(-128, 128, dtype=np.int8)
+    scale = np.float16(0.0999)
+    y = qlinear.dequantize_linear(x, scale, np.int8(3))
+    exact = ((x.astype(np.float64) - 3) * np.float64(scale)).astype(np.float16)  # one rounding of the exact product
+    assert y.dtype == np.float16 and np.array_equal(y, exact)
+    assert np.array_equal(run_onnx_reference(dq_case(x, scale, np.int8(3)))[0], y)
+
+
+def test_e8m0_scale_default_output_is_float32():
+    scale = np.array(0.25, np.float32).astype(ml_dtypes.float8_e8m0fnu)
+    x = np.array([4, -8], np.int8)
+    y = qlinear.dequantize_linear(x, scale)
+    assert y.dtype == np.float32 and y.tolist() == [1.0, -2.0]
+    assert run_onnx_reference(dq_case(x, scale, opset=24))[0].dtype == ml_dtypes.float8_e8m0fnu
+
+
+def test_float_zero_point_is_subtracted():
+    x = np.array([1.0, 0.5], np.float32).astype(ml_dtypes.float8_e4m3fn)
+    zp = np.array(0.5, ml_dtypes.float8_e4m3fn)
+    assert qlinear.dequantize_linear(x, np.float32(2), zp).tolist() == [1.0, 0.0]
+    # onnx.reference checks the zero point after a cast to uint8: 0.5 passes as 0 and is ignored, 2.0 raises.
+    assert run_onnx_reference(dq_case(x, np.float32(2), zp))[0].tolist() == [2.0, 1.0]
+    with pytest.raises(ValueError, match="should be zero"):
+        run_onnx_reference(dq_case(x, np.float32(2), np.array(2.0, ml_dtypes.float8_e4m3fn)))
+    f4 = np.array([1.0], np.float32).astype(ml_dtypes.float4_e2m1fn)
+    zp4 = np.array(0.5, ml_dtypes.float4_e2m1fn)
+    assert qlinear.dequantize_linear(f4, np.float32(2), zp4, opset=23).tolist() == [1.0]
+    assert run_onnx_reference(dq_case(f4, np.float32(2), zp4, opset=23))[0].tolist() == [2.0]  # zero point ignored
+
+
+def test_dynamic_all_zero_and_empty():
+    for x in (np.zeros(4, np.float32), np.zeros(0, np.float32)):
+        y, scale, zp = qlinear.dynamic_quantize_linear(x)
+        assert float(scale) == 1.0 and int(zp) == 0 and not y.any() and y.shape == x.shape
+    case = NodeCase("zeros", "DynamicQuantizeLinear", 11, [np.zeros(4, np.float32)])
+    assert float(run_onnx_reference(case)[1]) == pytest.approx(1 / 255)
+    assert float(run_onnxruntime(case)[1]) == 1.0
+
+
+def test_dynamic_ignores_nan():
+    x = np.array([np.nan, -1.0, 1.0], np.float32)
+    y, scale, zp = qlinear.dynamic_quantize_linear(x)
+    # scale = 2/255 in float32; 0 - (-1)/scale = 127.49999 rounds to 127.
+    assert float(scale) == np.float32(2 / 255) and int(zp) == 127
+    assert y.tolist() == [127, 0, 254]
+    ref = run_onnx_reference(NodeCase("nan", "DynamicQuantizeLinear", 11, [x]))
+    assert np.isnan(ref[1]) or ref[0].tolist() != [127, 0, 254]
