@@ -58,7 +58,7 @@ def save(model: onnx.ModelProto, path: str | PathLike[str], *, external_threshol
     finally:
         for t, raw in moved:
             del t.external_data[:]
-            t.data_location = TensorProto.DEFAULT
+            t.ClearField("data_location")
             t.raw_data = raw
 
 
@@ -132,7 +132,7 @@ def _load_external(model: onnx.ModelProto, base: Path, path: Path) -> None:
             f.seek(offset)
             t.raw_data = f.read(length)
             del t.external_data[:]
-            t.data_location = TensorProto.DEFAULT
+            t.ClearField("data_location")
     finally:
         for f in files.values():
             f.close()

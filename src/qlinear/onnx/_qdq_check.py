@@ -118,7 +118,6 @@ def _check(op: str, opset: int, domain: str, attrs: dict[str, Any], inputs: list
     if op == "DynamicQuantizeLinear":
         return _check_dynamic(opset, domain, attrs, inputs[0])
     caller = "quantize_linear" if op == "QuantizeLinear" else "dequantize_linear"
-    _attribute_names_allowed(op, opset, domain, attrs, caller)
     x_info, scale_info, zp_info = inputs
     if scale_info is None:
         raise QuantizationError(f"{caller}: {args[1]} is a required input")
@@ -135,6 +134,9 @@ def _check(op: str, opset: int, domain: str, attrs: dict[str, Any], inputs: list
     else:
         plan, *_ = plan_dequantize(x, scale, zp, **common)
         out_type = element_type(plan.output_dtype).onnx_enum
+    # The plan checked the attributes whose values matter; a node may still
+    # carry one its version lacks at a default value (axis on version 10).
+    _attribute_names_allowed(op, opset, domain, attrs, caller)
     return QDQCheck(plan, (TensorInfo(out_type, x_info.shape),))
 
 
