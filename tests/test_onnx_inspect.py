@@ -1,0 +1,85 @@
+"""``qlinear inspect`` and qlinear.onnx's model report."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+from onnx import TensorProto, helper
+
+from qlinear import to_tensor_proto
+from qlinear.cli import main
+from qlinear.onnx import Graph, save
+from qlinear.onnx._inspect import inspect_model
+
+
+def _model():
+    g = Graph("demo", opset=21)
+    x = g.input("x", "float", ("N", 64))
+    dx = g.dequantize_linear(g.quantize_linear(x, np.float32(0.05), np.uint8(128), name="act_q"), np.float32(0.05), np.uint8(128), name="act_dq")
+    w = np.arange(64 * 32).reshape(64, 32) % 16 - 8
+    scales = np.linspace(0.01, 0.02, 64).astype(np.float32).reshape(2, 32)
+    wq = g.dequantize_linear(w.astype(ml_dtypes.int4), scales, axis=0, block_size=32, name="w_dq")
+    g.output(g.op("MatMul", [dx, wq], name="mm"))
+    g.output(g.dequantize_linear(np.arange(-5, 5, dtype=np.int8), np.linspace(0.1, 1, 10).astype(np.float32),
+                                 np.arange(10, dtype=np.int8), axis=0, name="pc"))
+    g.output(g.quantize_linear(x, np.float32(0.1), np.int16(3), domain="com.microsoft", name="ms_q"))
+    return g.to_model()
+
+
+def test_inspect_reports_each_qdq_node():
+    report = inspect_model(_model())
+    assert report.opsets == {"": 21, "com.microsoft": 1}
+    assert report.node_domains == ["ai.onnx", "com.microsoft"]
+    nodes = {n.name: n for n in report.qdq_nodes}
+    assert sorted(nodes) == ["act_dq", "act_q", "ms_q", "pc", "w_dq"]
+    w = nodes["w_dq"]
+    assert (w.quantized_type, w.granularity, w.axis, w.block_size) == ("int4", "blocked", 0, 32)
+    assert (w.scale_min, w.scale_max) == (float(np.float32(0.01)), float(np.float32(0.02)))
+    # 64*32 int4 codes in 1024 bytes plus 64 float32 scales, against 64*32 float32.
+    assert (w.quantized_bytes, w.float_bytes) == (1024 + 256, 8192)
+    pc = nodes["pc"]
+    assert (pc.granularity, pc.axis, pc.zero_points, pc.zero_points_are_range) == ("per_axis", 0, [0.0, 9.0], True)
+    q = nodes["act_q"]
+    assert (q.version, q.quantized_type, q.granularity, q.zero_points, q.quantized_bytes) == (
+        "QuantizeLinear version 21 (ai.onnx)", "uint8", "per_tensor", [128.0], 0)
+    assert (nodes["ms_q"].domain, nodes["ms_q"].quantized_type) == ("com.microsoft", "int16")
+    assert report.problems == []
+
+
+def test_inspect_reports_nodes_the_opset_does_not_allow():
+    node = helper.make_node("DequantizeLinear", ["w", "s"], ["y"], name="dq_blocked", axis=1, block_size=2)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[to_tensor_proto(np.zeros((2, 4), np.int8), "w"), to_tensor_proto(np.ones((2, 2), np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    report = inspect_model(model)
+    assert report.qdq_nodes[0].problem == report.problems[0]
+    assert report.problems[0].startswith("node 'dq_blocked': dequantize_linear: block_size is not an attribute of DequantizeLinear version 19")
+
+
+def test_cli_inspect_prints_tables_and_json(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    save(_model(), path)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "5 Q/DQ nodes" in out and "w_dq" in out and "blocked" in out
+    assert main(["inspect", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["quantized_bytes"] == sum(n["quantized_bytes"] for n in data["qdq_nodes"]) > 0
+    assert {n["name"]: n["granularity"] for n in data["qdq_nodes"]}["pc"] == "per_axis"
+
+
+def test_cli_inspect_exit_status_for_problems_and_unreadable_files(tmp_path, capsys):
+    node = helper.make_node("QuantizeLinear", ["x", "s"], ["y"], name="q10", axis=0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [2])], initializer=[to_tensor_proto(np.ones(2, np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["inspect", str(path)]) == 1
+    assert "q10" in capsys.readouterr().out
+    path.write_bytes(path.read_bytes()[:-9])
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "truncated or corrupt" in err
