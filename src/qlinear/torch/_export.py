@@ -66,8 +66,11 @@ def _qparam_arrays(qtype: Any, scale: torch.Tensor, zero_point: torch.Tensor | N
 def _q_attrs(quant: QuantizeLinear | FakeQuantize, rank: int, opset: int, x: np.ndarray, s: np.ndarray, z: np.ndarray) -> dict[str, Any]:
     """QuantizeLinear attributes, validated for ``opset`` by qlinear.spec."""
     axis = 1 if quant.axis is None else quant.axis % rank
-    plan_quantize(stand_in(x.shape, x.dtype), s, z, axis=axis, block_size=quant.block_size, output_dtype=None,
-                  saturate=quant.saturate, precision=quant.precision, opset=opset, domain="")
+    try:
+        plan_quantize(stand_in(x.shape, x.dtype), s, z, axis=axis, block_size=quant.block_size, output_dtype=None,
+                      saturate=quant.saturate, precision=quant.precision, opset=opset, domain="")
+    except QuantizationError as e:
+        raise QuantizationError(f"export_onnx: {quant!r} at opset {opset}: {e}") from None
     attrs: dict[str, Any] = {"axis": axis}
     if quant.block_size:
         attrs["block_size"] = quant.block_size
