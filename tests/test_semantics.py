@@ -9,7 +9,6 @@ import pytest
 
 import qlinear
 from qlinear.onnx import NodeCase
-from qlinear.onnx._node_case import run_qlinear
 from qlinear.onnx._oracles import Unsupported, run_onnx_reference, run_onnxruntime
 
 NAN, INF = np.float32(np.nan), np.float32(np.inf)

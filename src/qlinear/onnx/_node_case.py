@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -112,7 +112,7 @@ def node_case_from_model(name: str, model: onnx.ModelProto, inputs: list[Any], o
     def array(v: Any) -> np.ndarray:
         return from_tensor_proto(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
 
-    by_name = dict(zip([i.name for i in model.graph.input], inputs))
+    by_name = dict(zip([i.name for i in model.graph.input], inputs, strict=True))
     arrays = [array(by_name[n]) if n else None for n in node.input]
     arrays += [None] * (len(_INPUT_NAMES[node.op_type]) - len(arrays))
     expected = None if outputs is None else [array(o) for o in outputs]
