@@ -54,7 +54,9 @@ def test_run_model_with_attribute_not_in_opset_names_the_node():
     node = helper.make_node("QuantizeLinear", ["x", "s"], ["y"], name="q_prec", precision=TensorProto.FLOAT)
     model = _raw_model([node], [_x()], [_y()], [to_tensor_proto(np.array(1, np.float32), "s")], opset=21)
     for backend in ("qlinear", "onnxruntime", "reference"):
-        with pytest.raises(QuantizationError, match=r"node 'q_prec': quantize_linear: precision is not an attribute of QuantizeLinear version 21"):
+        with pytest.raises(
+            QuantizationError, match=r"node 'q_prec': quantize_linear: precision is not an attribute of QuantizeLinear version 21"
+        ):
             run(model, _feeds(), backend=backend)
 
 
@@ -63,16 +65,23 @@ def test_run_model_with_attribute_not_in_opset_names_the_node():
 
 def test_graph_scale_shape_fitting_no_granularity_names_the_node():
     g = Graph(opset=21)
-    with pytest.raises(QuantizationError, match=r"node 'dq': dequantize_linear: x_scale has shape \(3,\), expected \(\) or \(4,\) for axis=1"):
+    with pytest.raises(
+        QuantizationError, match=r"node 'dq': dequantize_linear: x_scale has shape \(3,\), expected \(\) or \(4,\) for axis=1"
+    ):
         g.dequantize_linear(np.zeros((2, 4), np.int8), np.ones(3, np.float32), name="dq")
 
 
 def test_run_zero_point_shape_mismatch_names_the_node():
     node = helper.make_node("DequantizeLinear", ["w", "s", "z"], ["y"], name="dq_w", axis=0)
-    inits = [to_tensor_proto(np.zeros((2, 4), np.int8), "w"), to_tensor_proto(np.ones(2, np.float32), "s"),
-             to_tensor_proto(np.zeros(3, np.int8), "z")]
+    inits = [
+        to_tensor_proto(np.zeros((2, 4), np.int8), "w"),
+        to_tensor_proto(np.ones(2, np.float32), "s"),
+        to_tensor_proto(np.zeros(3, np.int8), "z"),
+    ]
     model = _raw_model([node], [], [_y()], inits)
-    with pytest.raises(QuantizationError, match=r"node 'dq_w': dequantize_linear: x_zero_point has shape \(3,\), expected \(2,\)"):
+    with pytest.raises(
+        QuantizationError, match=r"node 'dq_w': dequantize_linear: x_zero_point has shape \(3,\), expected \(2,\)"
+    ):
         run(model, {})
 
 
@@ -81,7 +90,9 @@ def test_run_zero_point_shape_mismatch_names_the_node():
 
 def test_graph_missing_input_names_the_node():
     g = Graph(opset=21)
-    with pytest.raises(QuantizationError, match=r"node 'relu': input 'nowhere' is no graph input, initializer or output of an earlier node"):
+    with pytest.raises(
+        QuantizationError, match=r"node 'relu': input 'nowhere' is no graph input, initializer or output of an earlier node"
+    ):
         g.op("Relu", ["nowhere"], name="relu")
     with pytest.raises(QuantizationError, match=r"node 'q': input 'nowhere'"):
         g.quantize_linear("nowhere", np.float32(1), name="q")
@@ -106,7 +117,9 @@ def test_run_missing_feed_is_named():
 
 def test_graph_zero_point_type_mismatch_has_the_function_message():
     g = Graph(opset=21)
-    with pytest.raises(QuantizationError, match=r"node 'dq': dequantize_linear: x_zero_point has type uint8, expected int8 \(the type of x\)"):
+    with pytest.raises(
+        QuantizationError, match=r"node 'dq': dequantize_linear: x_zero_point has type uint8, expected int8 \(the type of x\)"
+    ):
         g.dequantize_linear(np.zeros(4, np.int8), np.float32(1), np.uint8(0), name="dq")
 
 
@@ -129,7 +142,10 @@ def test_graph_unknown_operator_or_attribute_names_the_node():
 def test_run_type_mismatch_names_the_node():
     node = helper.make_node("QuantizeLinear", ["x", "s"], ["y"], name="q_int_scale")
     model = _raw_model([node], [_x()], [_y()], [to_tensor_proto(np.array(1, np.float16), "s")], opset=21)
-    with pytest.raises(QuantizationError, match=r"node 'q_int_scale': quantize_linear: y_scale has type float16, expected float \(the type of x\)"):
+    with pytest.raises(
+        QuantizationError,
+        match=r"node 'q_int_scale': quantize_linear: y_scale has type float16, expected float \(the type of x\)",
+    ):
         run(model, _feeds())
 
 
@@ -165,7 +181,9 @@ def test_load_truncated_external_data_names_file_and_tensor(tmp_path):
     path = _saved(tmp_path, threshold=1024)
     data_file = tmp_path / "m.onnx.data"
     data_file.write_bytes(data_file.read_bytes()[:1000])
-    with pytest.raises(QuantizationError, match=r"external data file 'm.onnx.data' is truncated: tensor 'dq_input0' needs bytes \[0, 8192\)"):
+    with pytest.raises(
+        QuantizationError, match=r"external data file 'm.onnx.data' is truncated: tensor 'dq_input0' needs bytes \[0, 8192\)"
+    ):
         load(path)
 
 

@@ -36,8 +36,11 @@ def _data(qtype: str, gran: str, seed: int):
     rng = np.random.default_rng(seed)
     t = element_type(qtype)
     x = (rng.standard_normal(X_SHAPE) * 3).astype(np.float32)
-    shape, kw = {"per_tensor": ((), {}), "per_axis": ((X_SHAPE[1],), {"axis": 1}),
-                 "blocked": ((*X_SHAPE[:2], -(-X_SHAPE[2] // BLOCK)), {"axis": -1, "block_size": BLOCK})}[gran]
+    shape, kw = {
+        "per_tensor": ((), {}),
+        "per_axis": ((X_SHAPE[1],), {"axis": 1}),
+        "blocked": ((*X_SHAPE[:2], -(-X_SHAPE[2] // BLOCK)), {"axis": -1, "block_size": BLOCK}),
+    }[gran]
     top = t.qmax if t.is_integer else t.max_finite
     scale = (rng.uniform(0.3, 1.5, shape) * 3 / top).astype(np.float32)
     # Float types take a zero zero point; integers any value in range.
@@ -116,7 +119,7 @@ def test_graph_dynamic_quantize_linear_matches_function():
     want = qlinear.dynamic_quantize_linear(x)
     for backend in ("qlinear", "onnxruntime"):
         got = run(model, {"x": x}, backend=backend)
-        for name, w in zip(outs, want):
+        for name, w in zip(outs, want, strict=True):
             _same(got[name], w)
 
 
@@ -143,7 +146,9 @@ def test_graph_op_builds_a_network_with_inferred_shapes():
     model = g.to_model()
     onnx.checker.check_model(model, full_check=True)
     out = run(model, {"x": np.ones((2, 3, 8, 8), np.float32)})["logits"]
-    np.testing.assert_allclose(out, run(model, {"x": np.ones((2, 3, 8, 8), np.float32)}, backend="onnxruntime")["logits"], rtol=1e-6)
+    np.testing.assert_allclose(
+        out, run(model, {"x": np.ones((2, 3, 8, 8), np.float32)}, backend="onnxruntime")["logits"], rtol=1e-6
+    )
 
 
 def test_graph_writes_only_attributes_the_call_sets():
@@ -153,8 +158,15 @@ def test_graph_writes_only_attributes_the_call_sets():
     assert list(model.graph.node[0].attribute) == []
     onnx.checker.check_model(model, full_check=True)
     g = Graph(opset=21)
-    q = g.quantize_linear(g.input("x", "float", (2, 4)), np.ones((2, 2), np.float32), axis=1, block_size=2,
-                          output_dtype=ml_dtypes.int4, saturate=False, name="q")
+    q = g.quantize_linear(
+        g.input("x", "float", (2, 4)),
+        np.ones((2, 2), np.float32),
+        axis=1,
+        block_size=2,
+        output_dtype=ml_dtypes.int4,
+        saturate=False,
+        name="q",
+    )
     g.output(q)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in g.to_model().graph.node[0].attribute}
     assert attrs == {"axis": 1, "block_size": 2, "output_dtype": onnx.TensorProto.INT4, "saturate": 0}

@@ -17,13 +17,22 @@ from qlinear.onnx._inspect import inspect_model
 def _model():
     g = Graph("demo", opset=21)
     x = g.input("x", "float", ("N", 64))
-    dx = g.dequantize_linear(g.quantize_linear(x, np.float32(0.05), np.uint8(128), name="act_q"), np.float32(0.05), np.uint8(128), name="act_dq")
+    dx = g.dequantize_linear(
+        g.quantize_linear(x, np.float32(0.05), np.uint8(128), name="act_q"), np.float32(0.05), np.uint8(128), name="act_dq"
+    )
     w = np.arange(64 * 32).reshape(64, 32) % 16 - 8
     scales = np.linspace(0.01, 0.02, 64).astype(np.float32).reshape(2, 32)
     wq = g.dequantize_linear(w.astype(ml_dtypes.int4), scales, axis=0, block_size=32, name="w_dq")
     g.output(g.op("MatMul", [dx, wq], name="mm"))
-    g.output(g.dequantize_linear(np.arange(-5, 5, dtype=np.int8), np.linspace(0.1, 1, 10).astype(np.float32),
-                                 np.arange(10, dtype=np.int8), axis=0, name="pc"))
+    g.output(
+        g.dequantize_linear(
+            np.arange(-5, 5, dtype=np.int8),
+            np.linspace(0.1, 1, 10).astype(np.float32),
+            np.arange(10, dtype=np.int8),
+            axis=0,
+            name="pc",
+        )
+    )
     g.output(g.quantize_linear(x, np.float32(0.1), np.int16(3), domain="com.microsoft", name="ms_q"))
     return g.to_model()
 
@@ -43,19 +52,31 @@ def test_inspect_reports_each_qdq_node():
     assert (pc.granularity, pc.axis, pc.zero_points, pc.zero_points_are_range) == ("per_axis", 0, [0.0, 9.0], True)
     q = nodes["act_q"]
     assert (q.version, q.quantized_type, q.granularity, q.zero_points, q.quantized_bytes) == (
-        "QuantizeLinear version 21 (ai.onnx)", "uint8", "per_tensor", [128.0], 0)
+        "QuantizeLinear version 21 (ai.onnx)",
+        "uint8",
+        "per_tensor",
+        [128.0],
+        0,
+    )
     assert (nodes["ms_q"].domain, nodes["ms_q"].quantized_type) == ("com.microsoft", "int16")
     assert report.problems == []
 
 
 def test_inspect_reports_nodes_the_opset_does_not_allow():
     node = helper.make_node("DequantizeLinear", ["w", "s"], ["y"], name="dq_blocked", axis=1, block_size=2)
-    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=[to_tensor_proto(np.zeros((2, 4), np.int8), "w"), to_tensor_proto(np.ones((2, 2), np.float32), "s")])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[to_tensor_proto(np.zeros((2, 4), np.int8), "w"), to_tensor_proto(np.ones((2, 2), np.float32), "s")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     report = inspect_model(model)
     assert report.qdq_nodes[0].problem == report.problems[0]
-    assert report.problems[0].startswith("node 'dq_blocked': dequantize_linear: block_size is not an attribute of DequantizeLinear version 19")
+    assert report.problems[0].startswith(
+        "node 'dq_blocked': dequantize_linear: block_size is not an attribute of DequantizeLinear version 19"
+    )
 
 
 def test_cli_inspect_prints_tables_and_json(tmp_path, capsys):
@@ -72,8 +93,13 @@ def test_cli_inspect_prints_tables_and_json(tmp_path, capsys):
 
 def test_cli_inspect_exit_status_for_problems_and_unreadable_files(tmp_path, capsys):
     node = helper.make_node("QuantizeLinear", ["x", "s"], ["y"], name="q10", axis=0)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [2])], initializer=[to_tensor_proto(np.ones(2, np.float32), "s")])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [2])],
+        initializer=[to_tensor_proto(np.ones(2, np.float32), "s")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
     path = tmp_path / "bad.onnx"
     path.write_bytes(model.SerializeToString())

@@ -10,7 +10,14 @@ import pytest
 from qlinear import QuantizationError, from_tensor_proto
 from qlinear.onnx import Graph, load, run, save
 
-WEIGHT_TYPES = [ml_dtypes.int4, ml_dtypes.uint2, ml_dtypes.float4_e2m1fn, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.int16]
+WEIGHT_TYPES = [
+    ml_dtypes.int4,
+    ml_dtypes.uint2,
+    ml_dtypes.float4_e2m1fn,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e5m2,
+    np.int16,
+]
 
 
 def _model():

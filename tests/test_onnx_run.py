@@ -61,9 +61,13 @@ def qdq_cnn(tmp_path_factory) -> onnx.ModelProto:
     folder = tmp_path_factory.mktemp("cnn")
     qlinear.onnx.save(_float_cnn(), folder / "float.onnx")
     quantization.quantize_static(
-        str(folder / "float.onnx"), str(folder / "qdq.onnx"), _Batches(seed=1, count=3),
-        quant_format=quantization.QuantFormat.QDQ, per_channel=True,
-        activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
+        str(folder / "float.onnx"),
+        str(folder / "qdq.onnx"),
+        _Batches(seed=1, count=3),
+        quant_format=quantization.QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=quantization.QuantType.QUInt8,
+        weight_type=quantization.QuantType.QInt8,
     )
     return load(folder / "qdq.onnx")
 

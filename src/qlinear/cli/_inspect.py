@@ -50,25 +50,44 @@ def _size(n: int) -> str:
 
 def _print(console: Console, report: ModelReport) -> None:
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(report.opsets.items()))
-    console.print(f"IR version {report.ir_version}; opsets: {escape(opsets)}; "
-                  f"{report.node_count} nodes in domains {escape(', '.join(report.node_domains))}", highlight=False)
+    console.print(
+        f"IR version {report.ir_version}; opsets: {escape(opsets)}; "
+        f"{report.node_count} nodes in domains {escape(', '.join(report.node_domains))}",
+        highlight=False,
+    )
     table = Table(title=f"{len(report.qdq_nodes)} Q/DQ nodes")
     for column in ("node", "op", "type", "granularity", "axis", "block", "scale range", "zero points", "stored / float"):
         table.add_column(column, justify="right" if column in ("axis", "block") else "left")
     for n in report.qdq_nodes:
         op = n.op if not n.domain else f"{n.op} ({n.domain})"
-        scales = "" if n.scale_min is None else f"{n.scale_min:.4g}" + ("" if n.scale_min == n.scale_max else f" .. {n.scale_max:.4g}")
-        zps = "" if n.zero_points is None else ((" .. " if n.zero_points_are_range else ", ").join(f"{z:g}" for z in n.zero_points))
+        scales = (
+            "" if n.scale_min is None else f"{n.scale_min:.4g}" + ("" if n.scale_min == n.scale_max else f" .. {n.scale_max:.4g}")
+        )
+        zps = (
+            "" if n.zero_points is None else ((" .. " if n.zero_points_are_range else ", ").join(f"{z:g}" for z in n.zero_points))
+        )
         sizes = f"{_size(n.quantized_bytes)} / {_size(n.float_bytes)}" if n.float_bytes else ""
         if n.problem:
             table.add_row(escape(n.name), escape(op), "[red]invalid[/]", "", "", "", "", "", "")
         else:
-            table.add_row(escape(n.name), escape(op), n.quantized_type, n.granularity, "" if n.axis is None else str(n.axis),
-                          str(n.block_size or ""), scales, escape(zps), sizes)
+            table.add_row(
+                escape(n.name),
+                escape(op),
+                n.quantized_type,
+                n.granularity,
+                "" if n.axis is None else str(n.axis),
+                str(n.block_size or ""),
+                scales,
+                escape(zps),
+                sizes,
+            )
     console.print(table)
     if report.float_bytes:
         ratio = report.float_bytes / report.quantized_bytes
-        console.print(f"Quantized constants: {_size(report.quantized_bytes)} stored for {_size(report.float_bytes)} "
-                      f"of floats ({ratio:.2f}x smaller).", highlight=False)
+        console.print(
+            f"Quantized constants: {_size(report.quantized_bytes)} stored for {_size(report.float_bytes)} "
+            f"of floats ({ratio:.2f}x smaller).",
+            highlight=False,
+        )
     for problem in report.problems:
         console.print(f"[red]problem:[/] {escape(problem)}", highlight=False)

@@ -87,8 +87,13 @@ def analyse(model: onnx.ModelProto) -> Analysis:
     return Analysis(opsets, tensors, tuple(reports))
 
 
-def _check_node(node: onnx.NodeProto, label: str, opsets: dict[str, int], tensors: dict[str, TensorInfo],
-                constants: dict[str, onnx.TensorProto]) -> tuple[tuple[TensorInfo, ...] | None, QDQCheck | None]:
+def _check_node(
+    node: onnx.NodeProto,
+    label: str,
+    opsets: dict[str, int],
+    tensors: dict[str, TensorInfo],
+    constants: dict[str, onnx.TensorProto],
+) -> tuple[tuple[TensorInfo, ...] | None, QDQCheck | None]:
     missing = [n for n in node.input if n and n not in tensors]
     if missing:
         raise QuantizationError(

@@ -67,7 +67,9 @@ class Graph:
 
     def input(self, name: str, dtype: Any, shape: Sequence[Dim] | None) -> str:
         """Declare a graph input of element type ``dtype`` and (symbolic) ``shape``; returns ``name``."""
-        self._define(name, TensorInfo(onnx_type_enum(dtype, what=f"Graph.input: {name!r} dtype"), _shape(shape, name)), "Graph.input")
+        self._define(
+            name, TensorInfo(onnx_type_enum(dtype, what=f"Graph.input: {name!r} dtype"), _shape(shape, name)), "Graph.input"
+        )
         self._inputs.append(name)
         return name
 
@@ -97,34 +99,69 @@ class Graph:
         self._info[name] = TensorInfo(elem, _shape(shape, name) if shape is not None else known.shape)
         self._outputs.append(name)
 
-    def quantize_linear(self, x: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None, *, axis: int = 1,
-                        block_size: int = 0, output_dtype: Any = None, saturate: bool = True, precision: Any = None,
-                        domain: str = "", name: str | None = None, output_names: Sequence[str] | None = None) -> str:
+    def quantize_linear(
+        self,
+        x: Tensor,
+        y_scale: Tensor,
+        y_zero_point: Tensor | None = None,
+        *,
+        axis: int = 1,
+        block_size: int = 0,
+        output_dtype: Any = None,
+        saturate: bool = True,
+        precision: Any = None,
+        domain: str = "",
+        name: str | None = None,
+        output_names: Sequence[str] | None = None,
+    ) -> str:
         """Add a QuantizeLinear node; arguments as :func:`qlinear.quantize_linear`. Returns the output's name.
 
         Raises:
             QuantizationError: the function's message for anything the
                 graph's opset does not allow, prefixed by the node's name.
         """
-        attrs = {"block_size": block_size, "output_dtype": _enum(output_dtype, "output_dtype"),
-                 "saturate": int(saturate) if isinstance(saturate, (bool, int, np.bool_, np.integer)) else saturate,
-                 "precision": _enum(precision, "precision")}
+        attrs = {
+            "block_size": block_size,
+            "output_dtype": _enum(output_dtype, "output_dtype"),
+            "saturate": int(saturate) if isinstance(saturate, (bool, int, np.bool_, np.integer)) else saturate,
+            "precision": _enum(precision, "precision"),
+        }
         return self._qdq("QuantizeLinear", [x, y_scale, y_zero_point], axis, attrs, {"saturate": 1}, domain, name, output_names)
 
-    def dequantize_linear(self, x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None = None, *, axis: int = 1,
-                          block_size: int = 0, output_dtype: Any = None, domain: str = "", name: str | None = None,
-                          output_names: Sequence[str] | None = None) -> str:
+    def dequantize_linear(
+        self,
+        x: Tensor,
+        x_scale: Tensor,
+        x_zero_point: Tensor | None = None,
+        *,
+        axis: int = 1,
+        block_size: int = 0,
+        output_dtype: Any = None,
+        domain: str = "",
+        name: str | None = None,
+        output_names: Sequence[str] | None = None,
+    ) -> str:
         """Add a DequantizeLinear node; arguments as :func:`qlinear.dequantize_linear`. Returns the output's name."""
         attrs = {"block_size": block_size, "output_dtype": _enum(output_dtype, "output_dtype")}
         return self._qdq("DequantizeLinear", [x, x_scale, x_zero_point], axis, attrs, {}, domain, name, output_names)
 
-    def dynamic_quantize_linear(self, x: Tensor, *, name: str | None = None,
-                                output_names: Sequence[str] | None = None) -> tuple[str, str, str]:
+    def dynamic_quantize_linear(
+        self, x: Tensor, *, name: str | None = None, output_names: Sequence[str] | None = None
+    ) -> tuple[str, str, str]:
         """Add a DynamicQuantizeLinear node; returns the names of ``(y, y_scale, y_zero_point)``."""
         return self._add("DynamicQuantizeLinear", [x], {}, "", name, output_names, 3)
 
-    def op(self, op_type: str, inputs: Sequence[Tensor | None], *, name: str | None = None,
-           output_names: Sequence[str] | None = None, num_outputs: int = 1, domain: str = "", **attrs: Any) -> str | tuple[str, ...]:
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[Tensor | None],
+        *,
+        name: str | None = None,
+        output_names: Sequence[str] | None = None,
+        num_outputs: int = 1,
+        domain: str = "",
+        **attrs: Any,
+    ) -> str | tuple[str, ...]:
         """Add any operator the onnx package has a schema for (``graph.op("Conv", [x, w], pads=[1, 1, 1, 1])``).
 
         Inputs are names, arrays (they become initializers) or None for an
@@ -167,19 +204,38 @@ class Graph:
         """Write the model to ``path``; tensors of at least ``external_threshold`` bytes go to ``path + ".data"``."""
         save(self.to_model(), path, external_threshold=external_threshold)
 
-    def _qdq(self, op: str, inputs: list[Tensor | None], axis: int, attrs: dict[str, Any], defaults: dict[str, Any],
-             domain: str, name: str | None, output_names: Sequence[str] | None) -> str:
+    def _qdq(
+        self,
+        op: str,
+        inputs: list[Tensor | None],
+        axis: int,
+        attrs: dict[str, Any],
+        defaults: dict[str, Any],
+        domain: str,
+        name: str | None,
+        output_names: Sequence[str] | None,
+    ) -> str:
         # Like the functions, an axis only matters for per-axis and blocked
         # scales; writing it only then keeps opset-10 graphs valid.
         written = {k: v for k, v in attrs.items() if v is not None and v != defaults.get(k, 0)}
         scale = inputs[1]
-        scale_shape = np.shape(scale) if not isinstance(scale, str) else (self._info[scale].shape if scale in self._info else None)
+        scale_shape = (
+            np.shape(scale) if not isinstance(scale, str) else (self._info[scale].shape if scale in self._info else None)
+        )
         if attrs.get("block_size") or (scale_shape and any(d != 1 for d in scale_shape)):
             written["axis"] = axis
         return self._add(op, inputs, written, domain, name, output_names, 1)[0]
 
-    def _add(self, op_type: str, inputs: list[Tensor | None], attrs: dict[str, Any], domain: str, name: str | None,
-             output_names: Sequence[str] | None, num_outputs: int) -> tuple[str, ...]:
+    def _add(
+        self,
+        op_type: str,
+        inputs: list[Tensor | None],
+        attrs: dict[str, Any],
+        domain: str,
+        name: str | None,
+        output_names: Sequence[str] | None,
+        num_outputs: int,
+    ) -> tuple[str, ...]:
         name = name if name is not None else f"{op_type}_{len(self._nodes)}"
         if name in self._node_names:
             raise QuantizationError(f"Graph: node {name!r}: the graph already has a node with this name")
@@ -187,16 +243,24 @@ class Graph:
         names = [self._tensor(v, f"{name}_input{i}", name, pending) for i, v in enumerate(inputs)]
         while names and names[-1] == "":
             names.pop()
-        outputs = list(output_names) if output_names is not None else [f"{name}_output{i}" if num_outputs > 1 else f"{name}_output" for i in range(num_outputs)]
+        outputs = (
+            list(output_names)
+            if output_names is not None
+            else [f"{name}_output{i}" if num_outputs > 1 else f"{name}_output" for i in range(num_outputs)]
+        )
         node = helper.make_node(op_type, names, outputs, name=name, domain=domain or None, **attrs)
         known = ChainMap({n: TensorInfo.of_array(a) for n, a in pending.items()}, self._info)
         infos = [known[n] if n else None for n in names]
         opset = self._domain_opset(domain, name)
         if op_type in QDQ_OPS and domain in ("", _MS_DOMAIN):
-            checked = check_qdq_node(op_type, opset, domain, {a.name: helper.get_attribute_value(a) for a in node.attribute}, infos, name)
+            checked = check_qdq_node(
+                op_type, opset, domain, {a.name: helper.get_attribute_value(a) for a in node.attribute}, infos, name
+            )
             out_infos = checked.outputs
             if len(outputs) != len(out_infos):
-                raise QuantizationError(f"Graph: node {name!r} ({op_type}): output_names must name {len(out_infos)} outputs, got {len(outputs)}")
+                raise QuantizationError(
+                    f"Graph: node {name!r} ({op_type}): output_names must name {len(out_infos)} outputs, got {len(outputs)}"
+                )
         else:
             constants = {n: self._small_constants[n] for n in names if n in self._small_constants}
             constants.update({n: onnx.numpy_helper.from_array(a, n) for n, a in pending.items() if _is_small_int(a)})
@@ -204,7 +268,7 @@ class Graph:
         # Only a node that passed its checks leaves anything in the graph.
         for n, a in pending.items():
             self.initializer(n, a)
-        for out, info in zip(outputs, out_infos):
+        for out, info in zip(outputs, out_infos, strict=True):
             self._define(out, info, f"Graph: node {name!r}")
         self._nodes.append(node)
         self._node_names.add(name)
@@ -230,7 +294,9 @@ class Graph:
                 )
             return value
         if not isinstance(value, (np.ndarray, np.generic)):
-            raise QuantizationError(f"Graph: node {node!r}: inputs must be tensor names or numpy arrays, got {type(value).__name__}")
+            raise QuantizationError(
+                f"Graph: node {node!r}: inputs must be tensor names or numpy arrays, got {type(value).__name__}"
+            )
         new = self._fresh(default_name)
         pending[new] = np.asarray(value)
         return new

@@ -110,15 +110,25 @@ def inspect_model(model: onnx.ModelProto) -> ModelReport:
     )
 
 
-def _qdq_report(node: onnx.NodeProto, check: QDQCheck | None, problem: str | None, initializers: dict[str, onnx.TensorProto],
-                tensors: dict[str, TensorInfo]) -> QDQNodeReport:
+def _qdq_report(
+    node: onnx.NodeProto,
+    check: QDQCheck | None,
+    problem: str | None,
+    initializers: dict[str, onnx.TensorProto],
+    tensors: dict[str, TensorInfo],
+) -> QDQNodeReport:
     base = {"name": node.name, "op": node.op_type, "domain": node.domain}
     if check is None:
         return QDQNodeReport(**base, problem=problem)
     if check.plan is None:
         # DynamicQuantizeLinear: uint8, one scale and zero point computed from the data.
-        return QDQNodeReport(**base, version="DynamicQuantizeLinear version 11 (ai.onnx)", quantized_type="uint8",
-                             granularity="per_tensor", scale_type="float")
+        return QDQNodeReport(
+            **base,
+            version="DynamicQuantizeLinear version 11 (ai.onnx)",
+            quantized_type="uint8",
+            granularity="per_tensor",
+            scale_type="float",
+        )
     plan = check.plan
     quantized = plan.output_type if node.op_type == "QuantizeLinear" else plan.input_type
     g = plan.granularity

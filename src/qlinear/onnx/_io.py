@@ -38,7 +38,9 @@ def save(model: onnx.ModelProto, path: str | PathLike[str], *, external_threshol
         raise QuantizationError(f"save: model must be an onnx.ModelProto, got {type(model).__name__}")
     unloaded = [t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL]
     if unloaded:
-        raise QuantizationError(f"save: tensors {unloaded[:3]} have external data that is not loaded; load the model with qlinear.onnx.load")
+        raise QuantizationError(
+            f"save: tensors {unloaded[:3]} have external data that is not loaded; load the model with qlinear.onnx.load"
+        )
     # ByteSize avoids copying raw_data just to measure it.
     big = [t for t in model.graph.initializer if t.HasField("raw_data") and t.ByteSize() >= external_threshold]
     data_name = path.name + ".data"
@@ -114,12 +116,16 @@ def _load_external(model: onnx.ModelProto, base: Path, path: Path) -> None:
             location = info.get("location", "")
             target = (base / location).resolve()
             if not location or Path(location).is_absolute() or base.resolve() not in target.parents:
-                raise QuantizationError(f"load: {path}: tensor {t.name!r} names external data {location!r} outside the model's folder")
+                raise QuantizationError(
+                    f"load: {path}: tensor {t.name!r} names external data {location!r} outside the model's folder"
+                )
             if location not in files:
                 try:
-                    files[location] = open(target, "rb")  # noqa: SIM115 - closed in the finally below
+                    files[location] = open(target, "rb")  # closed in the finally below
                 except OSError as e:
-                    raise QuantizationError(f"load: {path}: external data file {location!r} of tensor {t.name!r}: {e.strerror}") from None
+                    raise QuantizationError(
+                        f"load: {path}: external data file {location!r} of tensor {t.name!r}: {e.strerror}"
+                    ) from None
             f = files[location]
             size = f.seek(0, 2)
             offset = int(info.get("offset", 0))

@@ -34,7 +34,9 @@ def to_ort_value(a: np.ndarray) -> Any:
     data = pack(a) if t.is_packed else np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     value = ort.OrtValue.ortvalue_from_shape_and_type(list(a.shape), t.onnx_enum)
     if value.tensor_size_in_bytes() != data.nbytes:
-        raise QuantizationError(f"run: ONNX Runtime holds {t.name} of shape {a.shape} in {value.tensor_size_in_bytes()} bytes, expected {data.nbytes}")
+        raise QuantizationError(
+            f"run: ONNX Runtime holds {t.name} of shape {a.shape} in {value.tensor_size_in_bytes()} bytes, expected {data.nbytes}"
+        )
     ctypes.memmove(value.data_ptr(), data.ctypes.data, data.nbytes)
     return value
 

@@ -86,7 +86,9 @@ def _attribute_names_allowed(op: str, opset: int, domain: str, attrs: dict[str, 
             raise QuantizationError(f"{caller}: {name} is not an attribute of {version}, got {name}={value!r}")
 
 
-def check_qdq_node(op: str, opset: int, domain: str, attrs: dict[str, Any], inputs: list[TensorInfo | None], node: str) -> QDQCheck:
+def check_qdq_node(
+    op: str, opset: int, domain: str, attrs: dict[str, Any], inputs: list[TensorInfo | None], node: str
+) -> QDQCheck:
     """Validate a QuantizeLinear, DequantizeLinear or DynamicQuantizeLinear node.
 
     Args:
@@ -127,9 +129,17 @@ def _check(op: str, opset: int, domain: str, attrs: dict[str, Any], inputs: list
     x = _placeholder(x_info, _concrete(x_info.shape, scale_shape, axis, block_size), "x", caller)
     scale = _placeholder(scale_info, scale_shape, args[1], caller)
     zp = _placeholder(zp_info, _known(zp_info.shape) if zp_info else (), args[2], caller)
-    common = {"axis": axis, "block_size": block_size, "output_dtype": attrs.get("output_dtype") or None, "opset": opset, "domain": domain}
+    common = {
+        "axis": axis,
+        "block_size": block_size,
+        "output_dtype": attrs.get("output_dtype") or None,
+        "opset": opset,
+        "domain": domain,
+    }
     if op == "QuantizeLinear":
-        plan, *_ = plan_quantize(x, scale, zp, saturate=bool(attrs.get("saturate", 1)), precision=attrs.get("precision") or None, **common)
+        plan, *_ = plan_quantize(
+            x, scale, zp, saturate=bool(attrs.get("saturate", 1)), precision=attrs.get("precision") or None, **common
+        )
         out_type = plan.output_type.onnx_enum
     else:
         plan, *_ = plan_dequantize(x, scale, zp, **common)
@@ -143,9 +153,15 @@ def _check(op: str, opset: int, domain: str, attrs: dict[str, Any], inputs: list
 def _check_dynamic(opset: int, domain: str, attrs: dict[str, Any], x: TensorInfo) -> QDQCheck:
     caller = "dynamic_quantize_linear"
     if domain or opset < _DYNAMIC_SINCE:
-        raise QuantizationError(f"{caller}: DynamicQuantizeLinear exists from opset {_DYNAMIC_SINCE} of domain 'ai.onnx', got opset={opset} of {domain or 'ai.onnx'!r}")
+        raise QuantizationError(
+            f"{caller}: DynamicQuantizeLinear exists from opset {_DYNAMIC_SINCE} of domain 'ai.onnx', got opset={opset} of {domain or 'ai.onnx'!r}"
+        )
     if attrs:
         raise QuantizationError(f"{caller}: DynamicQuantizeLinear version 11 (ai.onnx) has no attributes, got {sorted(attrs)}")
     if x.elem_type != TensorProto.FLOAT:
-        raise QuantizationError(f"{caller}: x has type {x.type_name}, expected float32 for DynamicQuantizeLinear version 11 (ai.onnx)")
-    return QDQCheck(None, (TensorInfo(TensorProto.UINT8, x.shape), TensorInfo(TensorProto.FLOAT, ()), TensorInfo(TensorProto.UINT8, ())))
+        raise QuantizationError(
+            f"{caller}: x has type {x.type_name}, expected float32 for DynamicQuantizeLinear version 11 (ai.onnx)"
+        )
+    return QDQCheck(
+        None, (TensorInfo(TensorProto.UINT8, x.shape), TensorInfo(TensorProto.FLOAT, ()), TensorInfo(TensorProto.UINT8, ()))
+    )

@@ -64,8 +64,13 @@ class _QDQ(OpRun):
 _QLINEAR_OPS = [type(op, (_QDQ,), {"op_domain": domain}) for op in QDQ_OPS for domain in ("", "com.microsoft")]
 
 
-def run(model: onnx.ModelProto | str | PathLike[str], feeds: Mapping[str, Any], *, backend: str = "qlinear",
-        output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+def run(
+    model: onnx.ModelProto | str | PathLike[str],
+    feeds: Mapping[str, Any],
+    *,
+    backend: str = "qlinear",
+    output_names: Sequence[str] | None = None,
+) -> dict[str, np.ndarray]:
     """Run ``model`` on ``feeds`` and return its outputs by name.
 
     Args:
@@ -111,7 +116,7 @@ def run(model: onnx.ModelProto | str | PathLike[str], feeds: Mapping[str, Any], 
     else:
         evaluator = ReferenceEvaluator(model, new_ops=_QLINEAR_OPS if backend == "qlinear" else None)
         values = evaluator.run(names, arrays)
-    return dict(zip(names, values))
+    return dict(zip(names, values, strict=True))
 
 
 def _run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:

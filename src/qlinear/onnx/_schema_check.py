@@ -13,8 +13,14 @@ from qlinear.onnx._tensor_info import TensorInfo
 __all__ = ["check_schema_node"]
 
 
-def check_schema_node(node: onnx.NodeProto, opset: int, inputs: Mapping[str, TensorInfo],
-                      constants: Mapping[str, onnx.TensorProto], *, label: str | None = None) -> tuple[TensorInfo, ...]:
+def check_schema_node(
+    node: onnx.NodeProto,
+    opset: int,
+    inputs: Mapping[str, TensorInfo],
+    constants: Mapping[str, onnx.TensorProto],
+    *,
+    label: str | None = None,
+) -> tuple[TensorInfo, ...]:
     """Validate ``node`` against its operator's schema at ``opset``; infer its outputs.
 
     Args:
@@ -38,15 +44,21 @@ def check_schema_node(node: onnx.NodeProto, opset: int, inputs: Mapping[str, Ten
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
     except onnx.defs.SchemaError:
-        raise QuantizationError(f"{where}: onnx has no operator {node.op_type!r} in domain {node.domain or 'ai.onnx'!r} at opset {opset}") from None
+        raise QuantizationError(
+            f"{where}: onnx has no operator {node.op_type!r} in domain {node.domain or 'ai.onnx'!r} at opset {opset}"
+        ) from None
     given = {a.name for a in node.attribute}
     unknown = sorted(given - set(schema.attributes))
     if unknown:
-        raise QuantizationError(f"{where}: {', '.join(unknown)} is not an attribute of {node.op_type} version {schema.since_version}; "
-                                f"expected some of {sorted(schema.attributes)}")
+        raise QuantizationError(
+            f"{where}: {', '.join(unknown)} is not an attribute of {node.op_type} version {schema.since_version}; "
+            f"expected some of {sorted(schema.attributes)}"
+        )
     missing = sorted(n for n, a in schema.attributes.items() if a.required and n not in given)
     if missing:
-        raise QuantizationError(f"{where}: attribute {', '.join(missing)} is required by {node.op_type} version {schema.since_version}")
+        raise QuantizationError(
+            f"{where}: attribute {', '.join(missing)} is required by {node.op_type} version {schema.since_version}"
+        )
     if not schema.min_input <= len(node.input) <= schema.max_input:
         raise QuantizationError(f"{where}: expected {schema.min_input} to {schema.max_input} inputs, got {len(node.input)}")
     if not schema.min_output <= len(node.output) <= schema.max_output:

@@ -38,9 +38,7 @@ class TensorInfo:
         tensor = t.tensor_type
         if not tensor.HasField("shape"):
             return cls(tensor.elem_type, None)
-        dims = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
-        )
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
         return cls(tensor.elem_type, dims)
 
     @classmethod
