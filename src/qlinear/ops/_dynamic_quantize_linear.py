@@ -32,7 +32,7 @@ def dynamic_quantize_linear(x: Any, *, backend: str = "reference") -> tuple[np.n
 
     >>> y, s, zp = dynamic_quantize_linear(np.array([0, 2, -3, -2.5, 1.34, 0.5], np.float32))
     >>> y.tolist(), float(s), int(zp)
-    ([153, 255, 0, 26, 221, 179], 0.0196078438311815, 153)
+    ([153, 255, 0, 26, 221, 179], 0.019607843831181526, 153)
     """
     caller = "dynamic_quantize_linear"
     x = check_array(x, "x", caller)
