@@ -81,7 +81,7 @@ def unpack(buf: Any, dtype: Any, shape: Any) -> np.ndarray:
         QuantizationError: ``buf`` holds fewer bytes than ``shape`` needs.
     """
     t = element_type(dtype, what="unpack: dtype")
-    shape = tuple(int(d) for d in np.atleast_1d(shape)) if np.ndim(shape) else (() if shape == () else (int(shape),))
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
     count = math.prod(shape)
     data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray, memoryview)) else np.asarray(buf).reshape(-1).view(np.uint8)
     need = packed_size(count, t.bits)

@@ -72,13 +72,21 @@ def _granularity(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: A
     # exactly that S == ceil(D/block_size): every block but the last is full.
     expected = tuple(-(-d // block_size) if i == axis else d for i, d in enumerate(x_shape))
     if tuple(scale_shape) != expected:
-        d, s = x_shape[axis], scale_shape[axis] if len(scale_shape) == rank else 0
-        low, high = (-(-d // s), (-(-d // (s - 1)) - 1) if s > 1 else math.inf) if s and len(scale_shape) == rank else (1, 0)
-        fits = f"; block_size in [{low}, {high}] fits this {scale_arg}" if low <= high and scale_shape[:axis] + scale_shape[axis + 1:] == x_shape[:axis] + x_shape[axis + 1:] else ""
         raise QuantizationError(
-            f"{caller}: {scale_arg} has shape {scale_shape}, expected {expected} for block_size={block_size} on axis={axis} of x with shape {x_shape}{fits}"
+            f"{caller}: {scale_arg} has shape {scale_shape}, expected {expected} for block_size={block_size} "
+            f"on axis={axis} of x with shape {x_shape}{_fitting_block_sizes(x_shape, scale_shape, axis, scale_arg)}"
         )
     return Granularity("blocked", axis, block_size)
+
+
+def _fitting_block_sizes(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: int, scale_arg: str) -> str:
+    """A hint naming the block sizes that would fit the given scale, if any."""
+    others_match = len(scale_shape) == len(x_shape) and all(s == d for i, (s, d) in enumerate(zip(scale_shape, x_shape, strict=True)) if i != axis)
+    d, s = x_shape[axis], scale_shape[axis] if others_match else 0
+    if not s:
+        return ""
+    low, high = -(-d // s), (-(-d // (s - 1)) - 1 if s > 1 else math.inf)
+    return f"; block_size in [{low}, {high}] fits this {scale_arg}" if low <= high else ""
 
 
 def _check_zero_point(zero_point: np.ndarray | None, scale: np.ndarray, caller: str, zp_arg: str, scale_arg: str) -> None:
