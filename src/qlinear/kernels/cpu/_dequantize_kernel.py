@@ -30,55 +30,75 @@ READ_TABLE, READ_PACKED, READ_INTEGER = range(3)
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 
+# Stages take views that start at the run's first element (packed bytes
+# excepted: they are addressed by bit position): indices are plain loop
+# counters and LLVM vectorizes.
+
+
 @_jit
-def _load(x, j, n, tile, table, zp, sidx, step, p):
-    """float32 ``tile[:n]`` = ``x[j:j+n] - zp``."""
+def _load(x, j, n, tile, table, zp, step, p):
+    """float32 ``tile[:n]`` = elements ``j .. j+n`` of ``x`` minus ``zp``."""
     read = p[P_READ]
     if read == READ_INTEGER:
         # Unsigned views of int16/int32: subtracting twice the sign bit
         # restores the signed value, then the difference is exact in float64.
         sign_bit = p[P_SIGN_BIT]
         for k in range(n):
-            v = np.int64(x[j + k])
+            v = np.int64(x[k])
             v -= (v & sign_bit) << 1
-            tile[k] = np.float32(np.float64(v) - (zp[sidx + k] if step else zp[sidx]))
+            tile[k] = np.float32(np.float64(v) - zp[k * step])
         return
     if read == READ_TABLE:
         for k in range(n):
-            tile[k] = table[x[j + k]]
+            tile[k] = table[x[k]]
     else:
         bits = p[P_BITS]
         mask = (1 << bits) - 1
         for k in range(n):
             pos = (j + k) * bits
-            lo = pos >> 3
-            hi = (pos + bits - 1) >> 3
-            word = np.int64(x[lo]) | (np.int64(x[hi]) << 8)
+            word = np.int64(x[pos >> 3]) | (np.int64(x[(pos + bits - 1) >> 3]) << 8)
             tile[k] = table[(word >> (pos & 7)) & mask]
     if step:
         for k in range(n):
-            tile[k] = tile[k] - np.float32(zp[sidx + k])
+            tile[k] = tile[k] - np.float32(zp[k])
     else:
-        z = np.float32(zp[sidx])
+        z = np.float32(zp[0])
         for k in range(n):
             tile[k] = tile[k] - z
 
 
 @_jit
-def _dequantize_run(x, j, n, table, scale, zp, sidx, step, out, tile, p, e_out, submul):
-    _load(x, j, n, tile, table, zp, sidx, step, p)
+def _table_direct(x, n, table, scale, zp, step, out):
+    """The common case in one loop: a byte-sized type to float32."""
     if step:
         for k in range(n):
-            tile[k] = tile[k] * scale[sidx + k]
+            out[k] = (table[x[k]] - np.float32(zp[k])) * scale[k]
     else:
-        s = scale[sidx]
+        s, z = scale[0], np.float32(zp[0])
+        for k in range(n):
+            out[k] = (table[x[k]] - z) * s
+
+
+@_jit
+def _dequantize_run(x, j, n, table, scale, zp, step, out, tile, p, e_out, submul):
+    """Dequantize one run; ``out`` and (when ``step``) ``scale``, ``zp`` start at element ``j``."""
+    read = p[P_READ]
+    if read == READ_TABLE and not p[P_WIDE_OUT]:
+        _table_direct(x[j:j + n], n, table, scale, zp, step, out)
+        return
+    _load(x if read == READ_PACKED else x[j:j + n], j, n, tile, table, zp, step, p)
+    if step:
+        for k in range(n):
+            tile[k] = tile[k] * scale[k]
+    else:
+        s = scale[0]
         for k in range(n):
             tile[k] = tile[k] * s
     if p[P_WIDE_OUT]:
-        encode(tile, n, out, j, e_out, submul)
+        encode(tile, n, out, e_out, submul)
     else:
         for k in range(n):
-            out[j + k] = tile[k]
+            out[k] = tile[k]
 
 
 @_jit
@@ -89,7 +109,8 @@ def _dequantize_chunk(x, start, end, table, scale, zp, out, lay, p, e_out, submu
         n, sidx, step = next_run(j, end, lay)
         while n > 0:
             m = min(n, TILE)
-            _dequantize_run(x, j, m, table, scale, zp, sidx, step, out, tile, p, e_out, submul)
+            s_end = sidx + (m if step else 1)
+            _dequantize_run(x, j, m, table, scale[sidx:s_end], zp[sidx:s_end], step, out[j:j + m], tile, p, e_out, submul)
             j += m
             n -= m
             sidx += m * step

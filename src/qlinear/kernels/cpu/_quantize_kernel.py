@@ -30,48 +30,40 @@ F_LEN = 3
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 
+# Stages take views that start at the run's first element: with offsets
+# folded into the views, indices are plain loop counters and LLVM vectorizes.
+
+
 @_jit
-def _load(x, j, n, tile, xwide):
-    """float32 ``tile[:n]`` = ``x[j:j+n]``: float32/int32 values, or float16/bfloat16 bits."""
+def _load(x, n, tile, xwide):
+    """float32 ``tile[:n]`` = ``x[:n]``: float32/int32 values, or float16/bfloat16 bits."""
     if xwide == PREC_F32:
         for k in range(n):
-            tile[k] = np.float32(x[j + k])
+            tile[k] = np.float32(x[k])
     else:
-        decode_wide(x, j, n, tile, xwide)
+        decode_wide(x, n, tile, xwide)
 
 
 @_jit
-def _divide(tile, n, scale, sidx, step):
+def _divide(src, n, tile, scale, step):
+    """``tile[:n] = src[:n] / scale`` in float32 (``src`` may be ``tile``)."""
     if step:
         for k in range(n):
-            tile[k] = tile[k] / scale[sidx + k]
+            tile[k] = np.float32(src[k]) / scale[k]
     else:
-        s = scale[sidx]
+        s = scale[0]
         for k in range(n):
-            tile[k] = tile[k] / s
+            tile[k] = np.float32(src[k]) / s
 
 
 @_jit
-def _to_integer(tile, n, zp, sidx, step, dst, d0, p):
-    """Integer codes: ``clip(rint(q) + zp, qmin, qmax)``, NaN -> zp.
+def _integer_code(q, z, qmin, qmax, mask):
+    """``clip(rint(q) + z, qmin, qmax)``, NaN -> z, as a masked integer code.
 
     float32 is enough: a rounded quotient and a zero point below 2**16 add
     exactly unless the sum is far outside every integer range, where the
     clamp gives the same answer either way.
     """
-    qmin, qmax = np.float32(p[P_QMIN]), np.float32(p[P_QMAX])
-    mask = p[P_MASK]
-    if step:
-        for k in range(n):
-            dst[d0 + k] = _integer_code(tile[k], zp[sidx + k], qmin, qmax, mask)
-    else:
-        z = zp[sidx]
-        for k in range(n):
-            dst[d0 + k] = _integer_code(tile[k], z, qmin, qmax, mask)
-
-
-@_jit
-def _integer_code(q, z, qmin, qmax, mask):
     r = np.rint(q)
     v = (np.float32(0) if r != r else r) + z
     v = qmin if v < qmin else (qmax if v > qmax else v)
@@ -79,15 +71,29 @@ def _integer_code(q, z, qmin, qmax, mask):
 
 
 @_jit
-def _to_float(tile, codes, n, zp, sidx, step, dst, d0, p, f, e_out, e_prec):
+def _to_integer(src, n, scale, zp, step, dst, p):
+    """Integer codes of ``src[:n] / scale`` (``scale`` all ones when already divided)."""
+    qmin, qmax = np.float32(p[P_QMIN]), np.float32(p[P_QMAX])
+    mask = p[P_MASK]
+    if step:
+        for k in range(n):
+            dst[k] = _integer_code(np.float32(src[k]) / scale[k], zp[k], qmin, qmax, mask)
+    else:
+        s, z = scale[0], zp[0]
+        for k in range(n):
+            dst[k] = _integer_code(np.float32(src[k]) / s, z, qmin, qmax, mask)
+
+
+@_jit
+def _to_float(tile, codes, n, zp, step, dst, p, f, e_out, e_prec):
     """Float codes: ``q + zp`` (if a zero point was given), NaN -> zp, clamp, encode."""
     prec = p[P_PREC]
     if p[P_HAS_ZP]:
         if step:
             for k in range(n):
-                tile[k] = tile[k] + zp[sidx + k]
+                tile[k] = tile[k] + zp[k]
         else:
-            z = zp[sidx]
+            z = zp[0]
             for k in range(n):
                 tile[k] = tile[k] + z
         if prec != PREC_F32:
@@ -95,34 +101,44 @@ def _to_float(tile, codes, n, zp, sidx, step, dst, d0, p, f, e_out, e_prec):
     if p[P_NAN_TO_ZP]:
         for k in range(n):
             if tile[k] != tile[k]:
-                tile[k] = zp[sidx + k] if step else zp[sidx]
+                tile[k] = zp[k * step]
     if p[P_CLIP]:
         lim = np.float32(f[F_LIMIT])
         for k in range(n):
             v = tile[k]
             tile[k] = lim if v > lim else (-lim if v < -lim else v)
-    encode(tile, n, dst, d0, e_out, f[F_SUBMUL_OUT])
+    encode(tile, n, dst, e_out, f[F_SUBMUL_OUT])
 
 
 @_jit
-def _quantize_run(x, j, n, scale, zp, sidx, step, dst, d0, tile, codes, p, f, e_out, e_prec):
+def _quantize_run(x, n, scale, zp, step, dst, tile, codes, ones, p, f, e_out, e_prec):
+    """Quantize one run: ``x``, ``dst`` and (when ``step``) ``scale``, ``zp`` start at its first element."""
     prec = p[P_PREC]
-    _load(x, j, n, tile, p[P_XWIDE])
-    if prec != PREC_F32:
-        round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
-    _divide(tile, n, scale, sidx, step)
-    if prec != PREC_F32:
-        round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
-    if p[P_FLOAT_OUT]:
-        _to_float(tile, codes, n, zp, sidx, step, dst, d0, p, f, e_out, e_prec)
+    direct = prec == PREC_F32 and p[P_XWIDE] == PREC_F32
+    if direct and not p[P_FLOAT_OUT]:
+        # The common case, one loop: float32 (or int32) x, float32 precision, integer output.
+        _to_integer(x, n, scale, zp, step, dst, p)
+        return
+    if direct:
+        _divide(x, n, tile, scale, step)
     else:
-        _to_integer(tile, n, zp, sidx, step, dst, d0, p)
+        _load(x, n, tile, p[P_XWIDE])
+        if prec != PREC_F32:
+            round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
+        _divide(tile, n, tile, scale, step)
+        if prec != PREC_F32:
+            round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
+    if p[P_FLOAT_OUT]:
+        _to_float(tile, codes, n, zp, step, dst, p, f, e_out, e_prec)
+    else:
+        _to_integer(tile, n, ones, zp, step, dst, p)
 
 
 @_jit
 def _quantize_chunk(x, start, end, scale, zp, out, lay, p, f, e_out, e_prec):
     tile = np.empty(TILE, np.float32)
     codes = np.empty(TILE, np.int64)
+    ones = np.ones(TILE, np.float32)
     bits = p[P_PACKED_BITS]
     # Packed outputs collect the chunk's codes first: the chunk owns whole
     # bytes, runs inside it do not.
@@ -132,10 +148,9 @@ def _quantize_chunk(x, start, end, scale, zp, out, lay, p, f, e_out, e_prec):
         n, sidx, step = next_run(j, end, lay)
         while n > 0:
             m = min(n, TILE)
-            if bits:
-                _quantize_run(x, j, m, scale, zp, sidx, step, dst, j - start, tile, codes, p, f, e_out, e_prec)
-            else:
-                _quantize_run(x, j, m, scale, zp, sidx, step, out, j, tile, codes, p, f, e_out, e_prec)
+            s_end = sidx + (m if step else 1)
+            target = dst[j - start:j - start + m] if bits else out[j:j + m]
+            _quantize_run(x[j:j + m], m, scale[sidx:s_end], zp[sidx:s_end], step, target, tile, codes, ones, p, f, e_out, e_prec)
             j += m
             n -= m
             sidx += m * step

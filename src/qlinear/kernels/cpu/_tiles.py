@@ -52,8 +52,8 @@ def next_run(j, end, lay):
 
 
 @_jit
-def encode(tile, n, dst, d0, e, submul):
-    """``dst[d0:d0+n]`` = codes of float32 ``tile[:n]`` in encoding ``e``.
+def encode(tile, n, dst, e, submul):
+    """``dst[:n]`` = codes of float32 ``tile[:n]`` in encoding ``e``.
 
     Round half to even on the bits: add half an ulp of the target (less one,
     plus the kept lowest bit) and shift. Below the smallest normal the code is
@@ -85,12 +85,12 @@ def encode(tile, n, dst, d0, e, submul):
         else:
             code = mag
             keep_sign = 1 if mag != 0 else signed_zero
-        dst[d0 + k] = code | (sign if keep_sign else 0)
+        dst[k] = code | (sign if keep_sign else 0)
 
 
 @_jit
-def decode_wide(src, s0, n, tile, prec):
-    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[s0:s0+n]``.
+def decode_wide(src, n, tile, prec):
+    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[:n]``.
 
     float16: rebias normal numbers, keep NaN payloads (as numpy does), and
     build subnormals as ``code * 2**-24`` in float arithmetic (exact).
@@ -98,27 +98,27 @@ def decode_wide(src, s0, n, tile, prec):
     bits = tile.view(np.uint32)
     if prec == PREC_F16:
         for k in range(n):
-            h = np.uint32(src[s0 + k]) & 0xFFFF
+            h = np.uint32(src[k]) & 0xFFFF
             sign = (h & 0x8000) << 16
             exp = (h >> 10) & 0x1F
             mant = h & 0x3FF
             wide = sign | 0x7F800000 | (mant << 13) if exp == 0x1F else sign | ((exp + 112) << 23) | (mant << 13)
             bits[k] = wide
         for k in range(n):
-            h = np.uint32(src[s0 + k]) & 0xFFFF
+            h = np.uint32(src[k]) & 0xFFFF
             if (h & 0x7C00) == 0:
                 value = np.float32(h & 0x3FF) * _F16_SUBNORMAL_UNIT
                 tile[k] = -value if h & 0x8000 else value
     else:
         for k in range(n):
-            bits[k] = (np.uint32(src[s0 + k]) & 0xFFFF) << 16
+            bits[k] = (np.uint32(src[k]) & 0xFFFF) << 16
 
 
 @_jit
 def round_to_precision(tile, codes, n, prec, e, submul):
     """Round float32 ``tile[:n]`` to float16 or bfloat16 in place (and back to float32)."""
-    encode(tile, n, codes, 0, e, submul)
-    decode_wide(codes, 0, n, tile, prec)
+    encode(tile, n, codes, e, submul)
+    decode_wide(codes, n, tile, prec)
 
 
 @_jit
