@@ -2,8 +2,9 @@
 
 Tensors of at least a threshold of bytes go to one file beside the model,
 each at an offset aligned for memory mapping. Loading reads each external
-tensor once, straight into the model (protobuf keeps the bytes object it is
-given), after checking that the file really holds the bytes the model says.
+tensor with one read into the model, one tensor at a time, so memory peaks
+at the model plus its largest tensor (protobuf copies the bytes it is given);
+before reading, it checks that the file really holds the bytes the model says.
 """
 
 from __future__ import annotations
