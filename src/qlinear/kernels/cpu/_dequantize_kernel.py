@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from qlinear.kernels.cpu._params import L_CHUNK, L_N
-from qlinear.kernels.cpu._tiles import TILE, encode, next_run
+from qlinear.kernels.cpu._tiles import TILE, encode, locate, next_run
 
 __all__ = ["dequantize_kernel"]
 
@@ -105,8 +105,9 @@ def _dequantize_run(x, j, n, table, scale, zp, step, out, tile, p, e_out, submul
 def _dequantize_chunk(x, start, end, table, scale, zp, out, lay, p, e_out, submul):
     tile = np.empty(TILE, np.float32)
     j = start
+    o, d, i, b = locate(j, lay)
     while j < end:
-        n, sidx, step = next_run(j, end, lay)
+        n, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
         while n > 0:
             m = min(n, TILE)
             s_end = sidx + (m if step else 1)

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from qlinear.kernels.cpu._params import L_CHUNK, L_N, PREC_F32
-from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, next_run, pack_codes, round_to_precision
+from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, locate, next_run, pack_codes, round_to_precision
 
 __all__ = ["quantize_kernel"]
 
@@ -144,8 +144,9 @@ def _quantize_chunk(x, start, end, scale, zp, out, lay, p, f, e_out, e_prec):
     # bytes, runs inside it do not.
     dst = np.empty(end - start if bits else 0, out.dtype)
     j = start
+    o, d, i, b = locate(j, lay)
     while j < end:
-        n, sidx, step = next_run(j, end, lay)
+        n, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
         while n > 0:
             m = min(n, TILE)
             s_end = sidx + (m if step else 1)

@@ -20,7 +20,7 @@ from qlinear.kernels.cpu._params import (
     E_SIGNSHIFT, E_SUBLIM, L_B, L_D, L_I, L_SB, L_SI, L_SO, PREC_F16,
 )
 
-__all__ = ["TILE", "next_run", "encode", "decode_wide", "round_to_precision", "pack_codes"]
+__all__ = ["TILE", "locate", "next_run", "encode", "decode_wide", "round_to_precision", "pack_codes"]
 
 # Elements per tile: 4 KiB of float32, well inside L1.
 TILE = 1024
@@ -31,24 +31,43 @@ _F16_SUBNORMAL_UNIT = np.float32(2.0**-24)  # value of float16 code 0x0001
 
 
 @_jit
-def next_run(j, end, lay):
-    """``(length, scale index, step)`` of the run starting at flat index ``j``.
-
-    ``step`` is 0 when the scale is constant over the run and 1 when it
-    advances with each element.
-    """
-    d_len, i_len, block = lay[L_D], lay[L_I], lay[L_B]
+def locate(j, lay):
+    """``(o, d, i, b)``: where flat index ``j`` lies in the (O, D, I) view, and its block."""
+    d_len, i_len = lay[L_D], lay[L_I]
     di = d_len * i_len
     o = j // di
     rem = j - o * di
     d = rem // i_len
     i = rem - d * i_len
-    b = d // block
-    sidx = o * lay[L_SO] + b * lay[L_SB] + i * lay[L_SI]
+    return o, d, i, d // lay[L_B]
+
+
+@_jit
+def next_run(o, d, i, b, j, end, lay):
+    """The run at ``(o, d, i, b)`` and the position after it, without a division.
+
+    Returns ``(length, scale index, step, o, d, i, b)``; ``step`` is 0 when
+    the scale is constant over the run and 1 when it advances with each
+    element. Runs never cross ``end``; the position is only meaningful when
+    the run was not cut there.
+    """
+    d_len, i_len, block = lay[L_D], lay[L_I], lay[L_B]
     if lay[L_SI] == 0:
-        group_end = (o * d_len + min(d_len, (b + 1) * block)) * i_len
-        return min(group_end, end) - j, sidx, 0
-    return min(j + i_len - i, end) - j, sidx, 1
+        # The whole rest of block b (every i of each d in it) shares one scale.
+        d_end = min(d_len, (b + 1) * block)
+        n = min((d_end - d) * i_len - i, end - j)
+        sidx, step = o * lay[L_SO] + b * lay[L_SB], 0
+        d, i, b = d_end, 0, b + 1
+    else:
+        # The rest of row (o, d); the scale follows i.
+        n = min(i_len - i, end - j)
+        sidx, step = o * lay[L_SO] + b * lay[L_SB] + i * lay[L_SI], 1
+        d, i = d + 1, 0
+        if d == (b + 1) * block:
+            b += 1
+    if d == d_len:
+        o, d, b = o + 1, 0, 0
+    return n, sidx, step, o, d, i, b
 
 
 @_jit
