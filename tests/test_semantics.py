@@ -198,6 +198,13 @@ def test_dynamic_all_zero_and_empty():
     assert float(run_onnxruntime(case)[1]) == 1.0
 
 
+def test_dynamic_scale_underflow():
+    x = np.array([1e-45, 0.0], np.float32)
+    y, scale, zp = qlinear.dynamic_quantize_linear(x)
+    assert float(scale) == 0.0 and int(zp) == 0 and y.tolist() == [255, 0]
+    assert int(run_onnx_reference(NodeCase("tiny", "DynamicQuantizeLinear", 11, [x]))[2]) == 255
+
+
 def test_dynamic_ignores_nan():
     x = np.array([np.nan, -1.0, 1.0], np.float32)
     y, scale, zp = qlinear.dynamic_quantize_linear(x)
