@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qlinear.kernels.cpu._params import L_CHUNK, L_N
-from qlinear.kernels.cpu._tiles import TILE, encode, locate, next_run
+from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N
+from qlinear.kernels.cpu._tiles import TILE, encode, gather_scales, locate, next_run
 
 __all__ = ["dequantize_kernel"]
 
@@ -104,17 +104,27 @@ def _dequantize_run(x, j, n, table, scale, zp, step, out, tile, p, e_out, submul
 @_jit
 def _dequantize_chunk(x, start, end, table, scale, zp, out, lay, p, e_out, submul):
     tile = np.empty(TILE, np.float32)
+    gather = lay[L_GATHER]
+    scale_tile = np.empty(TILE if gather else 0, scale.dtype)
+    zp_tile = np.empty(TILE if gather else 0, zp.dtype)
+    o, d, i, b = locate(start, lay)
+    state = (0, 0, 0, o, d, i, b)
     j = start
-    o, d, i, b = locate(j, lay)
     while j < end:
-        n, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
-        while n > 0:
-            m = min(n, TILE)
+        if gather:
+            m = min(TILE, end - j)
+            state = gather_scales(j, m, state, end, lay, scale, zp, scale_tile, zp_tile)
+            run_scale, run_zp, step = scale_tile[:m], zp_tile[:m], 1
+        else:
+            rem, sidx, step, o, d, i, b = state
+            if rem == 0:
+                rem, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+            m = min(rem, TILE)
             s_end = sidx + (m if step else 1)
-            _dequantize_run(x, j, m, table, scale[sidx:s_end], zp[sidx:s_end], step, out[j:j + m], tile, p, e_out, submul)
-            j += m
-            n -= m
-            sidx += m * step
+            run_scale, run_zp = scale[sidx:s_end], zp[sidx:s_end]
+            state = (rem - m, sidx + m * step, step, o, d, i, b)
+        _dequantize_run(x, j, m, table, run_scale, run_zp, step, out[j:j + m], tile, p, e_out, submul)
+        j += m
 
 
 @njit(cache=True, parallel=True, error_model="numpy")

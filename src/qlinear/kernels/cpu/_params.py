@@ -33,7 +33,12 @@ CHUNK = 16384
 
 # Layout slots: x is seen as (O, D, I) in C order, scales as blocks of B
 # along D; the scale of element (o, d, i) is scale[o*SO + (d//B)*SB + i*SI].
-L_N, L_D, L_I, L_B, L_SO, L_SB, L_SI, L_CHUNK = range(8)
+# GATHER is 1 where runs of one scale (or of stepping scales) are short.
+L_N, L_D, L_I, L_B, L_SO, L_SB, L_SI, L_CHUNK, L_GATHER = range(9)
+
+# Runs shorter than this are gathered into tiles rather than processed one
+# by one: per-run overhead would otherwise dominate (blocks of 32).
+_SHORT_RUN = 256
 
 # Encoding slots: float32 -> an IEEE-like format with M mantissa bits, by bit
 # arithmetic (round half to even). ENC_SUBMUL (a float) lives in the float
@@ -71,7 +76,8 @@ def layout(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...])
             nb = scale_shape[g.axis]
             b = g.block_size
             so, sb, si = (nb, 1, 0) if i == 1 else (nb * i, i, 1)
-    return np.array([n, d, i, b, so, sb, si, CHUNK], dtype=np.int64)
+    run = i if si else b * i
+    return np.array([n, d, i, b, so, sb, si, CHUNK, run < _SHORT_RUN], dtype=np.int64)
 
 
 def _encoding(m: int, bias: int, maxmag: int, ovf: int, nanbase: int, nanmask: int, nanmin: int,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qlinear.kernels.cpu._params import L_CHUNK, L_N, PREC_F32
-from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, locate, next_run, pack_codes, round_to_precision
+from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, PREC_F32
+from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, pack_codes, round_to_precision
 
 __all__ = ["quantize_kernel"]
 
@@ -143,18 +143,28 @@ def _quantize_chunk(x, start, end, scale, zp, out, lay, p, f, e_out, e_prec):
     # Packed outputs collect the chunk's codes first: the chunk owns whole
     # bytes, runs inside it do not.
     dst = np.empty(end - start if bits else 0, out.dtype)
+    gather = lay[L_GATHER]
+    scale_tile = np.empty(TILE if gather else 0, scale.dtype)
+    zp_tile = np.empty(TILE if gather else 0, zp.dtype)
+    o, d, i, b = locate(start, lay)
+    state = (0, 0, 0, o, d, i, b)
     j = start
-    o, d, i, b = locate(j, lay)
     while j < end:
-        n, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
-        while n > 0:
-            m = min(n, TILE)
+        if gather:
+            m = min(TILE, end - j)
+            state = gather_scales(j, m, state, end, lay, scale, zp, scale_tile, zp_tile)
+            run_scale, run_zp, step = scale_tile[:m], zp_tile[:m], 1
+        else:
+            rem, sidx, step, o, d, i, b = state
+            if rem == 0:
+                rem, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+            m = min(rem, TILE)
             s_end = sidx + (m if step else 1)
-            target = dst[j - start:j - start + m] if bits else out[j:j + m]
-            _quantize_run(x[j:j + m], m, scale[sidx:s_end], zp[sidx:s_end], step, target, tile, codes, ones, p, f, e_out, e_prec)
-            j += m
-            n -= m
-            sidx += m * step
+            run_scale, run_zp = scale[sidx:s_end], zp[sidx:s_end]
+            state = (rem - m, sidx + m * step, step, o, d, i, b)
+        target = dst[j - start:j - start + m] if bits else out[j:j + m]
+        _quantize_run(x[j:j + m], m, run_scale, run_zp, step, target, tile, codes, ones, p, f, e_out, e_prec)
+        j += m
     if bits:
         pack_codes(dst, end - start, out, start, bits)
 

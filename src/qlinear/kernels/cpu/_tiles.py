@@ -16,11 +16,27 @@ import numpy as np
 from numba import njit
 
 from qlinear.kernels.cpu._params import (
-    E_M, E_MAXMAG, E_NANBASE, E_NANMASK, E_NANMIN, E_OVF, E_REBIAS, E_SIGNED_SPECIAL, E_SIGNED_ZERO,
-    E_SIGNSHIFT, E_SUBLIM, L_B, L_D, L_I, L_SB, L_SI, L_SO, PREC_F16,
+    E_M,
+    E_MAXMAG,
+    E_NANBASE,
+    E_NANMASK,
+    E_NANMIN,
+    E_OVF,
+    E_REBIAS,
+    E_SIGNED_SPECIAL,
+    E_SIGNED_ZERO,
+    E_SIGNSHIFT,
+    E_SUBLIM,
+    L_B,
+    L_D,
+    L_I,
+    L_SB,
+    L_SI,
+    L_SO,
+    PREC_F16,
 )
 
-__all__ = ["TILE", "locate", "next_run", "encode", "decode_wide", "round_to_precision", "pack_codes"]
+__all__ = ["TILE", "locate", "next_run", "gather_scales", "encode", "decode_wide", "round_to_precision", "pack_codes"]
 
 # Elements per tile: 4 KiB of float32, well inside L1.
 TILE = 1024
@@ -68,6 +84,36 @@ def next_run(o, d, i, b, j, end, lay):
     if d == d_len:
         o, d, b = o + 1, 0, 0
     return n, sidx, step, o, d, i, b
+
+
+@_jit
+def gather_scales(j, m, state, end, lay, scale, zp, scale_tile, zp_tile):
+    """Copy the scale and zero point of elements ``j .. j+m`` into tiles.
+
+    Used where runs are short (blocks of 32 on the last axis, short rows):
+    one tile then spans many runs and is processed as one stepping run.
+    ``state`` is ``(remaining, scale index, step, o, d, i, b)`` of the
+    current run; the updated state is returned.
+    """
+    rem, sidx, step, o, d, i, b = state
+    t = 0
+    while t < m:
+        if rem == 0:
+            rem, sidx, step, o, d, i, b = next_run(o, d, i, b, j + t, end, lay)
+        c = min(rem, m - t)
+        if step:
+            for k in range(c):
+                scale_tile[t + k] = scale[sidx + k]
+                zp_tile[t + k] = zp[sidx + k]
+        else:
+            s, z = scale[sidx], zp[sidx]
+            for k in range(c):
+                scale_tile[t + k] = s
+                zp_tile[t + k] = z
+        t += c
+        rem -= c
+        sidx += c * step
+    return rem, sidx, step, o, d, i, b
 
 
 @_jit
