@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from qlinear.kernels import backend as _backend
+from qlinear.kernels import dequantize as _dequantize
+from qlinear.ops._buffers import check_out, packed_input
 from qlinear.spec import plan_dequantize
 
 __all__ = ["dequantize_linear"]
@@ -22,7 +23,10 @@ def dequantize_linear(
     output_dtype: Any = None,
     opset: int | None = None,
     domain: str = "",
-    backend: str = "reference",
+    packed_dtype: Any = None,
+    shape: Any = None,
+    out: np.ndarray | None = None,
+    backend: str = "cpu",
 ) -> np.ndarray:
     """ONNX DequantizeLinear, all versions: ``y = (x - x_zero_point) * x_scale``.
 
@@ -36,19 +40,36 @@ def dequantize_linear(
         output_dtype: float, float16 or bfloat16; default the scale's type.
         opset: apply the version in force at this opset; None is the newest.
         domain: ``""`` for ai.onnx or ``"com.microsoft"``.
-        backend: kernel set computing the result.
+        packed_dtype: when given (a 2/4/6-bit type), ``x`` is ONNX's packed
+            bytes of that type (uint8, as :func:`qlinear.pack` makes them)
+            holding an array of ``shape``; they are read without unpacking.
+        shape: the shape of the packed array; required with ``packed_dtype``.
+        out: array to write the result into and return: the result's dtype
+            and shape, writeable, C-contiguous.
+        backend: ``"cpu"`` (fused multi-threaded kernels, the default) or
+            ``"reference"`` (the readable numpy oracle); both give the same
+            bits.
 
     Returns:
         The dequantized array.
 
     Raises:
-        QuantizationError: any input the chosen version does not allow.
+        QuantizationError: any input the chosen version does not allow,
+            packed bytes that do not fit ``packed_dtype`` and ``shape``, or an
+            unfit ``out``.
 
     >>> dequantize_linear(np.array([0, 3, 128, 255], np.uint8), np.float32(2), np.uint8(128)).tolist()
     [-256.0, -250.0, 0.0, 254.0]
+    >>> dequantize_linear(np.array([241, 3], np.uint8), np.float32(0.5), packed_dtype="int4", shape=(3,)).tolist()
+    [0.5, -0.5, 1.5]
     """
+    caller = "dequantize_linear"
+    packed = packed_dtype is not None
+    if packed:
+        data, x, _ = packed_input(x, packed_dtype, shape, caller)
     plan, x, x_scale, x_zero_point = plan_dequantize(
         x, x_scale, x_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype,
         opset=opset, domain=domain,
     )
-    return _backend(backend, caller="dequantize_linear").dequantize(plan, x, x_scale, x_zero_point)
+    out = check_out(out, plan.output_dtype, plan.x_shape, caller)
+    return _dequantize(backend, plan, data if packed else x, x_scale, x_zero_point, out=out, packed=packed, caller=caller)

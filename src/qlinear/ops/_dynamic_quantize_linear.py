@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from qlinear._errors import QuantizationError
-from qlinear.kernels import backend as _backend
+from qlinear.kernels import quantize as _quantize
 from qlinear.spec import check_array, plan_quantize
 
 __all__ = ["dynamic_quantize_linear"]
@@ -15,7 +15,7 @@ __all__ = ["dynamic_quantize_linear"]
 _QMIN, _QMAX = 0, 255
 
 
-def dynamic_quantize_linear(x: Any, *, backend: str = "reference") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def dynamic_quantize_linear(x: Any, *, backend: str = "cpu") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ONNX DynamicQuantizeLinear: uint8 quantization with computed parameters.
 
     ``scale = (max(0, max(x)) - min(0, min(x))) / 255``,
@@ -49,5 +49,5 @@ def dynamic_quantize_linear(x: Any, *, backend: str = "reference") -> tuple[np.n
         x, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8), axis=1, block_size=0,
         output_dtype=None, saturate=True, precision=None, opset=None, domain="",
     )
-    y = _backend(backend, caller=caller).quantize(plan, x, scale_arr, zp_arr)
+    y = _quantize(backend, plan, x, scale_arr, zp_arr, out=None, packed=False, caller=caller)
     return y, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8)

@@ -6,7 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from qlinear.kernels import backend as _backend
+from qlinear.dtypes import packed_size
+from qlinear.kernels import quantize as _quantize
+from qlinear.ops._buffers import check_out, check_packable
 from qlinear.spec import plan_quantize
 
 __all__ = ["quantize_linear"]
@@ -24,7 +26,9 @@ def quantize_linear(
     precision: Any = None,
     opset: int | None = None,
     domain: str = "",
-    backend: str = "reference",
+    packed: bool = False,
+    out: np.ndarray | None = None,
+    backend: str = "cpu",
 ) -> np.ndarray:
     """ONNX QuantizeLinear, all versions: ``y = saturate(round(x / y_scale) + y_zero_point)``.
 
@@ -48,20 +52,38 @@ def quantize_linear(
         precision: type in which ``x / y_scale`` is computed.
         opset: apply the version in force at this opset; None is the newest.
         domain: ``""`` for ai.onnx or ``"com.microsoft"``.
-        backend: kernel set computing the result.
+        packed: return a 2/4/6-bit result as ONNX's packed bytes (flat
+            uint8, as :func:`qlinear.pack` lays them out) instead of one
+            element per value.
+        out: array to write the result into and return: the result's dtype
+            and shape (``(packed_size,)`` uint8 when ``packed``), writeable,
+            C-contiguous.
+        backend: ``"cpu"`` (fused multi-threaded kernels, the default) or
+            ``"reference"`` (the readable numpy oracle); both give the same
+            bits.
 
     Returns:
         The quantized array, one element per value (ml_dtypes for sub-byte
-        and float8 types).
+        and float8 types), or its packed bytes.
 
     Raises:
-        QuantizationError: any input the chosen version does not allow.
+        QuantizationError: any input the chosen version does not allow, a
+            non-packable type with ``packed``, or an unfit ``out``.
 
     >>> quantize_linear(np.array([0.0, 1.5, 2.5, 300.0], np.float32), np.float32(1.0)).tolist()
     [0, 2, 2, 255]
+    >>> quantize_linear(np.array([1.0, -1.0, 3.0], np.float32), np.float32(1.0), output_dtype="int4", packed=True).tolist()
+    [241, 3]
     """
     plan, x, y_scale, y_zero_point = plan_quantize(
         x, y_scale, y_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype,
         saturate=saturate, precision=precision, opset=opset, domain=domain,
     )
-    return _backend(backend, caller="quantize_linear").quantize(plan, x, y_scale, y_zero_point)
+    caller = "quantize_linear"
+    t = plan.output_type
+    if packed:
+        check_packable(t, caller)
+        out = check_out(out, np.dtype(np.uint8), (packed_size(x.size, t.bits),), caller)
+    else:
+        out = check_out(out, t.dtype, x.shape, caller)
+    return _quantize(backend, plan, x, y_scale, y_zero_point, out=out, packed=bool(packed), caller=caller)

@@ -16,4 +16,7 @@ from __future__ import annotations
 from qlinear.kernels.cpu._dequantize import dequantize
 from qlinear.kernels.cpu._quantize import quantize
 
-__all__ = ["dequantize", "quantize"]
+__all__ = ["FUSED_OUTPUT", "dequantize", "quantize"]
+
+# quantize and dequantize take out= and packed= themselves.
+FUSED_OUTPUT = True
