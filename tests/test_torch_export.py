@@ -91,7 +91,7 @@ def test_shape_inference_types_every_tensor():
 
 def test_export_refuses_type_newer_than_opset():
     model = nn.Sequential(qt.FakeQuantize("float4e2m1", qparams="fixed", scale=torch.tensor(0.5)))
-    with pytest.raises(qlinear.QuantizationError, match="export_onnx: .*float4.*version 21"):
+    with pytest.raises(qlinear.QuantizationError, match=r"export_onnx: .*float4.*version 21"):
         qt.export_onnx(model, torch.randn(1, 4), None, opset=21)
     assert qt.export_onnx(model, torch.randn(1, 4), None, opset=23).opset_import[0].version == 23
 

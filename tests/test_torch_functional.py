@@ -105,7 +105,7 @@ def test_fake_quantize_matches_numpy(case):
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_dequantize_linear_matches_numpy(case):
-    qtype, x, scale, zp, axis, block_size, saturate, precision = case
+    qtype, x, scale, zp, axis, block_size, saturate, _ = case
     q = qlinear.quantize_linear(x, scale, zp, axis=axis, block_size=block_size, output_dtype=qtype.dtype, saturate=saturate)
     want = qlinear.dequantize_linear(q, scale, zp, axis=axis, block_size=block_size)
     _, ts, tz = _torch_args(x, scale, zp)

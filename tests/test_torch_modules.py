@@ -90,3 +90,12 @@ def test_quantize_modules_wraps_linear_and_conv():
 def test_quantize_modules_needs_a_layer():
     with pytest.raises(qlinear.QuantizationError, match="quantize_modules"):
         qt.quantize_modules(nn.Sequential(nn.ReLU()))
+
+
+def test_learnable_dequantize_gradients():
+    dq = qt.DequantizeLinear(dtype="int8", scale=torch.tensor([0.5, 2.0]), zero_point=torch.tensor([1.0, -3.0]), axis=0,
+                             learnable=True)
+    x = torch.tensor([[4.0, 5.0], [-1.0, 0.0]])
+    dq(x).sum().backward()
+    assert dq.scale.grad.tolist() == [7.0, 5.0]  # sum of (x - z) per row
+    assert dq.zero_point.grad.tolist() == [-1.0, -4.0]  # -scale per element

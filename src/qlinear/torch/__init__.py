@@ -8,8 +8,8 @@ bit-identical to :func:`qlinear.quantize_linear` and
 
 from __future__ import annotations
 
-from qlinear.torch._functional import dequantize_linear, fake_quantize, quantize_linear
 from qlinear.torch._export import export_onnx
+from qlinear.torch._functional import dequantize_linear, fake_quantize, quantize_linear
 from qlinear.torch._modules import DequantizeLinear, FakeQuantize, QuantizeLinear
 from qlinear.torch._wrap import QuantConfig, QuantizedModule, QuantSpec, quantize_modules
 

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from qlinear.spec import QuantizePlan
-from qlinear.torch._core import dequantize, pre_saturation, quantize, quotient
+from qlinear.torch._core import dequantize, pre_saturation, quotient, round_quotient
 from qlinear.torch._layout import counts, expand, reduce
 
-__all__ = ["QuantizeFunction", "FakeQuantizeFunction", "saturation_bounds"]
+__all__ = ["QuantizeFunction", "FakeQuantizeFunction", "StraightThrough", "saturation_bounds"]
 
 
 def saturation_bounds(plan: QuantizePlan) -> tuple[float, float]:
@@ -39,9 +39,10 @@ def saturation_bounds(plan: QuantizePlan) -> tuple[float, float]:
 def _forward(plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None):
     """The quantized values, the unsaturated mask and the values at the clamps."""
     lo, hi = saturation_bounds(plan)
-    pre = pre_saturation(plan, quotient(plan, x, scale), zero_point)
+    v = quotient(plan, x, scale)
+    pre = pre_saturation(plan, v, zero_point)
     inside = (pre >= lo) & (pre <= hi)
-    q = quantize(plan, x, scale, zero_point)
+    q = round_quotient(plan, v, zero_point)
     # Outside, the LSQ gradient needs the clamp (q is NaN or inf there when a
     # float8 type does not saturate).
     clamped = torch.where(inside, q, torch.clamp(pre, lo, hi))
@@ -130,3 +131,23 @@ def _qmax(plan: QuantizePlan) -> float:
     """LSQ's ``Q_P``: the largest positive quantized value."""
     t = plan.output_type
     return float(t.qmax) if t.is_integer else t.max_finite
+
+
+class StraightThrough(torch.autograd.Function):
+    """``values`` forward, the gradient passed to ``source`` unchanged backward.
+
+    Used for a zero point rounded to its type: unlike ``source + (values -
+    source).detach()`` it keeps ``values`` bit for bit (a ``-0`` stays ``-0``).
+    """
+
+    @staticmethod
+    def forward(source: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return values.clone()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.dtype = inputs[0].dtype
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        return grad.to(ctx.dtype), None

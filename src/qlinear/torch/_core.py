@@ -16,7 +16,7 @@ from qlinear.torch._convert import to_float, to_integer
 from qlinear.torch._layout import expand
 from qlinear.torch._types import torch_dtype
 
-__all__ = ["dequantize", "pre_saturation", "quantize", "quotient"]
+__all__ = ["dequantize", "pre_saturation", "quantize", "quotient", "round_quotient"]
 
 
 def quotient(plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -36,7 +36,11 @@ def quantize(plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor, zero_poin
 
     ``zero_point`` holds values of the output type (see ``cast_zero_point``).
     """
-    q = quotient(plan, x, scale)
+    return round_quotient(plan, quotient(plan, x, scale), zero_point)
+
+
+def round_quotient(plan: QuantizePlan, q: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:
+    """The quantized values from quotient ``q`` (the second half of :func:`quantize`)."""
     z = None if zero_point is None else expand(zero_point, plan.granularity, plan.x_shape)
     t = plan.output_type
     return to_integer(q, z, t) if t.is_integer else to_float(q, z, t, plan.saturate)

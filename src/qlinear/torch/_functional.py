@@ -15,7 +15,7 @@ import torch
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType
 from qlinear.spec import QuantizePlan
-from qlinear.torch._autograd import FakeQuantizeFunction, QuantizeFunction
+from qlinear.torch._autograd import FakeQuantizeFunction, QuantizeFunction, StraightThrough
 from qlinear.torch._convert import cast_zero_point
 from qlinear.torch._core import dequantize, quantize
 from qlinear.torch._plan import plan_dq, plan_q
@@ -137,8 +137,7 @@ def dequantize_linear(x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torc
     zp = x_zero_point
     if zp is not None and t.name != "int32":
         values = cast_zero_point(zp.detach(), t)
-        # Straight through the zero point's rounding.
-        zp = zp + (values - zp).detach() if zp.is_floating_point() else values
+        zp = StraightThrough.apply(zp, values) if _needs_graph(zp) else values
     return dequantize(plan, x, x_scale, zp)
 
 
