@@ -1,0 +1,259 @@
+"""The fused cpu kernels give the reference kernels' bits, everywhere.
+
+Oracle: ``backend="reference"``. Every comparison is on bit patterns, so NaN
+payloads, the sign of zero and float8 NaN encodings are all checked.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import qlinear
+from qlinear.dtypes import element_type
+
+QUANTIZED = ["uint8", "int8", "uint16", "int16", "uint4", "int4", "uint2", "int2",
+             "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1", "float6e2m3", "float6e3m2"]
+PACKABLE = [n for n in QUANTIZED if element_type(n).bits < 8]
+WIDE = [np.float32, np.float16, ml_dtypes.bfloat16]
+
+# Values that exercise every rule: NaN (both signs, a payload), infinities,
+# signed zeros, ties, float8/float16 overflow thresholds, huge values beyond
+# int32, float32 subnormals.
+EDGES = np.array(
+    [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.5, 1e30, -1e30, 3e9, -3e9, 1e-40, -1e-40,
+     1e-45, 65504, 65520, 448, 464, 470, 240, 248, 57344, 61440, 6, 7, 7.5, 28, 30, 0.25, 0.75, 2.0**-7, 2.0**-10],
+    np.float32,
+)
+EDGES = np.concatenate([EDGES, np.array([0x7FA00001, 0xFF800123], np.uint32).view(np.float32)])
+
+# (shape, axis, block_size): per-tensor, per-axis on every axis, blocked on
+# every axis with ragged last blocks; rows both shorter and longer than the
+# kernels' gathering threshold (256) so both run paths are covered.
+LAYOUTS = [
+    ((5, 3, 44), 0, 0), ((5, 3, 44), 1, 0), ((5, 3, 44), 2, 0), ((5, 3, 44), -1, 0),
+    ((5, 3, 44), 0, 2), ((5, 3, 44), 1, 2), ((5, 3, 44), 2, 16),
+    ((2, 700), 1, 0), ((700, 2), 0, 0), ((4, 700), 1, 300), ((600, 3), 0, 7), ((3, 600), 0, 2),
+    ((1000,), 0, 0),
+]
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def _assert_same(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def _values(shape, rng, dtype=np.float32) -> np.ndarray:
+    n = int(np.prod(shape))
+    v = (rng.standard_normal(n) * rng.choice([1e-3, 0.3, 3, 300, 1e5], n)).astype(np.float32)
+    v[: min(n, EDGES.size)] = EDGES[:n]
+    rng.shuffle(v)
+    with np.errstate(all="ignore"):
+        return v.reshape(shape).astype(dtype)
+
+
+def _params(name, shape, axis, block, rng, scale_dtype=np.float32):
+    t = element_type(name)
+    if block:
+        sshape = list(shape)
+        sshape[axis] = -(-shape[axis] // block)
+    elif len(shape) == 1:
+        sshape = []
+    else:
+        sshape = [shape[axis]]
+    scale = rng.uniform(0.01, 4.0, sshape).astype(np.float32).astype(scale_dtype)
+    if t.is_integer:
+        zp = rng.integers(t.qmin, t.qmax + 1, sshape).astype(t.dtype)
+    else:
+        zp = rng.uniform(-2, 2, sshape).astype(np.float32).astype(t.dtype)
+    return np.asarray(scale), np.asarray(zp)
+
+
+def _both(fn, *args, **kwargs):
+    with np.errstate(all="ignore"):
+        return fn(*args, backend="cpu", **kwargs), fn(*args, backend="reference", **kwargs)
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_cpu_quantize_matches_reference_every_layout(name):
+    rng = np.random.default_rng(QUANTIZED.index(name))
+    t = element_type(name)
+    for shape, axis, block in LAYOUTS:
+        x = _values(shape, rng)
+        scale, zp = _params(name, shape, axis, block, rng)
+        for z in (zp, None):
+            for saturate in (True, False) if t.saturate_applies else (True,):
+                kw = dict(axis=axis, block_size=block, saturate=saturate, output_dtype=None if z is not None else name)
+                got, want = _both(qlinear.quantize_linear, x, scale, z, **kw)
+                _assert_same(got, want)
+                if t.is_packed:
+                    got, _ = _both(qlinear.quantize_linear, x, scale, z, packed=True, **kw)
+                    np.testing.assert_array_equal(got, qlinear.pack(want))
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_cpu_dequantize_matches_reference_every_layout(name):
+    rng = np.random.default_rng(100 + QUANTIZED.index(name))
+    t = element_type(name)
+    for shape, axis, block in LAYOUTS:
+        scale, zp = _params(name, shape, axis, block, rng)
+        with np.errstate(all="ignore"):
+            q = qlinear.quantize_linear(_values(shape, rng), scale, zp, axis=axis, block_size=block, backend="reference")
+        for z in (zp, None):
+            for out_dtype in (None, np.float16, ml_dtypes.bfloat16):
+                kw = dict(axis=axis, block_size=block, output_dtype=out_dtype)
+                got, want = _both(qlinear.dequantize_linear, q, scale, z, **kw)
+                _assert_same(got, want)
+                if t.is_packed:
+                    got, _ = _both(qlinear.dequantize_linear, qlinear.pack(q), scale, z, packed_dtype=name, shape=shape, **kw)
+                    _assert_same(got, want)
+
+
+@pytest.mark.parametrize("x_dtype", WIDE, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("precision", [None, "float", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["int8", "uint16", "int4", "float8e4m3fn", "float8e5m2fnuz", "float4e2m1", "float6e3m2"])
+def test_cpu_quantize_16bit_inputs_and_precisions(name, precision, x_dtype):
+    rng = np.random.default_rng(7)
+    for shape, axis, block in [((4, 300), 1, 0), ((6, 40), 1, 8), ((900,), 0, 0)]:
+        x = _values(shape, rng, x_dtype)
+        scale, zp = _params(name, shape, axis, block, rng, scale_dtype=x_dtype)
+        # Tiny and huge scales make quotients that underflow and overflow 16 bits.
+        if scale.size >= 2:
+            scale.reshape(-1)[:2] = np.array([1e-6, 3e4], np.float32).astype(x_dtype)
+        for z in (zp, None):
+            kw = dict(axis=axis, block_size=block, precision=precision, output_dtype=None if z is not None else name)
+            got, want = _both(qlinear.quantize_linear, x, scale, z, **kw)
+            _assert_same(got, want)
+
+
+def test_cpu_int32_inputs_and_e8m0_scales():
+    rng = np.random.default_rng(3)
+    big = np.array([2**31 - 1, -(2**31), 2**24 + 1, -(2**24) - 3, 0, 7], np.int32)
+    x = np.concatenate([big, rng.integers(-(2**31), 2**31 - 1, 594, dtype=np.int64).astype(np.int32)]).reshape(6, 100)
+    e8m0 = np.array([0, 1, 120, 127, 130, 254], np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    for precision in (None, "float16", "bfloat16"):
+        got, want = _both(qlinear.quantize_linear, x, np.float32(1e5), np.int8(3), precision=precision)
+        _assert_same(got, want)
+    got, want = _both(qlinear.quantize_linear, x.astype(np.float32), e8m0, np.uint8(9).reshape(1).repeat(6), axis=0)
+    _assert_same(got, want)
+    zp32 = rng.integers(-(2**31), 2**31 - 1, 100, dtype=np.int64).astype(np.int32)
+    for scale in (rng.uniform(0.1, 2, 100).astype(np.float32), np.arange(100, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)):
+        got, want = _both(qlinear.dequantize_linear, x, scale, zp32, axis=1)
+        _assert_same(got, want)
+    x16 = rng.integers(-(2**15), 2**15, (6, 100)).astype(np.int16)
+    got, want = _both(qlinear.dequantize_linear, x16, np.float32(0.5), np.int16(-32768), output_dtype=np.float16)
+    _assert_same(got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bits=hnp.arrays(np.uint32, st.integers(0, 300), elements=st.integers(0, 2**32 - 1)),
+    name=st.sampled_from(["int8", "uint4", "float8e4m3fn", "float8e5m2", "float4e2m1"]),
+    scale_bits=st.integers(0x00800000, 0x7F000000),
+    saturate=st.booleans(),
+)
+def test_cpu_quantize_any_float32_bit_pattern(bits, name, scale_bits, saturate):
+    x = bits.view(np.float32)
+    scale = np.array(scale_bits, np.uint32).view(np.float32)
+    kw = dict(output_dtype=name, saturate=saturate or not element_type(name).saturate_applies)
+    got, want = _both(qlinear.quantize_linear, x, scale, **kw)
+    _assert_same(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(codes=hnp.arrays(np.uint8, st.integers(0, 200)), name=st.sampled_from(["float8e4m3fn", "float8e5m2fnuz", "int8"]),
+       out_dtype=st.sampled_from([np.float32, np.float16, ml_dtypes.bfloat16]))
+def test_cpu_dequantize_any_byte(codes, name, out_dtype):
+    x = codes.view(element_type(name).dtype)
+    got, want = _both(qlinear.dequantize_linear, x, np.float32(3.0e-3), output_dtype=out_dtype)
+    _assert_same(got, want)
+
+
+def test_cpu_non_contiguous_and_empty_inputs():
+    x = _values((40, 30), np.random.default_rng(5))
+    for view in (x.T, x[::3, ::2], x[:, 5]):
+        scale = np.linspace(0.1, 2, view.shape[-1], dtype=np.float32) if view.ndim == 2 else np.float32(0.3)
+        got, want = _both(qlinear.quantize_linear, view, scale, axis=-1, output_dtype="int4")
+        _assert_same(got, want)
+        got, want = _both(qlinear.dequantize_linear, want, scale, axis=-1)
+        _assert_same(got, want)
+    empty = np.zeros((0, 4), np.float32)
+    got, want = _both(qlinear.quantize_linear, empty, np.ones(4, np.float32), axis=1, output_dtype="int4")
+    _assert_same(got, want)
+    assert qlinear.quantize_linear(empty, np.float32(1), output_dtype="int4", packed=True).shape == (0,)
+
+
+def test_cpu_out_buffer_is_filled_and_returned():
+    rng = np.random.default_rng(11)
+    x = _values((8, 64), rng)
+    scale = np.full((8, 2), 0.25, np.float32)
+    out = np.empty((8, 64), ml_dtypes.int4)
+    for backend in ("cpu", "reference"):
+        y = qlinear.quantize_linear(x, scale, axis=1, block_size=32, output_dtype="int4", out=out, backend=backend)
+        assert y is out
+        _assert_same(out, qlinear.quantize_linear(x, scale, axis=1, block_size=32, output_dtype="int4", backend="reference"))
+        packed = np.empty(256, np.uint8)
+        assert qlinear.quantize_linear(x, scale, axis=1, block_size=32, output_dtype="int4", packed=True, out=packed, backend=backend) is packed
+        np.testing.assert_array_equal(packed, qlinear.pack(out))
+        back = np.empty((8, 64), np.float32)
+        assert qlinear.dequantize_linear(packed, scale, axis=1, block_size=32, packed_dtype="int4", shape=(8, 64), out=back, backend=backend) is back
+        _assert_same(back, qlinear.dequantize_linear(out, scale, axis=1, block_size=32, backend="reference"))
+
+
+def test_cpu_packed_values_by_hand():
+    # int4 codes of [1, -1, 3] are 0x1, 0xf, 0x3: bytes 0xf1, 0x03; uint2 of [3, 0, 1, 2, 1] is 0b10_01_00_11, 0b01.
+    assert qlinear.quantize_linear(np.array([1.0, -1.0, 3.0], np.float32), np.float32(1), output_dtype="int4", packed=True).tolist() == [0xF1, 0x03]
+    assert qlinear.quantize_linear(np.array([3, 0, 1, 2, 1], np.float32), np.float32(1), output_dtype="uint2", packed=True).tolist() == [0b10010011, 0b01]
+    y = qlinear.dequantize_linear(np.array([0xF1, 0x03], np.uint8), np.float32(2), packed_dtype="int4", shape=(3,))
+    assert y.tolist() == [2.0, -2.0, 6.0]
+
+
+def test_cpu_float8_encodings_by_hand():
+    x = np.array([448, 464, 470, np.inf, -np.nan, -1e-30, 2.0**-9], np.float32)
+    e4m3 = qlinear.quantize_linear(x, np.float32(1), output_dtype="float8e4m3fn", saturate=False)
+    assert _bits(e4m3).tolist() == [0x7E, 0x7E, 0x7F, 0x7F, 0xFF, 0x80, 0x01]
+    fnuz = qlinear.quantize_linear(x, np.float32(1), output_dtype="float8e4m3fnuz", saturate=False)
+    # fnuz: one NaN (0x80), no -0; 2**-9 is twice its smallest subnormal 2**-10.
+    assert _bits(fnuz).tolist() == [0x80, 0x80, 0x80, 0x80, 0x80, 0x00, 0x02]
+    e5m2 = qlinear.quantize_linear(np.array([61440, 60000, -np.inf], np.float32), np.float32(1), output_dtype="float8e5m2", saturate=False)
+    assert _bits(e5m2).tolist() == [0x7C, 0x7B, 0xFC]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: qlinear.quantize_linear(np.ones(4, np.float32), np.float32(1), packed=True), "packed=True needs a 2-, 4- or 6-bit"),
+        (lambda: qlinear.quantize_linear(np.ones(4, np.float32), np.float32(1), out=np.empty(3, np.uint8)), "out has dtype uint8 and shape (3,)"),
+        (lambda: qlinear.quantize_linear(np.ones(4, np.float32), np.float32(1), output_dtype="int4", packed=True, out=np.empty(3, np.uint8)), "expected uint8 and (2,)"),
+        (lambda: qlinear.dequantize_linear(np.ones(2, np.uint8), np.float32(1), packed_dtype="int4"), "shape is required"),
+        (lambda: qlinear.dequantize_linear(np.ones(2, np.uint8), np.float32(1), packed_dtype="int4", shape=(5,)), "x has 2 bytes, expected at least 3"),
+        (lambda: qlinear.dequantize_linear(np.ones(2, np.int8), np.float32(1), packed_dtype="int4", shape=(4,)), "x must be a uint8 array"),
+        (lambda: qlinear.dequantize_linear(np.ones(4, np.uint8), np.float32(1), out=np.empty(4, np.float32)[::-1]), "C-contiguous"),
+    ],
+)
+def test_cpu_buffer_arguments_rejected(call, message):
+    with pytest.raises(qlinear.QuantizationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        call()
+
+
+def test_dynamic_quantize_linear_cpu_matches_reference():
+    x = _values((33, 65), np.random.default_rng(9))
+    for got, want in zip(*_both(qlinear.dynamic_quantize_linear, x)):
+        _assert_same(got, want)
+
+
+def test_import_does_not_load_numba():
+    code = "import sys, qlinear; assert 'numba' not in sys.modules, 'numba imported eagerly'"
+    subprocess.run([sys.executable, "-c", code], check=True)
