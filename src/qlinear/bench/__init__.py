@@ -1,0 +1,93 @@
+"""Speed of qlinear's cpu kernels against ONNX Runtime, onnx.reference and the bandwidth floor.
+
+``python -m qlinear.bench`` (or ``qlinear bench``) runs every case of
+:mod:`qlinear.bench._cases` in one process on the same inputs and prints a
+table; :func:`run_benchmark` returns the measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs
+from qlinear.bench._measure import best_time, copy_bandwidth, peak_extra_bytes
+from qlinear.bench._others import ort_runner, reference_runner
+from qlinear.ops import dequantize_linear, quantize_linear
+
+__all__ = ["GRANULARITIES", "TYPES", "run_benchmark"]
+
+
+def _qlinear_calls(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> tuple[Callable[[], Any], Callable[[], Any], np.ndarray, int]:
+    """Q and DQ calls for ``case`` on the cpu backend, the quantized input of DQ, and its byte count."""
+    kw = dict(axis=case.axis, block_size=case.block_size)
+    q = quantize_linear(x, scale, zp, packed=case.packed, **kw)
+
+    def run_q():
+        return quantize_linear(x, scale, zp, packed=case.packed, **kw)
+
+    def run_dq():
+        if case.packed:
+            return dequantize_linear(q, scale, zp, packed_dtype=case.type_name, shape=x.shape, **kw)
+        return dequantize_linear(q, scale, zp, **kw)
+
+    return run_q, run_dq, q, q.nbytes
+
+
+def run_benchmark(*, size: int, threads: int, repeats: int = 3, reference: bool = True,
+                  types: tuple[str, ...] = TYPES, granularities: tuple[str, ...] = tuple(GRANULARITIES),
+                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Measure every case; times in seconds, memory in bytes.
+
+    Returns ``{"size", "threads", "copy_bandwidth", "rows"}``; each row has
+    ``op``, ``type``, ``granularity``, ``qlinear_s``, ``ort_s``, ``ort_mode``
+    (``"node"``, ``"Q+DQ pair"`` or why it is missing), ``reference_s``,
+    ``floor_s``, ``bytes_moved``, ``peak_extra_bytes`` and ``output_bytes``.
+    With a pair, ``qlinear_pair_s`` is qlinear's Q plus DQ time, the one to
+    hold against ONNX Runtime's.
+    """
+    import numba
+
+    numba.set_num_threads(threads)
+    bandwidth = copy_bandwidth(size * 4, repeats)
+    rows = []
+    todo = cases(types, granularities)
+    by_input: dict[tuple[str, str], dict[str, Any]] = {}
+    for done, case in enumerate(todo):
+        key = (case.type_name, case.granularity)
+        if key not in by_input:
+            x, scale, zp = inputs(case, size)
+            run_q, run_dq, q, q_bytes = _qlinear_calls(case, x, scale, zp)
+            ort_q_case = Case("Q", case.type_name, case.granularity)
+            ort_q, ort_mode = ort_runner(ort_q_case, x, q, scale, zp, threads)
+            unpacked = quantize_linear(x, scale, zp, axis=case.axis, block_size=case.block_size) if case.packed else q
+            by_input[key] = dict(x=x, scale=scale, zp=zp, q=q, unpacked=unpacked, q_bytes=q_bytes,
+                                 calls={"Q": run_q, "DQ": run_dq}, q_time=best_time(run_q, repeats),
+                                 dq_time=best_time(run_dq, repeats), ort_q=(ort_q, ort_mode))
+        shared = by_input[key]
+        x, scale, zp = shared["x"], shared["scale"], shared["zp"]
+        own = shared["q_time"] if case.op == "Q" else shared["dq_time"]
+        if case.op == "Q":
+            ort_call, ort_mode = shared["ort_q"]
+        else:
+            ort_call, ort_mode = ort_runner(case, x, shared["unpacked"], scale, zp, threads)
+        ort_s = best_time(ort_call, max(1, repeats - 1)) if ort_call is not None else None
+        ref_s = None
+        if reference:
+            ref_call = reference_runner(case, x, shared["unpacked"], scale, zp)
+            ref_s = best_time(ref_call, 1) if ref_call is not None else None
+        out_bytes = shared["q_bytes"] if case.op == "Q" else x.nbytes
+        moved = x.nbytes + shared["q_bytes"] + scale.nbytes + zp.nbytes
+        rows.append({
+            "op": case.op, "type": case.type_name, "granularity": case.granularity,
+            "packed": case.packed, "qlinear_s": own, "ort_s": ort_s, "ort_mode": ort_mode,
+            "qlinear_pair_s": shared["q_time"] + shared["dq_time"] if ort_mode == "Q+DQ pair" else None,
+            "reference_s": ref_s, "bytes_moved": moved, "floor_s": moved / bandwidth,
+            "peak_extra_bytes": peak_extra_bytes(shared["calls"][case.op]),
+            "output_bytes": out_bytes, "scale_bytes": scale.nbytes + zp.nbytes,
+        })
+        if progress is not None:
+            progress(done + 1, len(todo))
+    return {"size": int(np.prod(shared["x"].shape)), "threads": threads, "copy_bandwidth": bandwidth, "rows": rows}

@@ -1,0 +1,79 @@
+"""The benchmark's matrix: operators x element types x granularities, and their inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from qlinear.dtypes import ElementType, element_type
+
+__all__ = ["Case", "GRANULARITIES", "TYPES", "cases", "inputs"]
+
+TYPES = ("uint8", "int8", "int16", "uint4", "int4", "int2", "float8e4m3fn", "float8e5m2", "float4e2m1")
+# name -> (axis, block_size, per_tensor)
+GRANULARITIES = {
+    "per-tensor": (1, 0),
+    "per-axis 0": (0, 0),
+    "per-axis last": (1, 0),
+    "blocked 32 last": (1, 32),
+    "blocked 32 axis 0": (0, 32),
+}
+# Columns of x: the last axis; the rows make up the requested size.
+COLUMNS = 1024
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmarked call: ``op`` is ``"Q"`` or ``"DQ"``."""
+
+    op: str
+    type_name: str
+    granularity: str
+
+    @property
+    def element(self) -> ElementType:
+        return element_type(self.type_name)
+
+    @property
+    def axis(self) -> int:
+        return GRANULARITIES[self.granularity][0]
+
+    @property
+    def block_size(self) -> int:
+        return GRANULARITIES[self.granularity][1]
+
+    @property
+    def packed(self) -> bool:
+        """Sub-byte types are handled in ONNX's packed layout, as ONNX Runtime holds them."""
+        return self.element.bits < 8
+
+    def opset(self) -> int:
+        """The oldest opset whose operators accept this type and granularity."""
+        by_type = {"int16": 21, "uint4": 21, "int4": 21, "float4e2m1": 23, "int2": 25}
+        return max(by_type.get(self.type_name, 19), 21 if self.block_size else 13)
+
+
+def cases(types: tuple[str, ...] = TYPES, granularities: tuple[str, ...] = tuple(GRANULARITIES)) -> list[Case]:
+    return [Case(op, t, g) for t in types for g in granularities for op in ("Q", "DQ")]
+
+
+def inputs(case: Case, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(x, scale, zero_point)`` for ``case``: float32 x of ``size`` elements as (rows, COLUMNS)."""
+    rng = np.random.default_rng(seed)
+    shape = (max(1, size // COLUMNS), COLUMNS)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    axis, block = case.axis, case.block_size
+    if case.granularity == "per-tensor":
+        sshape: tuple[int, ...] = ()
+    elif block:
+        sshape = tuple(-(-d // block) if i == axis else d for i, d in enumerate(shape))
+    else:
+        sshape = (shape[axis],)
+    t = case.element
+    top = t.qmax if t.is_integer else t.max_finite
+    scale = (rng.uniform(3.0, 5.0, sshape) / top).astype(np.float32)
+    zp = np.zeros(sshape, t.dtype)
+    if t.name == "uint8":
+        zp[...] = 128
+    return x, np.asarray(scale), np.asarray(zp)

@@ -1,0 +1,60 @@
+"""Timing, the bandwidth floor and peak extra memory."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["best_time", "copy_bandwidth", "peak_extra_bytes"]
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` calls, after one warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def copy_bandwidth(nbytes: int, repeats: int) -> float:
+    """Bytes per second (read plus written) of a parallel copy on numba's threads.
+
+    The same threads the cpu kernels use, so the floor it gives is what
+    those threads can move at best.
+    """
+    from numba import njit, prange
+
+    @njit(parallel=True, cache=False)
+    def copy(src, dst):
+        for i in prange(src.size):
+            dst[i] = src[i]
+
+    src = np.ones(nbytes // 8, np.float64)
+    dst = np.empty_like(src)
+    seconds = best_time(lambda: copy(src, dst), repeats)
+    return 2 * src.nbytes / seconds
+
+
+def peak_extra_bytes(fn: Callable[[], object]) -> int:
+    """Peak bytes numpy allocated during ``fn()`` (its result included).
+
+    numpy reports its allocations to tracemalloc; the cpu kernels' own small
+    per-thread tiles (numba's allocator) are not seen, and are a few KiB.
+    """
+    fn()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+        del result
+    finally:
+        tracemalloc.stop()
+    return peak

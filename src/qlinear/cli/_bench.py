@@ -1,0 +1,72 @@
+"""Time qlinear's cpu kernels against ONNX Runtime, onnx.reference and the bandwidth floor.
+
+For QuantizeLinear and DequantizeLinear over element types and
+granularities, on the same float32 inputs in one process: qlinear (cpu
+backend; 2/4-bit types in ONNX's packed layout), ONNX Runtime on the same
+node with the same number of intra-op threads (a Q+DQ pair where it cannot
+pass the type to numpy, marked *), onnx.reference, and the bandwidth floor:
+bytes read and written divided by the bandwidth of a parallel copy on the
+same threads. Ratios are times: qlinear/ORT below 1 means qlinear is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from qlinear.bench import GRANULARITIES, TYPES, run_benchmark
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", type=int, default=1 << 24, help="float32 elements of x (default 16M: 16384 x 1024)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for qlinear and ONNX Runtime (default 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per case, best kept (default 3)")
+    parser.add_argument("--reference", action="store_true", help="also time onnx.reference (slow: seconds per case at 16M)")
+    parser.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES, metavar="TYPE", help="element types (default all)")
+    parser.add_argument("--granularities", nargs="+", default=list(GRANULARITIES), choices=list(GRANULARITIES), metavar="G",
+                        help=f"granularities among: {', '.join(GRANULARITIES)}")
+    parser.add_argument("--json", metavar="PATH", help="also write the measurements as JSON to PATH")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(width=150)  # the table is wide; a narrower terminal wraps lines rather than cells
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmark", total=None)
+        report = run_benchmark(size=args.size, threads=args.threads, repeats=args.repeats, reference=args.reference,
+                               types=tuple(args.types), granularities=tuple(args.granularities),
+                               progress=lambda done, total: progress.update(task, completed=done, total=total))
+    title = (f"qlinear cpu kernels, {report['size']:,} float32 elements, {report['threads']} threads; "
+             f"copy bandwidth {report['copy_bandwidth'] / 1e9:.1f} GB/s")
+    table = Table(title=title)
+    for column in ("op", "type", "granularity", "qlinear ms", "ORT ms", "ref ms", "floor ms", "qlinear/ORT", "qlinear/floor", "mem/out"):
+        table.add_column(column, justify="left" if column in ("op", "type", "granularity") else "right")
+    for row in report["rows"]:
+        pair = row["ort_mode"] == "Q+DQ pair"
+        ort = _ms(row["ort_s"]) + ("*" if pair else "") if row["ort_s"] is not None else row["ort_mode"]
+        mine = row["qlinear_pair_s"] if pair else row["qlinear_s"]
+        memory = row["peak_extra_bytes"] / (row["output_bytes"] + row["scale_bytes"])
+        table.add_row(row["op"], row["type"] + (" (packed)" if row["packed"] else ""), row["granularity"],
+                      _ms(row["qlinear_s"]), ort, _ms(row["reference_s"]), _ms(row["floor_s"]),
+                      _ratio(mine, row["ort_s"]), _ratio(row["qlinear_s"], row["floor_s"]), f"{memory:.2f}")
+    console.print(table)
+    console.print("* ONNX Runtime timed as a QuantizeLinear+DequantizeLinear pair; qlinear/ORT then compares qlinear's Q+DQ.")
+    console.print("mem/out: peak memory a qlinear call allocates, over its output plus scales and zero points.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+    return 0
