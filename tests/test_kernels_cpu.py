@@ -250,7 +250,7 @@ def test_cpu_buffer_arguments_rejected(call, message):
 
 def test_dynamic_quantize_linear_cpu_matches_reference():
     x = _values((33, 65), np.random.default_rng(9))
-    for got, want in zip(*_both(qlinear.dynamic_quantize_linear, x)):
+    for got, want in zip(*_both(qlinear.dynamic_quantize_linear, x), strict=True):
         _assert_same(got, want)
 
 
