@@ -155,7 +155,8 @@ def _unsigned_zeros(arrays):
 @SETTINGS
 @given(case=node_cases(tame=True, max_opset=25))
 def test_qlinear_matches_onnxruntime(case):
-    assume(_quotient_stays_finite(case))
+    # ONNX Runtime divides 16-bit operands in float32, not in the scale's type (docs/semantics.md).
+    assume(case.op == "DequantizeLinear" or case.inputs[1].dtype.itemsize == 4)
     try:
         want = run_onnxruntime(case)
     except Unsupported:

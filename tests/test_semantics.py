@@ -122,6 +122,13 @@ def test_division_in_scale_precision():
     assert run_onnx_reference(q_case(x, np.float16(1), np.int8(0), opset=23))[0].tolist() == [3, -1]
 
 
+def test_onnxruntime_divides_float16_in_float32():
+    # float16: 2.5 / 0.0999756 = 25.006 rounds to 25.0, a tie between float8 24 and 26 -> 24.
+    x, scale, zp = np.array([2.5], np.float16), np.float16(0.1), np.array(0, ml_dtypes.float8_e4m3fn)
+    assert qlinear.quantize_linear(x, scale, zp, opset=19).astype(np.float32).tolist() == [24.0]
+    assert ort(q_case(x, scale, zp, opset=19)).astype(np.float32).tolist() == [26.0]
+
+
 def test_int32_input_rounded_to_precision():
     # 25165823 rounds to 25165824 = 1.5 * 2**24 in float32: a tie, to even 2.
     x = np.array([25165823], np.int32)
