@@ -51,7 +51,7 @@ def dequantize(plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_poin
     p[kernel.P_WIDE_OUT] = wide is not None
     e_out, submul = float_encoding(wide if wide is not None else PREC_F16)
 
-    scale_f = np.ascontiguousarray(scale.astype(np.float32)).reshape(-1)
+    scale_f = np.ascontiguousarray(scale.astype(np.float32, copy=False)).reshape(-1)
     zp_f = np.zeros(scale_f.size, np.float64) if zero_point is None else zero_point.astype(np.float64).reshape(-1)
     values = out.reshape(-1)
     values = values.view(np.uint16) if wide is not None else values

@@ -39,7 +39,7 @@ def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: n
     if xwide != PREC_F32:
         flat_x = flat_x.view(np.uint16)
     zp_type = plan.precision if not t.is_integer else np.float32
-    scale_f = np.ascontiguousarray(scale.astype(plan.precision).astype(np.float32)).reshape(-1)
+    scale_f = np.ascontiguousarray(scale.astype(plan.precision, copy=False).astype(np.float32, copy=False)).reshape(-1)
     zp_f = np.zeros(scale_f.size, np.float32) if zero_point is None else zero_point.astype(zp_type).astype(np.float32).reshape(-1)
 
     p = np.zeros(kernel.P_LEN, np.int64)
