@@ -33,12 +33,10 @@ def test_readme_examples_run(tmp_path, monkeypatch):
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) >= 2
-    namespaces = []
-    for block in blocks:
-        namespace: dict = {}
+    namespace: dict = {}
+    for block in blocks:  # the README reads top to bottom: later blocks use earlier names
         exec(compile(block, "README.md", "exec"), namespace)
-        namespaces.append(namespace)
-    assert namespaces[0]["w4"].dtype.name == "int4" and namespaces[0]["packed"].size == namespaces[0]["w4"].size // 2
+    assert namespace["w4"].dtype.name == "int4" and namespace["packed"].size == namespace["w4"].size // 2
 
 
 def test_readme_commands_match_ci():
