@@ -36,12 +36,13 @@ EDGES = np.concatenate([EDGES, np.array([0x7FA00001, 0xFF800123], np.uint32).vie
 
 # (shape, axis, block_size): per-tensor, per-axis on every axis, blocked on
 # every axis with ragged last blocks; rows both shorter and longer than the
-# kernels' gathering threshold (256) so both run paths are covered.
+# kernels' gathering threshold (256) so both run paths are covered; the last
+# crosses a parallel chunk (16384 elements) in the middle of a block of 32.
 LAYOUTS = [
     ((5, 3, 44), 0, 0), ((5, 3, 44), 1, 0), ((5, 3, 44), 2, 0), ((5, 3, 44), -1, 0),
     ((5, 3, 44), 0, 2), ((5, 3, 44), 1, 2), ((5, 3, 44), 2, 16),
     ((2, 700), 1, 0), ((700, 2), 0, 0), ((4, 700), 1, 300), ((600, 3), 0, 7), ((3, 600), 0, 2),
-    ((1000,), 0, 0),
+    ((1000,), 0, 0), ((3, 7001), 1, 32),
 ]
 
 

@@ -62,19 +62,19 @@ def _integer_code(q, z, qmin, qmax, mask):
 
     float32 is enough: a rounded quotient and a zero point below 2**16 add
     exactly unless the sum is far outside every integer range, where the
-    clamp gives the same answer either way.
+    clamp gives the same answer either way. ``min``/``max`` and int32
+    arithmetic keep the loops that call this in full-width vectors.
     """
     r = np.rint(q)
     v = (np.float32(0) if r != r else r) + z
-    v = qmin if v < qmin else (qmax if v > qmax else v)
-    return np.int32(v) & mask
+    return np.int32(min(max(v, qmin), qmax)) & mask
 
 
 @_jit
 def _to_integer(src, n, scale, zp, step, dst, p):
     """Integer codes of ``src[:n] / scale`` (``scale`` all ones when already divided)."""
     qmin, qmax = np.float32(p[P_QMIN]), np.float32(p[P_QMAX])
-    mask = p[P_MASK]
+    mask = np.int32(p[P_MASK])
     if step:
         for k in range(n):
             dst[k] = _integer_code(np.float32(src[k]) / scale[k], zp[k], qmin, qmax, mask)
@@ -82,6 +82,34 @@ def _to_integer(src, n, scale, zp, step, dst, p):
         s, z = scale[0], zp[0]
         for k in range(n):
             dst[k] = _integer_code(np.float32(src[k]) / s, z, qmin, qmax, mask)
+
+
+@_jit
+def _integer_runs(x, start, end, scale, zp, dst, lay, p):
+    """Integer codes of ``x[start:end]`` into ``dst`` (which starts at ``start``), one run at a time.
+
+    The common case (float32 or int32 ``x``, float32 precision, integer
+    output) needs no tile, so runs are taken whole however short: a block of
+    32 loads its scale once and is one tight loop. The loops are written out
+    here rather than calling ``_to_integer``: a call per 32-element run
+    (passing four array views) costs more than the run itself.
+    """
+    qmin, qmax = np.float32(p[P_QMIN]), np.float32(p[P_QMAX])
+    mask = np.int32(p[P_MASK])
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        src, out = x[j:j + n], dst[j - start:j - start + n]
+        if step:
+            run_scale, run_zp = scale[sidx:sidx + n], zp[sidx:sidx + n]
+            for k in range(n):
+                out[k] = _integer_code(np.float32(src[k]) / run_scale[k], run_zp[k], qmin, qmax, mask)
+        else:
+            s, z = scale[sidx], zp[sidx]
+            for k in range(n):
+                out[k] = _integer_code(np.float32(src[k]) / s, z, qmin, qmax, mask)
+        j += n
 
 
 @_jit
@@ -114,12 +142,7 @@ def _to_float(tile, codes, n, zp, step, dst, p, f, e_out, e_prec):
 def _quantize_run(x, n, scale, zp, step, dst, tile, codes, ones, p, f, e_out, e_prec):
     """Quantize one run: ``x``, ``dst`` and (when ``step``) ``scale``, ``zp`` start at its first element."""
     prec = p[P_PREC]
-    direct = prec == PREC_F32 and p[P_XWIDE] == PREC_F32
-    if direct and not p[P_FLOAT_OUT]:
-        # The common case, one loop: float32 (or int32) x, float32 precision, integer output.
-        _to_integer(x, n, scale, zp, step, dst, p)
-        return
-    if direct:
+    if prec == PREC_F32 and p[P_XWIDE] == PREC_F32:
         _divide(x, n, tile, scale, step)
     else:
         _load(x, n, tile, p[P_XWIDE])
@@ -135,14 +158,11 @@ def _quantize_run(x, n, scale, zp, step, dst, tile, codes, ones, p, f, e_out, e_
 
 
 @_jit
-def _quantize_chunk(x, start, end, scale, zp, out, lay, p, f, e_out, e_prec):
+def _staged_runs(x, start, end, scale, zp, dst, lay, p, f, e_out, e_prec):
+    """Codes of ``x[start:end]`` into ``dst`` (which starts at ``start``), a tile at a time through the stages."""
     tile = np.empty(TILE, np.float32)
     codes = np.empty(TILE, np.int64)
     ones = np.ones(TILE, np.float32)
-    bits = p[P_PACKED_BITS]
-    # Packed outputs collect the chunk's codes first: the chunk owns whole
-    # bytes, runs inside it do not.
-    dst = np.empty(end - start if bits else 0, out.dtype)
     gather = lay[L_GATHER]
     scale_tile = np.empty(TILE if gather else 0, scale.dtype)
     zp_tile = np.empty(TILE if gather else 0, zp.dtype)
@@ -162,9 +182,21 @@ def _quantize_chunk(x, start, end, scale, zp, out, lay, p, f, e_out, e_prec):
             s_end = sidx + (m if step else 1)
             run_scale, run_zp = scale[sidx:s_end], zp[sidx:s_end]
             state = (rem - m, sidx + m * step, step, o, d, i, b)
-        target = dst[j - start:j - start + m] if bits else out[j:j + m]
-        _quantize_run(x[j:j + m], m, run_scale, run_zp, step, target, tile, codes, ones, p, f, e_out, e_prec)
+        _quantize_run(x[j:j + m], m, run_scale, run_zp, step, dst[j - start:j - start + m], tile, codes, ones,
+                      p, f, e_out, e_prec)
         j += m
+
+
+@_jit
+def _quantize_chunk(x, start, end, scale, zp, out, lay, p, f, e_out, e_prec):
+    bits = p[P_PACKED_BITS]
+    # Packed outputs collect the chunk's codes first: the chunk owns whole
+    # bytes, runs inside it do not.
+    dst = np.empty(end - start, out.dtype) if bits else out[start:end]
+    if p[P_PREC] == PREC_F32 and p[P_XWIDE] == PREC_F32 and not p[P_FLOAT_OUT]:
+        _integer_runs(x, start, end, scale, zp, dst, lay, p)
+    else:
+        _staged_runs(x, start, end, scale, zp, dst, lay, p, f, e_out, e_prec)
     if bits:
         pack_codes(dst, end - start, out, start, bits)
 
