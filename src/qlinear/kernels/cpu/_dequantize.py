@@ -13,8 +13,9 @@ from qlinear.spec import DequantizePlan
 __all__ = ["dequantize"]
 
 _WIDE_OUTPUTS = {np.dtype(np.float16): PREC_F16, np.dtype(ml_dtypes.bfloat16): PREC_BF16}
-# Unsigned views of the integer inputs wider than a byte, and their sign bits.
-_INTEGER_VIEWS = {"uint16": (np.uint16, 0), "int16": (np.uint16, 1 << 15), "int32": (np.uint32, 1 << 31)}
+# Unsigned views of the integer inputs of 8 bits or more, and their sign bits.
+_INTEGER_VIEWS = {"uint8": (np.uint8, 0), "int8": (np.uint8, 1 << 7), "uint16": (np.uint16, 0),
+                  "int16": (np.uint16, 1 << 15), "int32": (np.uint32, 1 << 31)}
 
 
 def dequantize(plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, *,
@@ -40,7 +41,7 @@ def dequantize(plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_poin
         table = decode_table(t, packed=True)
     elif t.name in _INTEGER_VIEWS:
         view, p[kernel.P_SIGN_BIT] = _INTEGER_VIEWS[t.name]
-        p[kernel.P_READ] = kernel.READ_INTEGER
+        p[kernel.P_READ], p[kernel.P_BITS] = kernel.READ_INTEGER, t.bits
         flat_x = flat_x.view(view)
         table = np.zeros(1, np.float32)
     else:

@@ -1,10 +1,12 @@
 """The fused DequantizeLinear kernel (numba, parallel over chunks of ``x``).
 
-``y = (x - zero_point) * scale`` in one pass: each tile of ``x`` is read as
-float32 (types of 8 bits or fewer through a table of their values, packed
-2/4/6-bit codes straight from their bytes, 16/32-bit integers directly),
-the zero point subtracted, the scale multiplied in float32, and the result
-written as float32 or rounded to float16/bfloat16 bits.
+``y = (x - zero_point) * scale`` in one pass: ``x`` is read as float32
+(float8 bytes through a table of their values, packed 2/4/6-bit codes
+straight from their bytes, 8/16/32-bit integers directly), the zero point
+subtracted, the scale multiplied in float32, and the result written as
+float32 or rounded to float16/bfloat16 bits. float32 results from bytes or
+integers below 32 bits go straight from ``x`` to ``out`` a run at a time;
+the rest go through a small tile.
 
 Integer differences are exact as the reference wants: below 32 bits both
 operands and their difference are exact in float32; int32 differences are
@@ -68,24 +70,43 @@ def _load(x, j, n, tile, table, zp, step, p):
 
 
 @_jit
-def _table_direct(x, n, table, scale, zp, step, out):
-    """The common case in one loop: a byte-sized type to float32."""
-    if step:
-        for k in range(n):
-            out[k] = (table[x[k]] - np.float32(zp[k])) * scale[k]
-    else:
-        s, z = scale[0], np.float32(zp[0])
-        for k in range(n):
-            out[k] = (table[x[k]] - z) * s
+def _direct_runs(x, start, end, table, scale, zp, out, lay, p):
+    """float32 ``out[start:end]`` from bytes (by the table) or integers below 32 bits, a run at a time.
+
+    Integers are sign-extended in int32 (``(v ^ sign) - sign``). Below 32 bits the integer and its zero point are exact in float32 and so
+    is their difference. The loops are written out per run: a call per
+    32-element block would cost more than the block.
+    """
+    sign_bit = np.int32(p[P_SIGN_BIT])
+    by_table = p[P_READ] == READ_TABLE
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        src, dst = x[j:j + n], out[j:j + n]
+        if step:
+            run_scale, run_zp = scale[sidx:sidx + n], zp[sidx:sidx + n]
+            if by_table:
+                for k in range(n):
+                    dst[k] = (table[src[k]] - np.float32(run_zp[k])) * run_scale[k]
+            else:
+                for k in range(n):
+                    dst[k] = (np.float32((np.int32(src[k]) ^ sign_bit) - sign_bit) - np.float32(run_zp[k])) * run_scale[k]
+        else:
+            s, z = scale[sidx], np.float32(zp[sidx])
+            if by_table:
+                for k in range(n):
+                    dst[k] = (table[src[k]] - z) * s
+            else:
+                for k in range(n):
+                    dst[k] = (np.float32((np.int32(src[k]) ^ sign_bit) - sign_bit) - z) * s
+        j += n
 
 
 @_jit
 def _dequantize_run(x, j, n, table, scale, zp, step, out, tile, p, e_out, submul):
     """Dequantize one run; ``out`` and (when ``step``) ``scale``, ``zp`` start at element ``j``."""
     read = p[P_READ]
-    if read == READ_TABLE and not p[P_WIDE_OUT]:
-        _table_direct(x[j:j + n], n, table, scale, zp, step, out)
-        return
     _load(x if read == READ_PACKED else x[j:j + n], j, n, tile, table, zp, step, p)
     if step:
         for k in range(n):
@@ -103,6 +124,10 @@ def _dequantize_run(x, j, n, table, scale, zp, step, out, tile, p, e_out, submul
 
 @_jit
 def _dequantize_chunk(x, start, end, table, scale, zp, out, lay, p, e_out, submul):
+    read = p[P_READ]
+    if not p[P_WIDE_OUT] and (read == READ_TABLE or (read == READ_INTEGER and p[P_BITS] < 32)):
+        _direct_runs(x, start, end, table, scale, zp, out, lay, p)
+        return
     tile = np.empty(TILE, np.float32)
     gather = lay[L_GATHER]
     scale_tile = np.empty(TILE if gather else 0, scale.dtype)
