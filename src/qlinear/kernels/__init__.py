@@ -6,10 +6,17 @@ caller's buffer and reads and writes ONNX's packed bytes itself takes
 ``out=`` and ``packed=`` keywords and says so with ``FUSED_OUTPUT = True``;
 :func:`quantize` and :func:`dequantize` here give every backend those
 keywords, doing the packing and copying around the others.
+
+``"auto"``, the operators' default, is not a backend of its own: it names
+``"reference"`` for calls on fewer than :data:`AUTO_REFERENCE_BELOW`
+elements and ``"cpu"`` for the rest. Both give the same bits, so the choice
+changes only the time: a small call is as fast on numpy and does not pay
+numba's start-up (about 0.5 s in a fresh process, docs/performance.md).
 """
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 
 import numpy as np
@@ -19,17 +26,30 @@ from qlinear.dtypes import pack, unpack
 from qlinear.kernels import cpu, reference
 from qlinear.spec import DequantizePlan, QuantizePlan
 
-__all__ = ["BACKENDS", "backend", "quantize", "dequantize"]
+__all__ = ["AUTO", "AUTO_REFERENCE_BELOW", "BACKENDS", "backend", "quantize", "dequantize"]
 
 BACKENDS: dict[str, ModuleType] = {"cpu": cpu, "reference": reference}
+AUTO = "auto"
+# Elements of x below which "auto" runs the reference kernels: the smallest
+# size from which the warm cpu kernel was at least as fast as numpy in every
+# case measured (2-core AVX-512 machine, numba 0.68 on 2 threads; Q from
+# float32 and DQ back to float32 for uint8, packed int4 and float8e4m3fn,
+# per tensor and blocked 32; docs/performance.md has the table). A cpu call
+# costs 12-20 us whatever its size (argument checks, waking numba's
+# threads); numpy starts at 11-26 us and grows. Below 2048 elements numpy is
+# at most 13 us slower (packed int4), from 2048 up the cpu kernel is never
+# slower (uint8 and float8 DQ per tensor are the last to cross, at 2048).
+AUTO_REFERENCE_BELOW = 2048
 
 
-def backend(name: str, *, caller: str) -> ModuleType:
-    """The kernel module registered as ``name``."""
+def backend(name: str, *, size: int, caller: str) -> ModuleType:
+    """The kernel module for backend ``name`` on an ``x`` of ``size`` elements."""
+    if name == AUTO:
+        return reference if size < AUTO_REFERENCE_BELOW else cpu
     try:
         return BACKENDS[name]
     except (KeyError, TypeError):
-        raise QuantizationError(f"{caller}: backend must be one of {sorted(BACKENDS)}, got {name!r}") from None
+        raise QuantizationError(f"{caller}: backend must be one of {sorted([AUTO, *BACKENDS])}, got {name!r}") from None
 
 
 def _deliver(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -42,7 +62,7 @@ def _deliver(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 def quantize(name: str, plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, *,
              out: np.ndarray | None, packed: bool, caller: str) -> np.ndarray:
     """QuantizeLinear on backend ``name``, into ``out`` and/or packed if asked."""
-    module = backend(name, caller=caller)
+    module = backend(name, size=math.prod(plan.x_shape), caller=caller)
     if getattr(module, "FUSED_OUTPUT", False):
         return module.quantize(plan, x, scale, zero_point, out=out, packed=packed)
     y = module.quantize(plan, x, scale, zero_point)
@@ -52,7 +72,7 @@ def quantize(name: str, plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, ze
 def dequantize(name: str, plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, *,
                out: np.ndarray | None, packed: bool, caller: str) -> np.ndarray:
     """DequantizeLinear on backend ``name``; ``x`` is packed bytes if ``packed``."""
-    module = backend(name, caller=caller)
+    module = backend(name, size=math.prod(plan.x_shape), caller=caller)
     if getattr(module, "FUSED_OUTPUT", False):
         return module.dequantize(plan, x, scale, zero_point, out=out, packed=packed)
     if packed:

@@ -26,7 +26,7 @@ def dequantize_linear(
     packed_dtype: Any = None,
     shape: Any = None,
     out: np.ndarray | None = None,
-    backend: str = "cpu",
+    backend: str = "auto",
 ) -> np.ndarray:
     """ONNX DequantizeLinear, all versions: ``y = (x - x_zero_point) * x_scale``.
 
@@ -46,8 +46,11 @@ def dequantize_linear(
         shape: the shape of the packed array; required with ``packed_dtype``.
         out: array to write the result into and return: the result's dtype
             and shape, writeable, C-contiguous.
-        backend: ``"cpu"`` (fused multi-threaded kernels, the default) or
-            ``"reference"`` (the readable numpy oracle); both give the same
+        backend: ``"auto"`` (the default: ``"reference"`` when ``x`` has
+            fewer than ``qlinear.kernels.AUTO_REFERENCE_BELOW`` elements, so
+            that small calls need not start numba, else ``"cpu"``),
+            ``"cpu"`` (fused multi-threaded numba kernels) or
+            ``"reference"`` (the readable numpy oracle); all give the same
             bits.
 
     Returns:

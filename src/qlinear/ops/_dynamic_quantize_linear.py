@@ -15,7 +15,7 @@ __all__ = ["dynamic_quantize_linear"]
 _QMIN, _QMAX = 0, 255
 
 
-def dynamic_quantize_linear(x: Any, *, backend: str = "cpu") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def dynamic_quantize_linear(x: Any, *, backend: str = "auto") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ONNX DynamicQuantizeLinear: uint8 quantization with computed parameters.
 
     ``scale = (max(0, max(x)) - min(0, min(x))) / 255``,
@@ -23,6 +23,12 @@ def dynamic_quantize_linear(x: Any, *, backend: str = "cpu") -> tuple[np.ndarray
     ``y = saturate(round(x / scale) + zero_point)``; all in float32, rounding
     half to even. NaN elements are left out of the range and quantize to the
     zero point; an all-zero (or empty) ``x`` gets scale 1.0 (docs/semantics.md).
+
+    Args:
+        x: the float32 array.
+        backend: ``"auto"`` (the default), ``"cpu"`` or ``"reference"``, as
+            in :func:`qlinear.quantize_linear`; the scale and zero point are
+            computed with numpy on every backend.
 
     Returns:
         ``(y, y_scale, y_zero_point)``: uint8 array, float32 scalar, uint8 scalar.

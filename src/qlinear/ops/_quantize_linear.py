@@ -28,7 +28,7 @@ def quantize_linear(
     domain: str = "",
     packed: bool = False,
     out: np.ndarray | None = None,
-    backend: str = "cpu",
+    backend: str = "auto",
 ) -> np.ndarray:
     """ONNX QuantizeLinear, all versions: ``y = saturate(round(x / y_scale) + y_zero_point)``.
 
@@ -58,8 +58,11 @@ def quantize_linear(
         out: array to write the result into and return: the result's dtype
             and shape (``(packed_size,)`` uint8 when ``packed``), writeable,
             C-contiguous.
-        backend: ``"cpu"`` (fused multi-threaded kernels, the default) or
-            ``"reference"`` (the readable numpy oracle); both give the same
+        backend: ``"auto"`` (the default: ``"reference"`` when ``x`` has
+            fewer than ``qlinear.kernels.AUTO_REFERENCE_BELOW`` elements, so
+            that small calls need not start numba, else ``"cpu"``),
+            ``"cpu"`` (fused multi-threaded numba kernels) or
+            ``"reference"`` (the readable numpy oracle); all give the same
             bits.
 
     Returns:
