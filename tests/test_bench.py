@@ -1,10 +1,13 @@
-"""The benchmark runs end to end on a small size and reports what it measured."""
+"""The benchmark runs end to end on a small size and reports what it measured; so do the start-up figures."""
 
 from __future__ import annotations
 
 import json
+import os
 
-from qlinear.bench import run_benchmark
+import pytest
+
+from qlinear.bench import _startup, run_benchmark
 from qlinear.cli import main
 
 
@@ -30,3 +33,37 @@ def test_bench_command_writes_json(tmp_path, capsys):
     assert "qlinear/ORT" in capsys.readouterr().out
     report = json.loads(path.read_text())
     assert {r["op"] for r in report["rows"]} == {"Q", "DQ"} and report["threads"] == 1
+
+
+def test_startup_child_reports_first_calls():
+    small = _startup.run_child("auto", _startup.SMALL)
+    assert not small["numba_loaded"] and small["numba_import_s"] == 0
+    assert 0 < small["import_s"] and 0 < small["q_s"] and 0 < small["dq_s"]
+    # The cpu kernels' first calls: a cache load here, or one compile of the
+    # uint8 per-tensor specializations on a fresh checkout.
+    large = _startup.run_child("cpu", _startup.LARGE, import_numba=True)
+    assert large["numba_loaded"] and large["numba_import_s"] > 0 and large["q_s"] > 0
+
+
+def test_bench_startup_command_writes_json(tmp_path, capsys, monkeypatch):
+    children = []
+
+    def fake_child(backend, size, *, import_numba=False, env=None):
+        cache = (env or {}).get("NUMBA_CACHE_DIR")
+        children.append((backend, size, import_numba, cache is not None and not os.listdir(cache)))
+        return {"import_s": 0.1, "numba_import_s": 0.2 if import_numba else 0.0, "q_s": 9.0 if cache else 0.3,
+                "dq_s": 4.0 if cache else 0.02, "numba_loaded": backend == "cpu"}
+
+    monkeypatch.setattr(_startup, "run_child", fake_child)
+    monkeypatch.setattr(_startup, "_import_wall", lambda: 0.25)
+    path = tmp_path / "startup.json"
+    assert main(["bench", "--startup", "--repeats", "2", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "qlinear start-up" in out and "numba imported: no" in out
+    # Two of each timed step, one warm-up, one cold run on an empty cache.
+    assert children == [("auto", _startup.SMALL, False, False)] * 2 + [("cpu", _startup.LARGE, False, False)] + \
+        [("cpu", _startup.LARGE, True, False)] * 2 + [("cpu", _startup.LARGE, False, True)]
+    steps = {s["step"]: s["seconds"] for s in json.loads(path.read_text())["startup"]["steps"]}
+    assert steps == pytest.approx({"import qlinear": 0.25, "first call, small (auto)": 0.3,
+                                   "first call on numba, warm cache": 0.5, "cold compile, first Q": 9.0,
+                                   "cold compile, first DQ": 4.0})

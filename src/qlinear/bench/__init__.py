@@ -2,7 +2,9 @@
 
 ``python -m qlinear.bench`` (or ``qlinear bench``) runs every case of
 :mod:`qlinear.bench._cases` in one process on the same inputs and prints a
-table; :func:`run_benchmark` returns the measurements.
+table; :func:`run_benchmark` returns the measurements. ``--startup``
+measures start-up and compile times in fresh processes instead
+(:func:`run_startup`).
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ import numpy as np
 from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs
 from qlinear.bench._measure import best_time, copy_bandwidth, peak_extra_bytes
 from qlinear.bench._others import ort_runner, reference_runner
+from qlinear.bench._startup import run_startup, startup_table
 from qlinear.ops import dequantize_linear, quantize_linear
 
-__all__ = ["GRANULARITIES", "TYPES", "run_benchmark"]
+__all__ = ["GRANULARITIES", "TYPES", "run_benchmark", "run_startup", "startup_table"]
 
 
 def _qlinear_calls(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> tuple[Callable[[], Any], ...]:
     """Q and DQ calls for ``case`` on the cpu backend (into reused buffers, then allocating), and DQ's input."""
-    kw = dict(axis=case.axis, block_size=case.block_size)
+    kw = dict(axis=case.axis, block_size=case.block_size, backend="cpu")  # the kernels, however small the size
     q = quantize_linear(x, scale, zp, packed=case.packed, **kw)
     # Outputs go to reused buffers, as ONNX Runtime's arena reuses its memory:
     # a fresh 64 MB array costs page faults that would dominate the timing.

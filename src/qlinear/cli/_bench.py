@@ -7,6 +7,7 @@ node with the same number of intra-op threads (a Q+DQ pair where it cannot
 pass the type to numpy, marked *), onnx.reference, and the bandwidth floor:
 bytes read and written divided by the bandwidth of a parallel copy on the
 same threads. Ratios are times: qlinear/ORT below 1 means qlinear is faster.
+With ``--startup``, start-up and compile times in fresh processes instead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from qlinear.bench import GRANULARITIES, TYPES, run_benchmark
+from qlinear.bench import GRANULARITIES, TYPES, run_benchmark, run_startup, startup_table
 
 __all__ = ["add_arguments", "run"]
 
@@ -32,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES, metavar="TYPE", help="element types (default all)")
     parser.add_argument("--granularities", nargs="+", default=list(GRANULARITIES), choices=list(GRANULARITIES), metavar="G",
                         help=f"granularities among: {', '.join(GRANULARITIES)}")
+    parser.add_argument("--startup", action="store_true",
+                        help="instead, time import, first calls and cold compiles in fresh processes (--repeats of each)")
     parser.add_argument("--json", metavar="PATH", help="also write the measurements as JSON to PATH")
 
 
@@ -43,8 +46,25 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 
 
+def _write_json(report: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+
+
+def _run_startup(args: argparse.Namespace, console: Console) -> int:
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("start-up", total=None)
+        startup = run_startup(repeats=args.repeats, progress=lambda done, total: progress.update(task, completed=done, total=total))
+    console.print(startup_table(startup))
+    _write_json({"startup": startup}, args.json)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(width=150)  # the table is wide; a narrower terminal wraps lines rather than cells
+    if args.startup:
+        return _run_startup(args, console)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmark", total=None)
         report = run_benchmark(size=args.size, threads=args.threads, repeats=args.repeats, reference=args.reference,
@@ -66,7 +86,5 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     console.print("* ONNX Runtime timed as a QuantizeLinear+DequantizeLinear pair; qlinear/ORT then compares qlinear's Q+DQ.")
     console.print("mem/out: peak memory a qlinear call allocates, over its output plus scales and zero points.")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+    _write_json(report, args.json)
     return 0
