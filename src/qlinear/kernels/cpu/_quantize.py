@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 
 from qlinear.dtypes import packed_size
-from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, PREC_F32, float_encoding, layout, precision_code
+from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, PREC_F32, decode_table, float_encoding, layout, precision_code
 from qlinear.spec import QuantizePlan
 
 __all__ = ["quantize"]
@@ -23,9 +23,11 @@ def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: n
 
     Bit-exact with the reference kernel. ``packed`` writes 2/4/6-bit outputs
     in ONNX's byte layout; ``out`` (already checked by the caller to have the
-    result's dtype and shape, C-contiguous) receives the result.
+    result's dtype and shape, C-contiguous) receives the result. Zero points
+    reach the kernel as their own bytes (or 16-bit words), not copied.
     """
     from qlinear.kernels.cpu import _quantize_kernel as kernel
+    from qlinear.kernels.cpu._encode import FLOAT_CODE_LEN, float_code_constants
 
     t = plan.output_type
     count = math.prod(plan.x_shape)
@@ -33,14 +35,20 @@ def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: n
         out = np.empty(packed_size(count, t.bits), np.uint8) if packed else np.empty(plan.x_shape, t.dtype)
     if count == 0:
         return out
+    code_dtype = np.uint16 if t.bits == 16 else np.uint8
     prec = precision_code(plan.precision)
     xwide = _WIDE_INPUTS.get(x.dtype, PREC_F32)
     flat_x = np.ascontiguousarray(x).reshape(-1)
     if xwide != PREC_F32:
         flat_x = flat_x.view(np.uint16)
-    zp_type = plan.precision if not t.is_integer else np.float32
     scale_f = np.ascontiguousarray(scale.astype(plan.precision, copy=False).astype(np.float32, copy=False)).reshape(-1)
-    zp_f = np.zeros(scale_f.size, np.float32) if zero_point is None else zero_point.astype(zp_type).astype(np.float32).reshape(-1)
+    if zero_point is None:
+        zp_codes = np.zeros(scale_f.size, code_dtype)
+    else:
+        zp_codes = np.ascontiguousarray(zero_point).reshape(-1).view(code_dtype)
+        if t.is_integer and t.bits < 8 and zp_codes.max(initial=0) >> t.bits:
+            # Bits above a sub-byte code are not part of its value.
+            zp_codes = zp_codes & np.uint8((1 << t.bits) - 1)
 
     p = np.zeros(kernel.P_LEN, np.int64)
     p[kernel.P_FLOAT_OUT] = not t.is_integer
@@ -52,13 +60,19 @@ def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: n
     p[kernel.P_NAN_TO_ZP] = not t.has_nan
     p[kernel.P_CLIP] = plan.saturate or not t.saturate_applies
     p[kernel.P_PACKED_BITS] = t.bits if packed else 0
+    p[kernel.P_ZP_SIGN] = 1 << (t.bits - 1) if t.is_integer and t.qmin < 0 else 0
     e_out, submul_out = float_encoding(t) if not t.is_integer else float_encoding(PREC_F32)
     e_prec, submul_prec = float_encoding(prec)
     f = np.zeros(kernel.F_LEN, np.float64)
     f[kernel.F_LIMIT] = t.max_finite or 0.0
     f[kernel.F_SUBMUL_OUT], f[kernel.F_SUBMUL_PREC] = submul_out, submul_prec
+    fk = np.zeros(FLOAT_CODE_LEN, np.float32) if t.is_integer else float_code_constants(t, e_out)
+    ztab = decode_table(t, False) if not t.is_integer else _NO_TABLE
 
-    codes = out.reshape(-1).view(np.uint16 if t.bits == 16 else np.uint8)
+    codes = out.reshape(-1).view(code_dtype)
     lay = layout(plan.granularity, plan.x_shape, scale.shape)
-    kernel.quantize_kernel(flat_x, scale_f, zp_f, codes, lay, p, f, e_out, e_prec)
+    kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
     return out
+
+
+_NO_TABLE = np.zeros(256, np.float32)

@@ -1,0 +1,129 @@
+"""float8/float6/float4 codes of float32 values, one element at a time, in vector-friendly arithmetic.
+
+:func:`float_code` is the fused QuantizeLinear loops' element function for
+float outputs: zero point, NaN rule, clamp and the bit-exact encoding (round
+half to even, ONNX's saturate and NaN/inf rules) of one float32 quotient,
+with selects and no branches, so the loops that call it vectorize.
+
+numba widens integer arithmetic on int32 to int64, which would halve the
+vector width, so the encoding is computed in float32 wherever it can be:
+with ``E = max(exponent of |v|, emin)`` (the exponent of the target's
+smallest normal for smaller values), the code of ``|v|`` is
+
+    (E - emin) * 2**m + rint(|v| * 2**(m - E))
+
+(``m`` mantissa bits): the second term is the rounded significand, counted
+in units of the target's spacing in that binade, and a rounding that carries
+into the next binade gives that binade's first code. ``2**E`` and
+``2**(m - E)`` come from the bits of ``v`` by masking and subtracting,
+``rint`` rounds half to even, and every product and sum is exact. Magnitudes
+at or past the first one that rounds above the largest finite code take the
+overflow code, NaN the NaN code, and the sign bit is added last.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from qlinear.dtypes import ElementType
+from qlinear.kernels.cpu._params import (
+    E_M,
+    E_MAXMAG,
+    E_NANBASE,
+    E_NANMASK,
+    E_NANMIN,
+    E_OVF,
+    E_SIGNED_SPECIAL,
+    E_SIGNED_ZERO,
+    E_SIGNSHIFT,
+    E_SUBLIM,
+)
+
+__all__ = ["FLOAT_CODE_LEN", "float_code", "float_code_constants"]
+
+_jit = njit(cache=True, nogil=True, error_model="numpy")
+
+# Slots of the constants array float_code_constants returns.
+(K_OVF_AT, K_PMIN, K_UNIT, K_STEP, K_OFFSET, K_OVF, K_NAN, K_SIGN, K_SIGNED) = range(9)
+FLOAT_CODE_LEN = 9
+
+_NEG_ZERO = np.float32(-0.0)  # q + -0.0 is q for every q, -0.0 and NaN included
+_EXPONENT = 0x7F800000  # exponent field of a float32
+
+
+@intrinsic
+def _f32_bits(typingctx, v):
+    """The bits of a float32 as an int32."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, b):
+    """The float32 whose bits are the low 32 bits of an int64."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
+    return types.float32(types.int64), codegen
+
+
+def float_code_constants(t: ElementType, e: np.ndarray) -> np.ndarray:
+    """float32 constants of :func:`float_code` for float type ``t`` with encoding slots ``e``.
+
+    Raises:
+        ValueError: the encoding keeps NaN payloads (float16's), or keeps
+            the sign of zero but not of overflow and NaN (or the reverse):
+            float_code computes neither.
+    """
+    if e[E_NANMASK] or e[E_NANMIN] or e[E_SIGNED_ZERO] != e[E_SIGNED_SPECIAL]:
+        raise ValueError(f"float_code_constants: {t.name} has an encoding float_code does not compute")
+    m = int(e[E_M])
+    emin_field = int(e[E_SUBLIM]) >> 23  # biased exponent of the smallest normal
+    # The first magnitude past the largest finite value that rounds away from
+    # it: half its spacing above it, and that midpoint itself when the tie
+    # goes up, i.e. when the largest code is odd.
+    top = math.frexp(t.max_finite)[1] - 1
+    mid = np.float32(t.max_finite + 2.0 ** (top - m - 1))
+    ovf_at = mid if e[E_MAXMAG] & 1 else np.nextafter(mid, np.float32(np.inf))
+    k = np.zeros(FLOAT_CODE_LEN, np.float32)
+    k[K_OVF_AT] = ovf_at
+    k[K_PMIN] = 2.0 ** (emin_field - 127)
+    # Bits of 2**(m - E) are UNIT - bits of 2**E; both fit float32 exactly.
+    k[K_UNIT] = (m + 254) << 23
+    k[K_STEP] = 2.0 ** (m - 23)
+    k[K_OFFSET] = emin_field << m
+    k[K_OVF], k[K_NAN] = e[E_OVF], e[E_NANBASE]
+    k[K_SIGN] = 1 << int(e[E_SIGNSHIFT])
+    k[K_SIGNED] = e[E_SIGNED_ZERO]
+    return k
+
+
+@_jit
+def float_code(q, z, has_zp, nan_to_zp, limit, k):
+    """The code of ``clip(q + z)`` (``q`` alone if not ``has_zp``) for the type ``k`` describes.
+
+    NaN becomes ``z`` where ``nan_to_zp`` (types without NaN); ``limit`` is
+    the clamp, infinity for none. ``k`` is a tuple of float_code_constants'
+    values, read once per run.
+    """
+    ovf_at, pmin, unit, step, offset, ovf, nan, sign, signed = k
+    v = q + (z if has_zp else _NEG_ZERO)
+    v = z if nan_to_zp & (v != v) else v
+    # Written as x86's min and max read them, so NaN passes through.
+    v = limit if limit < v else v
+    v = -limit if -limit > v else v
+    b = _f32_bits(v)
+    a = abs(v)
+    low = _f32_bits(max(_bits_f32(b & _EXPONENT), pmin))  # bits of 2**E
+    r = np.rint(a * _bits_f32(np.int64(unit) - low))
+    code = r + (np.float32(low) * step - offset)
+    special = not a < ovf_at  # overflow or NaN
+    code = nan if v != v else (ovf if special else code)
+    # fnuz types sign neither zero nor their one NaN/overflow code (0x80).
+    keep = (signed != 0) | (not special and r != 0)
+    return np.int32(code + (sign if (b < 0) & keep else np.float32(0)))
