@@ -119,8 +119,8 @@ def node_case_from_model(name: str, model: onnx.ModelProto, inputs: list[Any], o
     return NodeCase(name, node.op_type, opset, arrays, attrs, domain, expected)
 
 
-def run_qlinear(case: NodeCase, backend: str = "reference") -> list[np.ndarray]:
-    """Run ``case`` through qlinear's operator functions."""
+def run_qlinear(case: NodeCase, backend: str = "auto") -> list[np.ndarray]:
+    """Run ``case`` through qlinear's operator functions (on the operators' default backend unless told)."""
     if case.op == "DynamicQuantizeLinear":
         return list(dynamic_quantize_linear(case.inputs[0], backend=backend))
     function = quantize_linear if case.op == "QuantizeLinear" else dequantize_linear
