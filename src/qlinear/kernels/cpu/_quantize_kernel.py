@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, L_SI, PREC_F32
-from qlinear.kernels.cpu._quantize_runs import float_runs, integer_runs, integer_zero_point, pack
+from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, PREC_F32
+from qlinear.kernels.cpu._quantize_runs import direct_runs, integer_zero_point, pack
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
 
 __all__ = ["quantize_kernel"]
@@ -38,40 +38,6 @@ F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
 F_LEN = 3
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
-
-
-@_jit
-def _direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk):
-    """Codes of ``x[start:end]`` into ``dst[start - d0:]``, one run at a time, no tile.
-
-    Float zero points of stepping runs are decoded into ``zvalues`` first
-    and kept while later runs use the same ones (every row of a per-axis or
-    blocked layout on a leading axis does), so the decoding is paid about
-    once a chunk.
-    """
-    qmin, qmax = np.float32(p[P_QMIN]), np.float32(p[P_QMAX])
-    mask = np.int32(p[P_MASK])
-    sign = np.float32(p[P_ZP_SIGN])
-    float_out, has_zp, nan_to_zp = p[P_FLOAT_OUT] != 0, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0
-    limit = np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf)
-    k = (fk[0], fk[1], fk[2], fk[3], fk[4], fk[5], fk[6], fk[7], fk[8])
-    zvalues = np.empty(end - start if float_out and lay[L_SI] else 0, np.float32)
-    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
-    o, d, i, b = locate(start, lay)
-    j = start
-    while j < end:
-        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
-        if not float_out:
-            integer_runs(x, j, n, dst, j - d0, scale, zp, si, step, qmin, qmax, mask, sign)
-        elif step:
-            if si < z0 or si + n > z1:
-                for q in range(n):
-                    zvalues[q] = ztab[zp[si + q]]
-                z0, z1 = si, si + n
-            float_runs(x, j, n, dst, j - d0, scale, si, 1, np.float32(0), zvalues, si - z0, has_zp, nan_to_zp, limit, k)
-        else:
-            float_runs(x, j, n, dst, j - d0, scale, si, 0, ztab[zp[si]], zvalues, 0, has_zp, nan_to_zp, limit, k)
-        j += n
 
 
 @_jit
@@ -183,7 +149,10 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
     # bytes, runs inside it do not.
     dst, d0 = (np.empty(end - start, out.dtype), start) if bits else (out, 0)
     if p[P_PREC] == PREC_F32 and p[P_XWIDE] == PREC_F32:
-        _direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk)
+        limit = np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf)
+        k = (fk[0], fk[1], fk[2], fk[3], fk[4], fk[5], fk[6], fk[7], fk[8])
+        direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, not p[P_FLOAT_OUT], np.float32(p[P_QMIN]), np.float32(p[P_QMAX]),
+                    np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN]), p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, limit, k)
     else:
         _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec)
     if bits:

@@ -1,13 +1,14 @@
-"""The inner loops of the fused QuantizeLinear kernel for float32 (or int32) ``x`` in float32 precision.
+"""The run loop of the fused QuantizeLinear kernel for float32 (or int32) ``x`` in float32 precision.
 
 A run is a stretch of consecutive elements whose scale and zero point are
 either one constant or step with each element. Each run is one tight loop
 from ``x`` straight to the codes (``x / scale``, then the integer or float
 code of the quotient), with every branch outside the loops so LLVM
-vectorizes them. Indices are unsigned (``_U``): numba then skips its
-negative-index wraparound and LLVM sees consecutive addresses. The run
-functions are inlined into the run loop: a call per block of 32 would cost
-more than the block.
+vectorizes them. The four loops are written out in :func:`direct_runs`
+itself: a call per block of 32, or a function inlined by numba (which then
+counts references to every array it is passed), costs more than the block.
+Indices are unsigned (``_U``): numba then skips its negative-index
+wraparound and LLVM sees consecutive addresses.
 
 Zero points arrive as their codes (the output's own bytes or 16-bit words,
 never copied): integers are sign-extended in float32, ``z - 2 * sign`` when
@@ -21,12 +22,12 @@ import numpy as np
 from numba import njit
 
 from qlinear.kernels.cpu._encode import float_code
-from qlinear.kernels.cpu._tiles import pack_codes
+from qlinear.kernels.cpu._params import L_SI
+from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
 
-__all__ = ["float_runs", "integer_runs", "pack"]
+__all__ = ["direct_runs", "integer_zero_point", "pack"]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
-_inline = njit(cache=True, nogil=True, error_model="numpy", inline="always")
 _U = np.uint64
 
 
@@ -51,34 +52,48 @@ def integer_zero_point(code, sign):
     return v - (sign + sign if v >= sign else np.float32(0))
 
 
-@_inline
-def integer_runs(x, j, n, dst, o, scale, zp, si, step, qmin, qmax, mask, sign):
-    """``dst[o:o+n]`` = integer codes of ``x[j:j+n]``; scales and zero points from ``si``, by ``step``."""
-    if step:
-        for k in range(n):
-            z = integer_zero_point(zp[_U(si + k)], sign)
-            dst[_U(o + k)] = integer_code(np.float32(x[_U(j + k)]) / scale[_U(si + k)], z, qmin, qmax, mask)
-    else:
-        s, z = scale[si], integer_zero_point(zp[si], sign)
-        for k in range(n):
-            dst[_U(o + k)] = integer_code(np.float32(x[_U(j + k)]) / s, z, qmin, qmax, mask)
+@_jit
+def direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, integer, qmin, qmax, mask, sign, has_zp, nan_to_zp,
+                limit, k):
+    """Codes of ``x[start:end]`` into ``dst[start - d0:]``, one run at a time, no tile.
 
-
-@_inline
-def float_runs(x, j, n, dst, o, scale, si, step, z, zs, zi, has_zp, nan_to_zp, limit, k):
-    """``dst[o:o+n]`` = float codes of ``x[j:j+n]`` (:func:`float_code`); scales from ``si``, by ``step``.
-
-    The zero point is ``z`` for a constant run, ``zs[zi + q]`` (already
-    decoded: a table lookup per element would not vectorize) for a stepping one.
+    ``integer`` picks integer codes (``qmin``, ``qmax``, ``mask``, zero
+    points' ``sign``) or float codes (:func:`float_code` with ``has_zp``,
+    ``nan_to_zp``, ``limit``, ``k``). Float zero points of stepping runs are
+    decoded into ``zvalues`` first (a table lookup in the loop would not
+    vectorize) and kept while later runs use the same ones, as every row of
+    a per-axis or blocked layout on a leading axis does: the decoding is
+    paid about once a chunk.
     """
-    if step:
-        for q in range(n):
-            v = np.float32(x[_U(j + q)]) / scale[_U(si + q)]
-            dst[_U(o + q)] = float_code(v, zs[_U(zi + q)], has_zp, nan_to_zp, limit, k)
-    else:
-        s = scale[si]
-        for q in range(n):
-            dst[_U(o + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, limit, k)
+    zvalues = np.empty(0 if integer or not lay[L_SI] else end - start, np.float32)
+    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        w = j - d0
+        if integer and step:
+            for q in range(n):
+                z = integer_zero_point(zp[_U(si + q)], sign)
+                dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / scale[_U(si + q)], z, qmin, qmax, mask)
+        elif integer:
+            s, z = scale[si], integer_zero_point(zp[si], sign)
+            for q in range(n):
+                dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
+        elif step:
+            if si < z0 or si + n > z1:
+                for q in range(n):
+                    zvalues[q] = ztab[zp[si + q]]
+                z0, z1 = si, si + n
+            zi = si - z0
+            for q in range(n):
+                v = np.float32(x[_U(j + q)]) / scale[_U(si + q)]
+                dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, limit, k)
+        else:
+            s, z = scale[si], ztab[zp[si]]
+            for q in range(n):
+                dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, limit, k)
+        j += n
 
 
 @_jit
