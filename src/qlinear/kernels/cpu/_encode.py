@@ -49,8 +49,8 @@ __all__ = ["FLOAT_CODE_LEN", "float_code", "float_code_constants"]
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 # Slots of the constants array float_code_constants returns.
-(K_OVF_AT, K_PMIN, K_UNIT, K_STEP, K_OFFSET, K_OVF, K_NAN, K_SIGN, K_SIGNED) = range(9)
-FLOAT_CODE_LEN = 9
+(K_OVF_AT, K_PMIN, K_UNIT, K_STEP, K_NAN, K_NEG, K_POS) = range(7)
+FLOAT_CODE_LEN = 7
 
 _NEG_ZERO = np.float32(-0.0)  # q + -0.0 is q for every q, -0.0 and NaN included
 _EXPONENT = 0x7F800000  # exponent field of a float32
@@ -72,34 +72,40 @@ def _bits_f32(typingctx, b):
     return types.float32(types.int64), codegen
 
 
-def float_code_constants(t: ElementType, e: np.ndarray) -> np.ndarray:
+def float_code_constants(t: ElementType, e: np.ndarray) -> np.ndarray | None:
     """float32 constants of :func:`float_code` for float type ``t`` with encoding slots ``e``.
 
-    Raises:
-        ValueError: the encoding keeps NaN payloads (float16's), or keeps
-            the sign of zero but not of overflow and NaN (or the reverse):
-            float_code computes neither.
+    None where float_code does not compute the encoding: the fnuz types
+    (their zero and their one NaN are unsigned) and encodings that keep NaN
+    payloads (float16's).
     """
-    if e[E_NANMASK] or e[E_NANMIN] or e[E_SIGNED_ZERO] != e[E_SIGNED_SPECIAL]:
-        raise ValueError(f"float_code_constants: {t.name} has an encoding float_code does not compute")
+    if e[E_NANMASK] or e[E_NANMIN] or not (e[E_SIGNED_ZERO] and e[E_SIGNED_SPECIAL]):
+        return None
     m = int(e[E_M])
     emin_field = int(e[E_SUBLIM]) >> 23  # biased exponent of the smallest normal
-    # The first magnitude past the largest finite value that rounds away from
-    # it: half its spacing above it, and that midpoint itself when the tie
-    # goes up, i.e. when the largest code is odd.
-    top = math.frexp(t.max_finite)[1] - 1
-    mid = np.float32(t.max_finite + 2.0 ** (top - m - 1))
-    ovf_at = mid if e[E_MAXMAG] & 1 else np.nextafter(mid, np.float32(np.inf))
+    offset = emin_field << m  # (E - emin) * 2**m is (E + 127) * 2**m - offset
+    if e[E_OVF] == e[E_MAXMAG]:
+        # No infinity or NaN (float4, float6): overflow saturates.
+        ovf_at = np.float32(t.max_finite)
+    else:
+        # The code after the largest finite one is the overflow code; the
+        # first magnitude that rounds to it lies half a spacing above the
+        # largest finite value, and is that midpoint itself when the tie goes
+        # up, i.e. when the largest code is odd.
+        if e[E_OVF] != e[E_MAXMAG] + 1:
+            raise AssertionError(f"float_code_constants: {t.name}'s overflow code does not follow its largest")
+        top = math.frexp(t.max_finite)[1] - 1
+        mid = np.float32(t.max_finite + 2.0 ** (top - m - 1))
+        ovf_at = mid if e[E_MAXMAG] & 1 else np.nextafter(mid, np.float32(np.inf))
     k = np.zeros(FLOAT_CODE_LEN, np.float32)
     k[K_OVF_AT] = ovf_at
     k[K_PMIN] = 2.0 ** (emin_field - 127)
-    # Bits of 2**(m - E) are UNIT - bits of 2**E; both fit float32 exactly.
+    # Bits of 2**(m - E) are UNIT - bits of 2**E; (m + 254) << 23 is exact in float32.
     k[K_UNIT] = (m + 254) << 23
     k[K_STEP] = 2.0 ** (m - 23)
-    k[K_OFFSET] = emin_field << m
-    k[K_OVF], k[K_NAN] = e[E_OVF], e[E_NANBASE]
-    k[K_SIGN] = 1 << int(e[E_SIGNSHIFT])
-    k[K_SIGNED] = e[E_SIGNED_ZERO]
+    k[K_NAN] = e[E_NANBASE] + offset
+    k[K_NEG] = (1 << int(e[E_SIGNSHIFT])) - offset
+    k[K_POS] = -offset
     return k
 
 
@@ -109,21 +115,20 @@ def float_code(q, z, has_zp, nan_to_zp, limit, k):
 
     NaN becomes ``z`` where ``nan_to_zp`` (types without NaN); ``limit`` is
     the clamp, infinity for none. ``k`` is a tuple of float_code_constants'
-    values, read once per run.
+    values, read once per run. Magnitudes past ``K_OVF_AT`` are brought
+    back to it, which encodes as the overflow code; NaN goes through as NaN
+    and is then replaced by the NaN code; the sign bit is added last.
     """
-    ovf_at, pmin, unit, step, offset, ovf, nan, sign, signed = k
+    ovf_at, pmin, unit, step, nan, neg, pos = k
     v = q + (z if has_zp else _NEG_ZERO)
     v = z if nan_to_zp & (v != v) else v
     # Written as x86's min and max read them, so NaN passes through.
     v = limit if limit < v else v
     v = -limit if -limit > v else v
-    b = _f32_bits(v)
     a = abs(v)
-    low = _f32_bits(max(_bits_f32(b & _EXPONENT), pmin))  # bits of 2**E
+    a = ovf_at if ovf_at < a else a
+    low = _f32_bits(max(_bits_f32(_f32_bits(a) & _EXPONENT), pmin))  # bits of 2**E
     r = np.rint(a * _bits_f32(np.int64(unit) - low))
-    code = r + (np.float32(low) * step - offset)
-    special = not a < ovf_at  # overflow or NaN
-    code = nan if v != v else (ovf if special else code)
-    # fnuz types sign neither zero nor their one NaN/overflow code (0x80).
-    keep = (signed != 0) | (not special and r != 0)
-    return np.int32(code + (sign if (b < 0) & keep else np.float32(0)))
+    code = r + np.float32(low) * step  # the code plus offset, or NaN
+    code = code if code < nan else nan
+    return np.int32(code + (neg if _f32_bits(v) < 0 else pos))

@@ -67,6 +67,11 @@ def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: n
     f[kernel.F_LIMIT] = t.max_finite or 0.0
     f[kernel.F_SUBMUL_OUT], f[kernel.F_SUBMUL_PREC] = submul_out, submul_prec
     fk = np.zeros(FLOAT_CODE_LEN, np.float32) if t.is_integer else float_code_constants(t, e_out)
+    # float32 (or int32) x in float32 precision goes straight from x to the
+    # codes; the rest (and the fnuz types) through the staged tiles.
+    p[kernel.P_DIRECT] = prec == PREC_F32 and xwide == PREC_F32 and fk is not None
+    if fk is None:
+        fk = np.zeros(FLOAT_CODE_LEN, np.float32)
     ztab = decode_table(t, False) if not t.is_integer else _NO_TABLE
 
     codes = out.reshape(-1).view(code_dtype)

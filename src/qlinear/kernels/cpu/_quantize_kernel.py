@@ -4,8 +4,9 @@
 walked run by run (a run: consecutive elements whose scale is one constant,
 or steps with each element). float32 or int32 ``x`` in float32 precision,
 the common case, takes each run as one tight loop from ``x`` straight to the
-codes (:mod:`._quantize_runs`), whatever the output type. float16 and
-bfloat16 ``x`` or precision go through stages a tile at a time: each tile
+codes (:mod:`._quantize_runs`), for integer and float outputs alike (the
+fnuz float8 types excepted). float16 and bfloat16 ``x`` or precision, and
+the fnuz types, go through stages a tile at a time: each tile
 is decoded to float32, rounded to the precision, divided by its scales,
 rounded again, then turned into integer codes (half to even, NaN to 0,
 clamp) or float codes (zero point added in IEEE arithmetic, NaN to the zero
@@ -31,8 +32,8 @@ from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales,
 __all__ = ["quantize_kernel"]
 
 # Slots of the integer parameter array ``p``.
-(P_FLOAT_OUT, P_XWIDE, P_PREC, P_QMIN, P_QMAX, P_MASK, P_HAS_ZP, P_NAN_TO_ZP, P_CLIP, P_PACKED_BITS, P_ZP_SIGN) = range(11)
-P_LEN = 11
+(P_DIRECT, P_FLOAT_OUT, P_XWIDE, P_PREC, P_QMIN, P_QMAX, P_MASK, P_HAS_ZP, P_NAN_TO_ZP, P_CLIP, P_PACKED_BITS, P_ZP_SIGN) = range(12)
+P_LEN = 12
 # Slots of the float parameter array ``f``.
 F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
 F_LEN = 3
@@ -148,9 +149,9 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
     # Packed outputs collect the chunk's codes first: the chunk owns whole
     # bytes, runs inside it do not.
     dst, d0 = (np.empty(end - start, out.dtype), start) if bits else (out, 0)
-    if p[P_PREC] == PREC_F32 and p[P_XWIDE] == PREC_F32:
+    if p[P_DIRECT]:
         limit = np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf)
-        k = (fk[0], fk[1], fk[2], fk[3], fk[4], fk[5], fk[6], fk[7], fk[8])
+        k = (fk[0], fk[1], fk[2], fk[3], fk[4], fk[5], fk[6])
         direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, not p[P_FLOAT_OUT], np.float32(p[P_QMIN]), np.float32(p[P_QMAX]),
                     np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN]), p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, limit, k)
     else:
