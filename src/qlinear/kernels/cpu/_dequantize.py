@@ -3,23 +3,76 @@
 from __future__ import annotations
 
 import math
+from types import ModuleType
 
 import ml_dtypes
 import numpy as np
 
+from qlinear.dtypes import ElementType
 from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, float_encoding, layout
 from qlinear.spec import DequantizePlan
 
 __all__ = ["dequantize"]
 
 _WIDE_OUTPUTS = {np.dtype(np.float16): PREC_F16, np.dtype(ml_dtypes.bfloat16): PREC_BF16}
-# Unsigned views of the integer inputs of 8 bits or more, and their sign bits.
-_INTEGER_VIEWS = {"uint8": (np.uint8, 0), "int8": (np.uint8, 1 << 7), "uint16": (np.uint16, 0),
-                  "int16": (np.uint16, 1 << 15), "int32": (np.uint32, 1 << 31)}
+_NO_TABLE = np.zeros(1, np.float32)
+# Stand-ins for the kernel's code and result arrays a call does not use.
+_EMPTY8, _EMPTY16, _EMPTY32, _EMPTY_F32 = (np.empty(0, t) for t in (np.uint8, np.uint16, np.int32, np.float32))
 
 
-def dequantize(plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, *,
-               out: np.ndarray | None = None, packed: bool = False) -> np.ndarray:
+def _read(kernel: ModuleType, t: ElementType, packed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's parameters for reading codes of type ``t``, and the table of their values."""
+    p = np.zeros(kernel.P_LEN, np.int64)
+    p[kernel.P_BITS] = t.bits
+    if not t.is_integer or (t.qmin < 0 and t.bits < 32):
+        p[kernel.P_SIGN_BIT] = 1 << (t.bits - 1)
+    if not t.is_integer and t.bits in (4, 8):
+        _float_format(kernel, t, p)
+    if packed:
+        p[kernel.P_READ] = kernel.READ_PACKED_INTEGER if t.is_integer else kernel.READ_PACKED_FLOAT
+        return p, decode_table(t, packed=True)
+    if t.is_integer and t.bits >= 8:
+        p[kernel.P_READ] = kernel.READ_INTEGER
+        return p, _NO_TABLE
+    p[kernel.P_READ] = kernel.READ_FLOAT if t.bits == 8 else kernel.READ_TABLE
+    return p, decode_table(t, packed=False)
+
+
+def _float_format(kernel: ModuleType, t: ElementType, p: np.ndarray) -> None:
+    """Fill ``p``'s slots for decoding float type ``t`` by bit arithmetic.
+
+    The exponent offset moves a code's exponent to float32's bias:
+    ``(127 - bias) << 23``. Codes that read as more than the largest finite
+    value are infinite if they read as the infinity code does, else NaN
+    (NaN bits when the type has no infinity: equal to nothing); fnuz types
+    also read their negative zero as NaN.
+    """
+    info = ml_dtypes.finfo(t.dtype)
+    m, exp_off = int(info.nmant), (127 - (1 - int(info.minexp))) << 23
+    values = decode_table(t, packed=True)
+    half = 1 << (t.bits - 1)
+    inf = np.flatnonzero(np.isinf(values[:half]))
+    p[kernel.P_MANT], p[kernel.P_EXP_OFF] = m, exp_off
+    p[kernel.P_MAX_BITS] = np.float32(t.max_finite).view(np.int32)
+    p[kernel.P_INF_BITS] = (int(inf[0]) << (23 - m)) + exp_off if inf.size else np.float32(np.nan).view(np.int32)
+    p[kernel.P_NEG_ZERO_NAN] = np.isnan(values[half])
+
+
+def _flat_float32(a: np.ndarray) -> np.ndarray:
+    """``a`` as a flat, writeable float32 array, copied only where it must be."""
+    flat = np.ascontiguousarray(a, np.float32).reshape(-1)
+    return flat if flat.flags.writeable else flat.copy()
+
+
+def dequantize(
+    plan: DequantizePlan,
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    *,
+    out: np.ndarray | None = None,
+    packed: bool = False,
+) -> np.ndarray:
     """``y = (x - zero_point) * scale`` for a validated plan, fused.
 
     Bit-exact with the reference kernel. With ``packed``, ``x`` holds ONNX's
@@ -29,33 +82,30 @@ def dequantize(plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_poin
     from qlinear.kernels.cpu import _dequantize_kernel as kernel
 
     t = plan.input_type
-    count = math.prod(plan.x_shape)
     if out is None:
         out = np.empty(plan.x_shape, plan.output_dtype)
-    if count == 0:
+    if math.prod(plan.x_shape) == 0:
         return out
-    p = np.zeros(kernel.P_LEN, np.int64)
-    flat_x = np.ascontiguousarray(x).reshape(-1)
-    if packed:
-        p[kernel.P_READ], p[kernel.P_BITS] = kernel.READ_PACKED, t.bits
-        table = decode_table(t, packed=True)
-    elif t.name in _INTEGER_VIEWS:
-        view, p[kernel.P_SIGN_BIT] = _INTEGER_VIEWS[t.name]
-        p[kernel.P_READ], p[kernel.P_BITS] = kernel.READ_INTEGER, t.bits
-        flat_x = flat_x.view(view)
-        table = np.zeros(1, np.float32)
-    else:
-        p[kernel.P_READ] = kernel.READ_TABLE
-        flat_x = flat_x.view(np.uint8)
-        table = decode_table(t, packed=False)
+    p, table = _read(kernel, t, packed)
     wide = _WIDE_OUTPUTS.get(np.dtype(plan.output_dtype))
     p[kernel.P_WIDE_OUT] = wide is not None
     e_out, submul = float_encoding(wide if wide is not None else PREC_F16)
 
-    scale_f = np.ascontiguousarray(scale.astype(np.float32, copy=False)).reshape(-1)
-    zp_f = np.zeros(scale_f.size, np.float64) if zero_point is None else zero_point.astype(np.float64).reshape(-1)
+    scale_f = _flat_float32(scale)
+    # Zero points are exact in float32 except int32's, which the kernel reads as int32 from the same bytes.
+    if zero_point is None:
+        zp_f = np.zeros(scale_f.size, np.float32)
+    elif t.name == "int32":
+        zp_f = np.ascontiguousarray(zero_point, np.int32).reshape(-1).view(np.float32)
+        zp_f = zp_f if zp_f.flags.writeable else zp_f.copy()
+    else:
+        zp_f = _flat_float32(zero_point)
+    codes = np.ascontiguousarray(x).reshape(-1)
+    xs = [_EMPTY8, _EMPTY16, _EMPTY32]
+    width = {1: 0, 2: 1, 4: 2}[codes.itemsize]
+    xs[width] = codes.view(xs[width].dtype)
     values = out.reshape(-1)
-    values = values.view(np.uint16) if wide is not None else values
+    outs = (_EMPTY_F32, values.view(np.uint16)) if wide is not None else (values, _EMPTY16)
     lay = layout(plan.granularity, plan.x_shape, scale.shape)
-    kernel.dequantize_kernel(flat_x, table, scale_f, zp_f, values, lay, p, e_out, submul)
+    kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p, e_out, submul)
     return out

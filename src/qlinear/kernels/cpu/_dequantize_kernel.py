@@ -1,16 +1,14 @@
 """The fused DequantizeLinear kernel (numba, parallel over chunks of ``x``).
 
-``y = (x - zero_point) * scale`` in one pass: ``x`` is read as float32
-(float8 bytes through a table of their values, packed 2/4/6-bit codes
-straight from their bytes, 8/16/32-bit integers directly), the zero point
-subtracted, the scale multiplied in float32, and the result written as
-float32 or rounded to float16/bfloat16 bits. float32 results from bytes or
-integers below 32 bits go straight from ``x`` to ``out`` a run at a time;
-the rest go through a small tile.
+``y = (x - zero_point) * scale`` in one pass: each chunk goes run by run,
+each run one tight loop from the codes straight to float32
+(:mod:`._dequantize_runs`, one run loop for each way of reading the codes).
+float16/bfloat16 results are computed a tile at a time as float32, then
+rounded to their bits.
 
-Integer differences are exact as the reference wants: below 32 bits both
-operands and their difference are exact in float32; int32 differences are
-taken in float64 (exact) and rounded once to float32.
+One compiled specialization serves every call: codes and results arrive in
+arrays of fixed types (those a call does not use are empty), and the zero
+points as float32 (for int32 codes, the int32 zero points' bits).
 """
 
 from __future__ import annotations
@@ -18,152 +16,79 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N
-from qlinear.kernels.cpu._tiles import TILE, encode, gather_scales, locate, next_run
+from qlinear.kernels.cpu._dequantize_runs import (
+    crumb_runs,
+    float_runs,
+    int32_runs,
+    integer_runs,
+    nibble_runs,
+    packed_runs,
+    table_runs,
+)
+from qlinear.kernels.cpu._params import L_CHUNK, L_N
+from qlinear.kernels.cpu._tiles import TILE, encode
 
 __all__ = ["dequantize_kernel"]
 
-# Slots of the integer parameter array ``p``.
-(P_READ, P_BITS, P_SIGN_BIT, P_WIDE_OUT) = range(4)
-P_LEN = 4
-# How x is read (P_READ).
-READ_TABLE, READ_PACKED, READ_INTEGER = range(3)
+# Slots of the integer parameter array ``p``; MANT .. NEG_ZERO_NAN describe
+# a small float type for its decoding by bit arithmetic (MANT 0 otherwise).
+(P_READ, P_BITS, P_SIGN_BIT, P_WIDE_OUT, P_MANT, P_EXP_OFF, P_MAX_BITS, P_INF_BITS, P_NEG_ZERO_NAN) = range(9)
+P_LEN = 9
+# How x is read (P_READ): bytes through the table, integers of 8 bits or
+# more, float8 bytes, packed integers, packed floats.
+READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 
-# Stages take views that start at the run's first element (packed bytes
-# excepted: they are addressed by bit position): indices are plain loop
-# counters and LLVM vectorizes.
-
-
 @_jit
-def _load(x, j, n, tile, table, zp, step, p):
-    """float32 ``tile[:n]`` = elements ``j .. j+n`` of ``x`` minus ``zp``."""
-    read = p[P_READ]
-    if read == READ_INTEGER:
-        # Unsigned views of int16/int32: subtracting twice the sign bit
-        # restores the signed value, then the difference is exact in float64.
-        sign_bit = p[P_SIGN_BIT]
-        for k in range(n):
-            v = np.int64(x[k])
-            v -= (v & sign_bit) << 1
-            tile[k] = np.float32(np.float64(v) - zp[k * step])
-        return
-    if read == READ_TABLE:
-        for k in range(n):
-            tile[k] = table[x[k]]
-    else:
-        bits = p[P_BITS]
-        mask = (1 << bits) - 1
-        for k in range(n):
-            pos = (j + k) * bits
-            word = np.int64(x[pos >> 3]) | (np.int64(x[(pos + bits - 1) >> 3]) << 8)
-            tile[k] = table[(word >> (pos & 7)) & mask]
-    if step:
-        for k in range(n):
-            tile[k] = tile[k] - np.float32(zp[k])
-    else:
-        z = np.float32(zp[0])
-        for k in range(n):
-            tile[k] = tile[k] - z
-
-
-@_jit
-def _direct_runs(x, start, end, table, scale, zp, out, lay, p):
-    """float32 ``out[start:end]`` from bytes (by the table) or integers below 32 bits, a run at a time.
-
-    Integers are sign-extended in int32 (``(v ^ sign) - sign``). Below 32 bits the integer and its zero point are exact in float32 and so
-    is their difference. The loops are written out per run: a call per
-    32-element block would cost more than the block.
-    """
-    sign_bit = np.int32(p[P_SIGN_BIT])
-    by_table = p[P_READ] == READ_TABLE
-    o, d, i, b = locate(start, lay)
-    j = start
-    while j < end:
-        n, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
-        src, dst = x[j:j + n], out[j:j + n]
-        if step:
-            run_scale, run_zp = scale[sidx:sidx + n], zp[sidx:sidx + n]
-            if by_table:
-                for k in range(n):
-                    dst[k] = (table[src[k]] - np.float32(run_zp[k])) * run_scale[k]
-            else:
-                for k in range(n):
-                    dst[k] = (np.float32((np.int32(src[k]) ^ sign_bit) - sign_bit) - np.float32(run_zp[k])) * run_scale[k]
+def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out16, lay, p, e_out, submul):
+    """Elements ``start .. end``: float32 results straight into ``out32``, 16-bit ones a tile at a time."""
+    read, bits, sign, wide = p[P_READ], p[P_BITS], p[P_SIGN_BIT], p[P_WIDE_OUT]
+    fmt = (p[P_MANT], p[P_EXP_OFF], sign, p[P_MAX_BITS], p[P_INF_BITS], p[P_NEG_ZERO_NAN])
+    tile = np.empty(TILE if wide else 0, np.float32)
+    dst = tile if wide else out32
+    piece = TILE if wide else end - start
+    for j in range(start, end, piece):
+        stop, d0 = min(end, j + piece), j if wide else 0
+        if read == READ_TABLE:
+            table_runs(x8, j, stop, table, scale, zp, dst, d0, lay)
+        elif read == READ_INTEGER and bits == 8:
+            integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay)
+        elif read == READ_INTEGER and bits == 16:
+            integer_runs(x16, sign, j, stop, scale, zp, dst, d0, lay)
+        elif read == READ_INTEGER:
+            int32_runs(x32, j, stop, scale, zi, dst, d0, lay)
+        elif read == READ_FLOAT:
+            float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay)
+        elif bits == 4:
+            nibble_runs(x8, sign, fmt, j, stop, table, scale, zp, dst, d0, lay)
+        elif bits == 2 and read == READ_PACKED_INTEGER:
+            crumb_runs(x8, sign, j, stop, table, scale, zp, dst, d0, lay)
         else:
-            s, z = scale[sidx], np.float32(zp[sidx])
-            if by_table:
-                for k in range(n):
-                    dst[k] = (table[src[k]] - z) * s
-            else:
-                for k in range(n):
-                    dst[k] = (np.float32((np.int32(src[k]) ^ sign_bit) - sign_bit) - z) * s
-        j += n
-
-
-@_jit
-def _dequantize_run(x, j, n, table, scale, zp, step, out, tile, p, e_out, submul):
-    """Dequantize one run; ``out`` and (when ``step``) ``scale``, ``zp`` start at element ``j``."""
-    read = p[P_READ]
-    _load(x if read == READ_PACKED else x[j:j + n], j, n, tile, table, zp, step, p)
-    if step:
-        for k in range(n):
-            tile[k] = tile[k] * scale[k]
-    else:
-        s = scale[0]
-        for k in range(n):
-            tile[k] = tile[k] * s
-    if p[P_WIDE_OUT]:
-        encode(tile, n, out, e_out, submul)
-    else:
-        for k in range(n):
-            out[k] = tile[k]
-
-
-@_jit
-def _dequantize_chunk(x, start, end, table, scale, zp, out, lay, p, e_out, submul):
-    read = p[P_READ]
-    if not p[P_WIDE_OUT] and (read == READ_TABLE or (read == READ_INTEGER and p[P_BITS] < 32)):
-        _direct_runs(x, start, end, table, scale, zp, out, lay, p)
-        return
-    tile = np.empty(TILE, np.float32)
-    gather = lay[L_GATHER]
-    scale_tile = np.empty(TILE if gather else 0, scale.dtype)
-    zp_tile = np.empty(TILE if gather else 0, zp.dtype)
-    o, d, i, b = locate(start, lay)
-    state = (0, 0, 0, o, d, i, b)
-    j = start
-    while j < end:
-        if gather:
-            m = min(TILE, end - j)
-            state = gather_scales(j, m, state, end, lay, scale, zp, scale_tile, zp_tile)
-            run_scale, run_zp, step = scale_tile[:m], zp_tile[:m], 1
-        else:
-            rem, sidx, step, o, d, i, b = state
-            if rem == 0:
-                rem, sidx, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
-            m = min(rem, TILE)
-            s_end = sidx + (m if step else 1)
-            run_scale, run_zp = scale[sidx:s_end], zp[sidx:s_end]
-            state = (rem - m, sidx + m * step, step, o, d, i, b)
-        _dequantize_run(x, j, m, table, run_scale, run_zp, step, out[j:j + m], tile, p, e_out, submul)
-        j += m
+            packed_runs(x8, bits, j, stop, table, scale, zp, dst, d0, lay)
+        if wide:
+            encode(tile, stop - j, out16[j:stop], e_out, submul)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def dequantize_kernel(x, table, scale, zp, out, lay, p, e_out, submul):
-    """Dequantize flat ``x`` into flat ``out``.
+def dequantize_kernel(x8, x16, x32, table, scale, zp, out32, out16, lay, p, e_out, submul):
+    """Dequantize flat codes into a flat ``out32`` or ``out16``.
 
     Args:
-        x: uint8 codes or packed bytes, or uint16/uint32 views of integers.
-        table: float32 value of each code (READ_TABLE, READ_PACKED).
-        scale: flat float32 scales; zp: flat float64 zero points (0 if none).
-        out: float32 values, or uint16 float16/bfloat16 bits.
+        x8, x16, x32: the codes, in the one of these that matches their
+            width (packed or 8-bit, 16-bit, int32); the others are empty.
+        table: float32 value of each code (READ_TABLE, packed reads).
+        scale: flat float32 scales; zp: flat float32 zero points (0 if
+            none), or the bits of int32 zero points for int32 codes.
+        out32, out16: the float32 result, or the bits of a float16/bfloat16
+            one; the other is empty.
         lay, p, e_out, submul: layout, parameters, output encoding (_params).
     """
+    zi = zp.view(np.int32)
     total, chunk = lay[L_N], lay[L_CHUNK]
     for c in prange((total + chunk - 1) // chunk):
         start = c * chunk
-        _dequantize_chunk(x, start, min(total, start + chunk), table, scale, zp, out, lay, p, e_out, submul)
+        _dequantize_chunk(
+            x8, x16, x32, start, min(total, start + chunk), table, scale, zp, zi, out32, out16, lay, p, e_out, submul
+        )

@@ -1,0 +1,267 @@
+"""The run loops of the fused DequantizeLinear kernel, one way of reading codes each.
+
+Each function walks elements ``start .. end`` run by run (:func:`next_run`:
+consecutive elements whose scale and zero point are one constant, or step
+with each element) and writes ``(value - zero_point) * scale`` as float32,
+each run one tight loop from the codes straight to ``dst``. The run loop and
+the element loops live in one function: a call per run (a block of 32)
+would cost more than the run.
+
+- :func:`table_runs`: one byte a code (float8, unpacked 2/4/6-bit types),
+  its value from a 256-entry table.
+- :func:`integer_runs`: 8- and 16-bit integers, sign-extended
+  arithmetically as ``(v ^ sign) - sign`` on the unsigned code.
+- :func:`int32_runs`: differences taken in int64 (exact), rounded once.
+- :func:`float_runs`: float8 codes decoded by bit arithmetic (a table
+  lookup would be a gather, several times slower).
+- :func:`nibble_runs`, :func:`crumb_runs`: ONNX's packed bytes of 4-bit
+  codes (two a byte) and 2-bit integers (four a byte), unpacked by shifts
+  and masks; integers sign-extended as above, float4e2m1 decoded as
+  float8 is. A run's codes before its first whole byte and after its last
+  are read one at a time, through the table.
+- :func:`packed_runs`: any packed codes one at a time (6-bit floats).
+
+Below 32 bits an integer code and its zero point are exact in float32, and
+so is their difference; float codes and zero points are exact in float32 and
+subtracted there, as the reference does. Indices of the element loops are
+unsigned (``_U``): numba then skips its negative-index wraparound and LLVM
+sees consecutive addresses, and vectorizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+from qlinear.kernels.cpu._tiles import locate, next_run
+
+__all__ = ["table_runs", "integer_runs", "int32_runs", "float_runs", "nibble_runs", "crumb_runs", "packed_runs"]
+
+_jit = njit(cache=True, nogil=True, error_model="numpy")
+_U = np.uint64
+_NAN, _NEG_NAN = np.float32(np.nan), np.float32(-np.nan)  # 0x7fc00000, 0xffc00000, as ml_dtypes decodes NaN
+_INF, _TWO = np.float32(np.inf), np.float32(2)
+
+
+@intrinsic
+def _float32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the int32 ``bits``."""
+    if bits != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return types.float32(types.int32), codegen
+
+
+@_jit
+def _format(fmt):
+    """``fmt`` (``p``'s float format slots) as int32, the mantissa bits turned into a multiplier."""
+    m, exp_off, sign_bit, max_bits, inf_bits, neg_zero_nan = fmt
+    return (
+        np.int32(1 << (23 - m)),
+        np.int32(exp_off),
+        np.int32(sign_bit),
+        np.int32(max_bits),
+        np.int32(inf_bits),
+        np.int32(neg_zero_nan),
+    )
+
+
+@_jit
+def _float_value(c, fmt):
+    """float32 value of the small-float code ``c`` (float8, float4), by bit arithmetic.
+
+    ``fmt`` is :func:`_format`'s int32 ``(2**(23 - mantissa bits),
+    exponent offset, sign bit, largest finite value's bits, the bits of what
+    the infinity code reads as, whether -0 is NaN)``. The magnitude's bits, moved
+    to float32's places and rebiased, read as ``2**(e - bias) * 1.m``: the
+    value of a normal code. A subnormal one (``e == 0``) is ``2 * (that -
+    2**-bias)``, exact. Above the largest finite value lie infinity and NaN.
+    Every integer is int32 and the mantissa moved by a multiply, not a
+    variable shift, so LLVM keeps the vectors 16 lanes wide.
+    """
+    mult, exp_off, sign_bit, max_bits, inf_bits, neg_zero_nan = fmt
+    half_smallest = _float32_from_bits(exp_off)
+    f = _float32_from_bits(np.int32((c & (sign_bit - 1)) * mult + exp_off))
+    if f < _TWO * half_smallest:
+        f = _TWO * (f - half_smallest)
+    if f > _float32_from_bits(max_bits):
+        f = _INF if f == _float32_from_bits(inf_bits) else _NAN
+    if neg_zero_nan and c == sign_bit:
+        f = _NAN
+    return -f if c & sign_bit else f
+
+
+@_jit
+def table_runs(x, start, end, table, scale, zp, dst, d0, lay):
+    """``dst[j - d0]`` for ``start <= j < end``: bytes ``x[j]`` through ``table``."""
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        dj = j - d0
+        if step:
+            for k in range(n):
+                dst[_U(dj + k)] = (table[x[_U(j + k)]] - zp[_U(si + k)]) * scale[_U(si + k)]
+        else:
+            s, z = scale[si], zp[si]
+            for k in range(n):
+                dst[_U(dj + k)] = (table[x[_U(j + k)]] - z) * s
+        j += n
+
+
+@_jit
+def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: unsigned 8/16-bit ``x[j]``, signed by ``sign`` (its sign bit, 0 if unsigned)."""
+    sign = np.int32(sign)
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        dj = j - d0
+        if step:
+            for k in range(n):
+                v = np.float32((np.int32(x[_U(j + k)]) ^ sign) - sign)
+                dst[_U(dj + k)] = (v - zp[_U(si + k)]) * scale[_U(si + k)]
+        else:
+            s, z = scale[si], zp[si]
+            for k in range(n):
+                dst[_U(dj + k)] = (np.float32((np.int32(x[_U(j + k)]) ^ sign) - sign) - z) * s
+        j += n
+
+
+@_jit
+def int32_runs(x, start, end, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: int32 ``x[j]`` less int32 zero points ``zp``, exact in int64."""
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        dj = j - d0
+        for k in range(n):
+            sk = si + k * step
+            dst[dj + k] = np.float32(np.int64(x[j + k]) - np.int64(zp[sk])) * scale[sk]
+        j += n
+
+
+@_jit
+def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: float8 code ``x[j]`` decoded by :func:`_float_value`."""
+    f32 = _format(fmt)
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        dj = j - d0
+        if step:
+            for k in range(n):
+                dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - zp[_U(si + k)]) * scale[_U(si + k)]
+        else:
+            s, z = scale[si], zp[si]
+            for k in range(n):
+                dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
+        j += n
+
+
+@_jit
+def packed_runs(x, bits, start, end, table, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: packed ``bits``-bit code ``j`` through ``table``, one code at a time."""
+    mask = (1 << bits) - 1
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        for k in range(n):
+            pos = (j + k) * bits
+            word = np.int32(x[pos >> 3]) | (np.int32(x[(pos + bits - 1) >> 3]) << 8)
+            sk = si + k * step
+            dst[j - d0 + k] = (table[(word >> (pos & 7)) & mask] - zp[sk]) * scale[sk]
+        j += n
+
+
+@_jit
+def nibble_runs(x, sign, fmt, start, end, table, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: 4-bit code ``j`` of packed ``x``, a whole byte (two codes) at a time.
+
+    Integers are signed by ``sign`` (8 for int4, 0 for uint4); float4e2m1
+    (``fmt[0]``, its mantissa bits, above 0) is decoded by :func:`_float_value`.
+    """
+    sign, by_arithmetic, f32 = np.int32(sign), fmt[0] > 0, _format(fmt)
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        # Codes [head, head + 2 * whole) of the run fill whole bytes from x[b0].
+        head = min(n, j & 1)
+        whole = (n - head) >> 1
+        b0, dj, sj = (j + head) >> 1, j + head - d0, si + head * step
+        if by_arithmetic and step:
+            for q in range(whole):
+                c = np.int32(x[_U(b0 + q)])
+                lo, hi = _float_value(np.int32(c & 15), f32), _float_value(np.int32(c >> 4), f32)
+                dst[_U(dj + 2 * q)] = (lo - zp[_U(sj + 2 * q)]) * scale[_U(sj + 2 * q)]
+                dst[_U(dj + 2 * q + 1)] = (hi - zp[_U(sj + 2 * q + 1)]) * scale[_U(sj + 2 * q + 1)]
+        elif by_arithmetic:
+            s, z = scale[si], zp[si]
+            for q in range(whole):
+                c = np.int32(x[_U(b0 + q)])
+                dst[_U(dj + 2 * q)] = (_float_value(np.int32(c & 15), f32) - z) * s
+                dst[_U(dj + 2 * q + 1)] = (_float_value(np.int32(c >> 4), f32) - z) * s
+        elif step:
+            for q in range(whole):
+                c = np.int32(x[_U(b0 + q)])
+                lo, hi = np.float32(((c & 15) ^ sign) - sign), np.float32(((c >> 4) ^ sign) - sign)
+                dst[_U(dj + 2 * q)] = (lo - zp[_U(sj + 2 * q)]) * scale[_U(sj + 2 * q)]
+                dst[_U(dj + 2 * q + 1)] = (hi - zp[_U(sj + 2 * q + 1)]) * scale[_U(sj + 2 * q + 1)]
+        else:
+            s, z = scale[si], zp[si]
+            for q in range(whole):
+                c = np.int32(x[_U(b0 + q)])
+                dst[_U(dj + 2 * q)] = (np.float32(((c & 15) ^ sign) - sign) - z) * s
+                dst[_U(dj + 2 * q + 1)] = (np.float32(((c >> 4) ^ sign) - sign) - z) * s
+        # The rest: the head, and the code after the last whole byte.
+        for t in range(n - 2 * whole):
+            k = t if t < head else t + 2 * whole
+            e = j + k
+            sk = si + k * step
+            dst[e - d0] = (table[(x[e >> 1] >> ((e & 1) * 4)) & 15] - zp[sk]) * scale[sk]
+        j += n
+
+
+@_jit
+def crumb_runs(x, sign, start, end, table, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: 2-bit integer code ``j`` of packed ``x``, a whole byte (four codes) at a time.
+
+    Signed by ``sign`` (2 for int2, 0 for uint2).
+    """
+    sign = np.int32(sign)
+    o, d, i, b = locate(start, lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        # Codes [head, head + 4 * whole) of the run fill whole bytes from x[b0].
+        head = min(n, -j & 3)
+        whole = (n - head) >> 2
+        b0, dj, sj = (j + head) >> 2, j + head - d0, si + head * step
+        if step:
+            for q in range(whole):
+                c = np.int32(x[_U(b0 + q)])
+                for lane in range(4):
+                    v = np.float32((((c >> (2 * lane)) & 3) ^ sign) - sign)
+                    dst[_U(dj + 4 * q + lane)] = (v - zp[_U(sj + 4 * q + lane)]) * scale[_U(sj + 4 * q + lane)]
+        else:
+            s, z = scale[si], zp[si]
+            for q in range(whole):
+                c = np.int32(x[_U(b0 + q)])
+                for lane in range(4):
+                    dst[_U(dj + 4 * q + lane)] = (np.float32((((c >> (2 * lane)) & 3) ^ sign) - sign) - z) * s
+        # The rest: the head, and the codes after the last whole byte.
+        for t in range(n - 4 * whole):
+            k = t if t < head else t + 4 * whole
+            e = j + k
+            sk = si + k * step
+            dst[e - d0] = (table[(x[e >> 2] >> ((e & 3) * 2)) & 3] - zp[sk]) * scale[sk]
+        j += n
