@@ -1,6 +1,6 @@
 """The run loops of the fused DequantizeLinear kernel, one way of reading codes each.
 
-Each function walks elements ``start .. end`` run by run (:func:`next_run`:
+Each function walks elements ``start .. end`` run by run (:func:`_next_run`:
 consecutive elements whose scale and zero point are one constant, or step
 with each element) and writes ``(value - zero_point) * scale`` as float32,
 each run one tight loop from the codes straight to ``dst``. The run loop and
@@ -34,7 +34,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from qlinear.kernels.cpu._tiles import locate, next_run
+from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
+from qlinear.kernels.cpu._tiles import locate
 
 __all__ = ["table_runs", "integer_runs", "int32_runs", "float_runs", "nibble_runs", "crumb_runs", "packed_runs"]
 
@@ -96,12 +97,40 @@ def _float_value(c, fmt):
 
 
 @_jit
+def _shape(lay):
+    """The layout slots a run walk reads, read once: LLVM cannot tell that stores to ``dst`` leave ``lay`` alone."""
+    return lay[L_D], lay[L_I], lay[L_B], lay[L_SO], lay[L_SB], lay[L_SI]
+
+
+@_jit
+def _next_run(o, d, i, b, j, end, shape):
+    """``_tiles.next_run`` on the slots of :func:`_shape`: ``(length, scale index, step, o, d, i, b)``."""
+    d_len, i_len, block, so, sb, si = shape
+    if si == 0:
+        # The whole rest of block b (every i of each d in it) shares one scale.
+        d_end = min(d_len, (b + 1) * block)
+        n = min((d_end - d) * i_len - i, end - j)
+        sidx, step = o * so + b * sb, 0
+        d, i, b = d_end, 0, b + 1
+    else:
+        # The rest of row (o, d); the scale follows i.
+        n = min(i_len - i, end - j)
+        sidx, step = o * so + b * sb + i, 1
+        d, i = d + 1, 0
+        if d == (b + 1) * block:
+            b += 1
+    if d == d_len:
+        o, d, b = o + 1, 0, 0
+    return n, sidx, step, o, d, i, b
+
+
+@_jit
 def table_runs(x, start, end, table, scale, zp, dst, d0, lay):
     """``dst[j - d0]`` for ``start <= j < end``: bytes ``x[j]`` through ``table``."""
-    o, d, i, b = locate(start, lay)
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
-        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
         dj = j - d0
         if step:
             for k in range(n):
@@ -117,10 +146,10 @@ def table_runs(x, start, end, table, scale, zp, dst, d0, lay):
 def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay):
     """``dst[j - d0]``: unsigned 8/16-bit ``x[j]``, signed by ``sign`` (its sign bit, 0 if unsigned)."""
     sign = np.int32(sign)
-    o, d, i, b = locate(start, lay)
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
-        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
         dj = j - d0
         if step:
             for k in range(n):
@@ -136,10 +165,10 @@ def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay):
 @_jit
 def int32_runs(x, start, end, scale, zp, dst, d0, lay):
     """``dst[j - d0]``: int32 ``x[j]`` less int32 zero points ``zp``, exact in int64."""
-    o, d, i, b = locate(start, lay)
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
-        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
         dj = j - d0
         for k in range(n):
             sk = si + k * step
@@ -151,10 +180,10 @@ def int32_runs(x, start, end, scale, zp, dst, d0, lay):
 def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay):
     """``dst[j - d0]``: float8 code ``x[j]`` decoded by :func:`_float_value`."""
     f32 = _format(fmt)
-    o, d, i, b = locate(start, lay)
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
-        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
         dj = j - d0
         if step:
             for k in range(n):
@@ -170,10 +199,10 @@ def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay):
 def packed_runs(x, bits, start, end, table, scale, zp, dst, d0, lay):
     """``dst[j - d0]``: packed ``bits``-bit code ``j`` through ``table``, one code at a time."""
     mask = (1 << bits) - 1
-    o, d, i, b = locate(start, lay)
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
-        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
         for k in range(n):
             pos = (j + k) * bits
             word = np.int32(x[pos >> 3]) | (np.int32(x[(pos + bits - 1) >> 3]) << 8)
@@ -190,10 +219,10 @@ def nibble_runs(x, sign, fmt, start, end, table, scale, zp, dst, d0, lay):
     (``fmt[0]``, its mantissa bits, above 0) is decoded by :func:`_float_value`.
     """
     sign, by_arithmetic, f32 = np.int32(sign), fmt[0] > 0, _format(fmt)
-    o, d, i, b = locate(start, lay)
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
-        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
         # Codes [head, head + 2 * whole) of the run fill whole bytes from x[b0].
         head = min(n, j & 1)
         whole = (n - head) >> 1
@@ -238,10 +267,10 @@ def crumb_runs(x, sign, start, end, table, scale, zp, dst, d0, lay):
     Signed by ``sign`` (2 for int2, 0 for uint2).
     """
     sign = np.int32(sign)
-    o, d, i, b = locate(start, lay)
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
-        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
         # Codes [head, head + 4 * whole) of the run fill whole bytes from x[b0].
         head = min(n, -j & 3)
         whole = (n - head) >> 2
