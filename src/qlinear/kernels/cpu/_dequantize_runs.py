@@ -58,6 +58,12 @@ def _float32_from_bits(typingctx, bits):
 
 
 @_jit
+def _signed(v, sign):
+    """float32 value of unsigned code ``v`` whose sign bit is ``sign`` (0: unsigned), in int32 lanes."""
+    return np.float32(np.int32((np.int32(v) ^ sign) - sign))
+
+
+@_jit
 def _format(fmt):
     """``fmt`` (``p``'s float format slots) as int32, the mantissa bits turned into a multiplier."""
     m, exp_off, sign_bit, max_bits, inf_bits, neg_zero_nan = fmt
@@ -153,12 +159,12 @@ def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay):
         dj = j - d0
         if step:
             for k in range(n):
-                v = np.float32((np.int32(x[_U(j + k)]) ^ sign) - sign)
+                v = _signed(x[_U(j + k)], sign)
                 dst[_U(dj + k)] = (v - zp[_U(si + k)]) * scale[_U(si + k)]
         else:
             s, z = scale[si], zp[si]
             for k in range(n):
-                dst[_U(dj + k)] = (np.float32((np.int32(x[_U(j + k)]) ^ sign) - sign) - z) * s
+                dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
         j += n
 
 
@@ -242,15 +248,15 @@ def nibble_runs(x, sign, fmt, start, end, table, scale, zp, dst, d0, lay):
         elif step:
             for q in range(whole):
                 c = np.int32(x[_U(b0 + q)])
-                lo, hi = np.float32(((c & 15) ^ sign) - sign), np.float32(((c >> 4) ^ sign) - sign)
+                lo, hi = _signed(c & 15, sign), _signed(c >> 4, sign)
                 dst[_U(dj + 2 * q)] = (lo - zp[_U(sj + 2 * q)]) * scale[_U(sj + 2 * q)]
                 dst[_U(dj + 2 * q + 1)] = (hi - zp[_U(sj + 2 * q + 1)]) * scale[_U(sj + 2 * q + 1)]
         else:
             s, z = scale[si], zp[si]
             for q in range(whole):
                 c = np.int32(x[_U(b0 + q)])
-                dst[_U(dj + 2 * q)] = (np.float32(((c & 15) ^ sign) - sign) - z) * s
-                dst[_U(dj + 2 * q + 1)] = (np.float32(((c >> 4) ^ sign) - sign) - z) * s
+                dst[_U(dj + 2 * q)] = (_signed(c & 15, sign) - z) * s
+                dst[_U(dj + 2 * q + 1)] = (_signed(c >> 4, sign) - z) * s
         # The rest: the head, and the code after the last whole byte.
         for t in range(n - 2 * whole):
             k = t if t < head else t + 2 * whole
@@ -279,14 +285,14 @@ def crumb_runs(x, sign, start, end, table, scale, zp, dst, d0, lay):
             for q in range(whole):
                 c = np.int32(x[_U(b0 + q)])
                 for lane in range(4):
-                    v = np.float32((((c >> (2 * lane)) & 3) ^ sign) - sign)
+                    v = _signed((c >> (2 * lane)) & 3, sign)
                     dst[_U(dj + 4 * q + lane)] = (v - zp[_U(sj + 4 * q + lane)]) * scale[_U(sj + 4 * q + lane)]
         else:
             s, z = scale[si], zp[si]
             for q in range(whole):
                 c = np.int32(x[_U(b0 + q)])
                 for lane in range(4):
-                    dst[_U(dj + 4 * q + lane)] = (np.float32((((c >> (2 * lane)) & 3) ^ sign) - sign) - z) * s
+                    dst[_U(dj + 4 * q + lane)] = (_signed((c >> (2 * lane)) & 3, sign) - z) * s
         # The rest: the head, and the codes after the last whole byte.
         for t in range(n - 4 * whole):
             k = t if t < head else t + 4 * whole
