@@ -44,7 +44,7 @@ from qlinear.kernels.cpu._params import (
     E_SUBLIM,
 )
 
-__all__ = ["FLOAT_CODE_LEN", "float_code", "float_code_constants"]
+__all__ = ["FLOAT_CODE_LEN", "K_NAN", "K_NEG", "K_OVF_AT", "K_PMIN", "K_POS", "K_STEP", "K_UNIT", "float_code", "float_code_constants"]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
@@ -110,23 +110,21 @@ def float_code_constants(t: ElementType, e: np.ndarray) -> np.ndarray | None:
 
 
 @_jit
-def float_code(q, z, has_zp, nan_to_zp, limit, k):
-    """The code of ``clip(q + z)`` (``q`` alone if not ``has_zp``) for the type ``k`` describes.
+def float_code(q, z, has_zp, nan_to_zp, cap, k):
+    """The code of ``q + z`` (``q`` alone if not ``has_zp``) for the type ``k`` describes.
 
-    NaN becomes ``z`` where ``nan_to_zp`` (types without NaN); ``limit`` is
-    the clamp, infinity for none. ``k`` is a tuple of float_code_constants'
-    values, read once per run. Magnitudes past ``K_OVF_AT`` are brought
-    back to it, which encodes as the overflow code; NaN goes through as NaN
-    and is then replaced by the NaN code; the sign bit is added last.
+    NaN becomes ``z`` where ``nan_to_zp`` (types without NaN). ``cap`` is
+    the smaller of the clamp (infinity for none) and ``K_OVF_AT``:
+    magnitudes past it are brought back to it, which clamps, or encodes as
+    the overflow code. NaN goes through as NaN and is then replaced by the
+    NaN code; the sign bit is added last. ``k`` is the tuple of
+    float_code_constants' values from ``K_PMIN`` on, read once per run.
     """
-    ovf_at, pmin, unit, step, nan, neg, pos = k
+    pmin, unit, step, nan, neg, pos = k
     v = q + (z if has_zp else _NEG_ZERO)
     v = z if nan_to_zp & (v != v) else v
-    # Written as x86's min and max read them, so NaN passes through.
-    v = limit if limit < v else v
-    v = -limit if -limit > v else v
     a = abs(v)
-    a = ovf_at if ovf_at < a else a
+    a = cap if cap < a else a  # written as x86's min reads it, so NaN passes through
     low = _f32_bits(max(_bits_f32(_f32_bits(a) & _EXPONENT), pmin))  # bits of 2**E
     r = np.rint(a * _bits_f32(np.int64(unit) - low))
     code = r + np.float32(low) * step  # the code plus offset, or NaN

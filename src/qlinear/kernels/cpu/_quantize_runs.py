@@ -54,12 +54,12 @@ def integer_zero_point(code, sign):
 
 @_jit
 def direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, integer, qmin, qmax, mask, sign, has_zp, nan_to_zp,
-                limit, k):
+                cap, k):
     """Codes of ``x[start:end]`` into ``dst[start - d0:]``, one run at a time, no tile.
 
     ``integer`` picks integer codes (``qmin``, ``qmax``, ``mask``, zero
     points' ``sign``) or float codes (:func:`float_code` with ``has_zp``,
-    ``nan_to_zp``, ``limit``, ``k``). Float zero points of stepping runs are
+    ``nan_to_zp``, ``cap``, ``k``). Float zero points of stepping runs are
     decoded into ``zvalues`` first (a table lookup in the loop would not
     vectorize) and kept while later runs use the same ones, as every row of
     a per-axis or blocked layout on a leading axis does: the decoding is
@@ -88,11 +88,11 @@ def direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, integer, qmin, qma
             zi = si - z0
             for q in range(n):
                 v = np.float32(x[_U(j + q)]) / scale[_U(si + q)]
-                dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, limit, k)
+                dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
         else:
             s, z = scale[si], ztab[zp[si]]
             for q in range(n):
-                dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, limit, k)
+                dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, cap, k)
         j += n
 
 
