@@ -7,8 +7,8 @@ each run one tight loop from the codes straight to ``dst``. The run loop and
 the element loops live in one function: a call per run (a block of 32)
 would cost more than the run.
 
-- :func:`table_runs`: one byte a code (float8, unpacked 2/4/6-bit types),
-  its value from a 256-entry table.
+- :func:`table_runs`: one byte a code (unpacked 2/4/6-bit types), its
+  value from a 256-entry table.
 - :func:`integer_runs`: 8- and 16-bit integers, sign-extended
   arithmetically as ``(v ^ sign) - sign`` on the unsigned code.
 - :func:`int32_runs`: differences taken in int64 (exact), rounded once.
@@ -41,7 +41,8 @@ __all__ = ["table_runs", "integer_runs", "int32_runs", "float_runs", "nibble_run
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _U = np.uint64
-_NAN, _NEG_NAN = np.float32(np.nan), np.float32(-np.nan)  # 0x7fc00000, 0xffc00000, as ml_dtypes decodes NaN
+# NaN decodes to 0x7fc00000 with the code's sign (negation flips only the sign bit), as ml_dtypes does.
+_NAN = np.float32(np.nan)
 _INF, _TWO = np.float32(np.inf), np.float32(2)
 
 
