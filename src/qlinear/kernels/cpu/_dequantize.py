@@ -56,6 +56,7 @@ def _float_format(kernel: ModuleType, t: ElementType, p: np.ndarray) -> None:
     p[kernel.P_MAX_BITS] = np.float32(t.max_finite).view(np.int32)
     p[kernel.P_INF_BITS] = (int(inf[0]) << (23 - m)) + exp_off if inf.size else np.float32(np.nan).view(np.int32)
     p[kernel.P_NEG_ZERO_NAN] = np.isnan(values[half])
+    p[kernel.P_FINITE] = not (t.has_nan or t.has_inf)
 
 
 def _flat_float32(a: np.ndarray) -> np.ndarray:

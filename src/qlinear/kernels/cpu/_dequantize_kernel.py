@@ -30,10 +30,11 @@ from qlinear.kernels.cpu._tiles import TILE, encode
 
 __all__ = ["dequantize_kernel"]
 
-# Slots of the integer parameter array ``p``; MANT .. NEG_ZERO_NAN describe
-# a small float type for its decoding by bit arithmetic (MANT 0 otherwise).
-(P_READ, P_BITS, P_SIGN_BIT, P_WIDE_OUT, P_MANT, P_EXP_OFF, P_MAX_BITS, P_INF_BITS, P_NEG_ZERO_NAN) = range(9)
-P_LEN = 9
+# Slots of the integer parameter array ``p``; MANT .. FINITE describe a
+# small float type for its decoding by bit arithmetic (MANT 0 otherwise);
+# FINITE: the type has neither infinity nor NaN.
+(P_READ, P_BITS, P_SIGN_BIT, P_WIDE_OUT, P_MANT, P_EXP_OFF, P_MAX_BITS, P_INF_BITS, P_NEG_ZERO_NAN, P_FINITE) = range(10)
+P_LEN = 10
 # How x is read (P_READ): bytes through the table, integers of 8 bits or
 # more, float8 bytes, packed integers, packed floats.
 READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
@@ -61,7 +62,7 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
             int32_runs(x32, j, stop, scale, zi, dst, d0, lay)
         elif read == READ_FLOAT:
             float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay)
-        elif bits == 4:
+        elif bits == 4 and (read == READ_PACKED_INTEGER or p[P_FINITE]):
             nibble_runs(x8, sign, fmt, j, stop, table, scale, zp, dst, d0, lay)
         elif bits == 2 and read == READ_PACKED_INTEGER:
             crumb_runs(x8, sign, j, stop, table, scale, zp, dst, d0, lay)

@@ -79,23 +79,41 @@ def _format(fmt):
 
 
 @_jit
-def _float_value(c, fmt):
-    """float32 value of the small-float code ``c`` (float8, float4), by bit arithmetic.
+def _magnitude(c, fmt):
+    """float32 value of the small-float code ``c``'s magnitude bits, infinity and NaN codes aside.
 
     ``fmt`` is :func:`_format`'s int32 ``(2**(23 - mantissa bits),
-    exponent offset, sign bit, largest finite value's bits, the bits of what
-    the infinity code reads as, whether -0 is NaN)``. The magnitude's bits, moved
-    to float32's places and rebiased, read as ``2**(e - bias) * 1.m``: the
+    exponent offset, sign bit, ...)``. The magnitude's bits, moved to
+    float32's places and rebiased, read as ``2**(e - bias) * 1.m``: the
     value of a normal code. A subnormal one (``e == 0``) is ``2 * (that -
-    2**-bias)``, exact. Above the largest finite value lie infinity and NaN.
-    Every integer is int32 and the mantissa moved by a multiply, not a
-    variable shift, so LLVM keeps the vectors 16 lanes wide.
+    2**-bias)``, exact. Every integer is int32 and the mantissa moved by a
+    multiply, not a variable shift, so LLVM keeps the vectors 16 lanes wide.
     """
-    mult, exp_off, sign_bit, max_bits, inf_bits, neg_zero_nan = fmt
+    mult, exp_off, sign_bit = fmt[0], fmt[1], fmt[2]
     half_smallest = _float32_from_bits(exp_off)
     f = _float32_from_bits(np.int32((c & (sign_bit - 1)) * mult + exp_off))
     if f < _TWO * half_smallest:
         f = _TWO * (f - half_smallest)
+    return f
+
+
+@_jit
+def _finite_value(c, fmt):
+    """float32 value of code ``c`` of a small-float type without infinity or NaN (float4e2m1)."""
+    f = _magnitude(c, fmt)
+    return -f if c & fmt[2] else f
+
+
+@_jit
+def _float_value(c, fmt):
+    """float32 value of the small-float code ``c`` (float8), by bit arithmetic.
+
+    :func:`_magnitude`, then: codes above the largest finite value (bits
+    ``fmt[3]``) are infinite where they read as the infinity code does
+    (bits ``fmt[4]``), else NaN; fnuz types (``fmt[5]``) read -0 as NaN.
+    """
+    sign_bit, max_bits, inf_bits, neg_zero_nan = fmt[2], fmt[3], fmt[4], fmt[5]
+    f = _magnitude(c, fmt)
     if f > _float32_from_bits(max_bits):
         f = _INF if f == _float32_from_bits(inf_bits) else _NAN
     if neg_zero_nan and c == sign_bit:
@@ -223,7 +241,7 @@ def nibble_runs(x, sign, fmt, start, end, table, scale, zp, dst, d0, lay):
     """``dst[j - d0]``: 4-bit code ``j`` of packed ``x``, a whole byte (two codes) at a time.
 
     Integers are signed by ``sign`` (8 for int4, 0 for uint4); float4e2m1
-    (``fmt[0]``, its mantissa bits, above 0) is decoded by :func:`_float_value`.
+    (``fmt[0]``, its mantissa bits, above 0) is decoded by :func:`_finite_value`.
     """
     sign, by_arithmetic, f32 = np.int32(sign), fmt[0] > 0, _format(fmt)
     o, d, i, b, shape = *locate(start, lay), _shape(lay)
@@ -237,15 +255,15 @@ def nibble_runs(x, sign, fmt, start, end, table, scale, zp, dst, d0, lay):
         if by_arithmetic and step:
             for q in range(whole):
                 c = np.int32(x[_U(b0 + q)])
-                lo, hi = _float_value(np.int32(c & 15), f32), _float_value(np.int32(c >> 4), f32)
+                lo, hi = _finite_value(np.int32(c & 15), f32), _finite_value(np.int32(c >> 4), f32)
                 dst[_U(dj + 2 * q)] = (lo - zp[_U(sj + 2 * q)]) * scale[_U(sj + 2 * q)]
                 dst[_U(dj + 2 * q + 1)] = (hi - zp[_U(sj + 2 * q + 1)]) * scale[_U(sj + 2 * q + 1)]
         elif by_arithmetic:
             s, z = scale[si], zp[si]
             for q in range(whole):
                 c = np.int32(x[_U(b0 + q)])
-                dst[_U(dj + 2 * q)] = (_float_value(np.int32(c & 15), f32) - z) * s
-                dst[_U(dj + 2 * q + 1)] = (_float_value(np.int32(c >> 4), f32) - z) * s
+                dst[_U(dj + 2 * q)] = (_finite_value(np.int32(c & 15), f32) - z) * s
+                dst[_U(dj + 2 * q + 1)] = (_finite_value(np.int32(c >> 4), f32) - z) * s
         elif step:
             for q in range(whole):
                 c = np.int32(x[_U(b0 + q)])
