@@ -15,6 +15,8 @@ __all__ = ["quantize"]
 
 # float16/bfloat16 x reaches the kernel as its bits; the kernel decodes them.
 _WIDE_INPUTS = {np.dtype(np.float16): PREC_F16, np.dtype(ml_dtypes.bfloat16): PREC_BF16}
+# Integer zero points are decoded arithmetically; the kernel still takes a table.
+_NO_TABLE = np.zeros(256, np.float32)
 
 
 def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, *,
@@ -78,6 +80,3 @@ def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: n
     lay = layout(plan.granularity, plan.x_shape, scale.shape)
     kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
     return out
-
-
-_NO_TABLE = np.zeros(256, np.float32)

@@ -59,17 +59,18 @@ def direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, integer, qmin, qma
 
     ``integer`` picks integer codes (``qmin``, ``qmax``, ``mask``, zero
     points' ``sign``) or float codes (:func:`float_code` with ``has_zp``,
-    ``nan_to_zp``, ``cap``, ``k``). Float zero points of stepping runs are
+    ``nan_to_zp``, ``cap``, ``k``). The zero points of stepping runs are
     decoded into ``zvalues`` first (a table lookup in the loop would not
-    vectorize) and kept while later runs use the same ones, as every row of
-    a per-axis or blocked layout on a leading axis does: the decoding is
-    paid about once a chunk.
+    vectorize, and decoding integers there costs four operations where a
+    load costs one) and kept while later runs use the same ones, as every
+    row of a per-axis or blocked layout on a leading axis does: the decoding
+    is paid about once a chunk.
 
     Blocks along the last axis (each run one block of a row) are walked by
     counting, which costs a fraction of :func:`next_run`'s general walk: at
     32 elements a block, the walk is a good part of the time.
     """
-    zvalues = np.empty(0 if integer or not lay[L_SI] else end - start, np.float32)
+    zvalues = np.empty(end - start if lay[L_SI] else 0, np.float32)
     z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
     o, d, i, b = locate(start, lay)
     # Blocks along the last axis: column d of row o, its block ends at
@@ -93,20 +94,20 @@ def direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, integer, qmin, qma
         else:
             n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
         w = j - d0
+        if step and (si < z0 or si + n > z1):
+            for q in range(n):
+                zvalues[q] = integer_zero_point(zp[si + q], sign) if integer else ztab[zp[si + q]]
+            z0, z1 = si, si + n
+        zi = si - z0
         if integer and step:
             for q in range(n):
-                z = integer_zero_point(zp[_U(si + q)], sign)
-                dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / scale[_U(si + q)], z, qmin, qmax, mask)
+                v = np.float32(x[_U(j + q)]) / scale[_U(si + q)]
+                dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
         elif integer:
             s, z = scale[si], integer_zero_point(zp[si], sign)
             for q in range(n):
                 dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
         elif step:
-            if si < z0 or si + n > z1:
-                for q in range(n):
-                    zvalues[q] = ztab[zp[si + q]]
-                z0, z1 = si, si + n
-            zi = si - z0
             for q in range(n):
                 v = np.float32(x[_U(j + q)]) / scale[_U(si + q)]
                 dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
