@@ -67,14 +67,17 @@ def direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, integer, qmin, qma
     is paid about once a chunk.
 
     Blocks along the last axis (each run one block of a row) are walked by
-    counting, which costs a fraction of :func:`next_run`'s general walk: at
-    32 elements a block, the walk is a good part of the time.
+    counting, a row's whole blocks at a time: the runs of such a batch do
+    not depend on each other, so the processor starts a block before the
+    one before has been found (found one by one, through :func:`next_run`
+    or by counting, finding the next block was the slowest link at 32
+    elements a block).
     """
     zvalues = np.empty(end - start if lay[L_SI] else 0, np.float32)
     z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
     o, d, i, b = locate(start, lay)
     # Blocks along the last axis: column d of row o, its block ends at
-    # d_end, its scale is si (block_si), the row's first block's row_si.
+    # d_end, its scale is block_si, the row's first block's row_si.
     last_axis_blocks = lay[L_I] == 1 and not lay[L_SI]
     d_len, block, so, sb = lay[L_D], lay[L_B], lay[L_SO], lay[L_SB]
     d_end = min((b + 1) * block, d_len)
@@ -82,40 +85,46 @@ def direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, integer, qmin, qma
     block_si = row_si + b * sb
     j = start
     while j < end:
+        # A batch: `runs` runs of n elements, the scales of the r-th from si + r * sb.
         if last_axis_blocks:
-            n, si, step = min(d_end - d, end - j), block_si, 0
-            d += n
-            if d == d_end:
-                block_si += sb
-                d_end = min(d_end + block, d_len)
+            n, si, step, runs = min(d_end - d, end - j), block_si, 0, 1
+            if n == block:
+                runs = min(d_len - d, end - j) // block
+            d += runs * n
+            if d >= d_end:
+                block_si += runs * sb
+                d_end = min(d + block, d_len)
                 if d == d_len:
                     row_si += so
                     d, d_end, block_si = 0, min(block, d_len), row_si
         else:
             n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
-        w = j - d0
-        if step and (si < z0 or si + n > z1):
-            for q in range(n):
-                zvalues[q] = integer_zero_point(zp[si + q], sign) if integer else ztab[zp[si + q]]
-            z0, z1 = si, si + n
-        zi = si - z0
-        if integer and step:
-            for q in range(n):
-                v = np.float32(x[_U(j + q)]) / scale[_U(si + q)]
-                dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
-        elif integer:
-            s, z = scale[si], integer_zero_point(zp[si], sign)
-            for q in range(n):
-                dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
-        elif step:
-            for q in range(n):
-                v = np.float32(x[_U(j + q)]) / scale[_U(si + q)]
-                dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
-        else:
-            s, z = scale[si], ztab[zp[si]]
-            for q in range(n):
-                dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, cap, k)
-        j += n
+            runs = 1
+        for r in range(runs):
+            jr, sr = j + r * n, si + r * sb
+            w = jr - d0
+            if step and (sr < z0 or sr + n > z1):
+                for q in range(n):
+                    zvalues[q] = integer_zero_point(zp[sr + q], sign) if integer else ztab[zp[sr + q]]
+                z0, z1 = sr, sr + n
+            zi = sr - z0
+            if integer and step:
+                for q in range(n):
+                    v = np.float32(x[_U(jr + q)]) / scale[_U(sr + q)]
+                    dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
+            elif integer:
+                s, z = scale[sr], integer_zero_point(zp[sr], sign)
+                for q in range(n):
+                    dst[_U(w + q)] = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
+            elif step:
+                for q in range(n):
+                    v = np.float32(x[_U(jr + q)]) / scale[_U(sr + q)]
+                    dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
+            else:
+                s, z = scale[sr], ztab[zp[sr]]
+                for q in range(n):
+                    dst[_U(w + q)] = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+        j += runs * n
 
 
 @_jit
