@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from qlinear.kernels.cpu._encode import K_NAN, K_NEG, K_OVF_AT, K_PMIN, K_POS, K_STEP, K_UNIT
 from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, PREC_F32
-from qlinear.kernels.cpu._quantize_runs import direct_runs, integer_zero_point, pack
+from qlinear.kernels.cpu._quantize_runs import float_runs, integer_runs, integer_zero_point, pack
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
 
 __all__ = ["quantize_kernel"]
@@ -150,12 +150,14 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
     # Packed outputs collect the chunk's codes first: the chunk owns whole
     # bytes, runs inside it do not.
     dst, d0 = (np.empty(end - start, out.dtype), start) if bits else (out, 0)
-    if p[P_DIRECT]:
+    if p[P_DIRECT] and not p[P_FLOAT_OUT]:
+        integer_runs(x, start, end, scale, zp, dst, d0, lay, np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]),
+                     np.float32(p[P_ZP_SIGN]))
+    elif p[P_DIRECT]:
         # A clamp to the limit and the overflow clamp are one clamp of |v|.
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
         k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS])
-        direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, not p[P_FLOAT_OUT], np.float32(p[P_QMIN]), np.float32(p[P_QMAX]),
-                    np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN]), p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
+        float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
     else:
         _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec)
     if bits:

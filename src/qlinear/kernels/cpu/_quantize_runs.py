@@ -4,11 +4,20 @@ A run is a stretch of consecutive elements whose scale and zero point are
 either one constant or step with each element. Each run is one tight loop
 from ``x`` straight to the codes (``x / scale``, then the integer or float
 code of the quotient), with every branch outside the loops so LLVM
-vectorizes them. The four loops are written out in :func:`direct_runs`
-itself: a call per block of 32, or a function inlined by numba (which then
-counts references to every array it is passed), costs more than the block.
-Indices are unsigned (``_U``): numba then skips its negative-index
-wraparound and LLVM sees consecutive addresses.
+vectorizes them. The loops are written out in :func:`integer_runs` and
+:func:`float_runs` themselves: a call per block of 32, or a function
+inlined by numba (which then counts references to every array it is
+passed), costs more than the block; and integer and float loops in one
+function slow each other down (registers spilled around them). Indices are
+unsigned (``_U``): numba then skips its negative-index wraparound and LLVM
+sees consecutive addresses.
+
+Runs come in batches (:func:`next_batch`): blocks along the last axis are
+found by counting, a row's whole blocks at a time. The runs of a batch do
+not depend on each other, so the processor starts a block before the one
+before has been found; found one by one (through :func:`next_run`, or by
+counting), finding the next block was the slowest link at 32 elements a
+block.
 
 Zero points arrive as their codes (the output's own bytes or 16-bit words,
 never copied): integers are sign-extended in float32, ``z - 2 * sign`` when
@@ -25,7 +34,7 @@ from qlinear.kernels.cpu._encode import float_code
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
 
-__all__ = ["direct_runs", "integer_zero_point", "pack"]
+__all__ = ["float_runs", "integer_runs", "integer_zero_point", "pack"]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _U = np.uint64
@@ -53,70 +62,101 @@ def integer_zero_point(code, sign):
 
 
 @_jit
-def direct_runs(x, start, end, scale, zp, ztab, dst, d0, lay, integer, qmin, qmax, mask, sign, has_zp, nan_to_zp,
-                cap, k):
-    """Codes of ``x[start:end]`` into ``dst[start - d0:]``, one run at a time, no tile.
+def first_batch(start, lay):
+    """The walk's state at flat index ``start``: ``(o, d, i, b, d_end, row_si, block_si)``.
 
-    ``integer`` picks integer codes (``qmin``, ``qmax``, ``mask``, zero
-    points' ``sign``) or float codes (:func:`float_code` with ``has_zp``,
-    ``nan_to_zp``, ``cap``, ``k``). The zero points of stepping runs are
-    decoded into ``zvalues`` first (a table lookup in the loop would not
-    vectorize, and decoding integers there costs four operations where a
-    load costs one) and kept while later runs use the same ones, as every
-    row of a per-axis or blocked layout on a leading axis does: the decoding
-    is paid about once a chunk.
-
-    Blocks along the last axis (each run one block of a row) are walked by
-    counting, a row's whole blocks at a time: the runs of such a batch do
-    not depend on each other, so the processor starts a block before the
-    one before has been found (found one by one, through :func:`next_run`
-    or by counting, finding the next block was the slowest link at 32
-    elements a block).
+    ``(o, d, i, b)`` as :func:`locate` gives them; for blocks along the last
+    axis also the end of the current block and the scale indices of the
+    row's first block and of the current one.
     """
-    zvalues = np.empty(end - start if lay[L_SI] else 0, np.float32)
-    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
     o, d, i, b = locate(start, lay)
-    # Blocks along the last axis: column d of row o, its block ends at
-    # d_end, its scale is block_si, the row's first block's row_si.
-    last_axis_blocks = lay[L_I] == 1 and not lay[L_SI]
-    d_len, block, so, sb = lay[L_D], lay[L_B], lay[L_SO], lay[L_SB]
-    d_end = min((b + 1) * block, d_len)
-    row_si = o * so
-    block_si = row_si + b * sb
+    row_si = o * lay[L_SO]
+    return o, d, i, b, min((b + 1) * lay[L_B], lay[L_D]), row_si, row_si + b * lay[L_SB]
+
+
+@_jit
+def next_batch(j, end, lay, state):
+    """``(n, si, step, runs, state)``: ``runs`` runs of ``n`` elements from ``j``, then the state after them.
+
+    The scale of the r-th run starts at ``si + r * lay[L_SB]`` and steps
+    with each element if ``step``. Blocks along the last axis come a row's
+    whole blocks at a time; everything else one run at a time.
+    """
+    o, d, i, b, d_end, row_si, block_si = state
+    if lay[L_I] != 1 or lay[L_SI]:
+        n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
+        return n, si, step, 1, (o, d, i, b, d_end, row_si, block_si)
+    d_len, block = lay[L_D], lay[L_B]
+    n, si, runs = min(d_end - d, end - j), block_si, 1
+    if n == block:
+        runs = min(d_len - d, end - j) // block
+    d += runs * n
+    if d >= d_end:
+        block_si += runs * lay[L_SB]
+        d_end = min(d + block, d_len)
+        if d == d_len:
+            row_si += lay[L_SO]
+            d, d_end, block_si = 0, min(block, d_len), row_si
+    return n, si, 0, runs, (o, d, i, b, d_end, row_si, block_si)
+
+
+@_jit
+def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign):
+    """Integer codes of ``x[start:end]`` into ``dst[start - d0:]``: ``clip(rint(x / scale) + zp, qmin, qmax) & mask``.
+
+    The zero points of stepping runs are decoded into ``zvalues`` first
+    (decoding in the loop costs four operations where a load costs one)
+    and kept while later runs use the same ones, as every row of a per-axis
+    or blocked layout on a leading axis does: about once a chunk.
+    """
+    zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
+    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    state = first_batch(start, lay)
     j = start
     while j < end:
-        # A batch: `runs` runs of n elements, the scales of the r-th from si + r * sb.
-        if last_axis_blocks:
-            n, si, step, runs = min(d_end - d, end - j), block_si, 0, 1
-            if n == block:
-                runs = min(d_len - d, end - j) // block
-            d += runs * n
-            if d >= d_end:
-                block_si += runs * sb
-                d_end = min(d + block, d_len)
-                if d == d_len:
-                    row_si += so
-                    d, d_end, block_si = 0, min(block, d_len), row_si
-        else:
-            n, si, step, o, d, i, b = next_run(o, d, i, b, j, end, lay)
-            runs = 1
+        n, si, step, runs, state = next_batch(j, end, lay, state)
         for r in range(runs):
-            jr, sr = j + r * n, si + r * sb
+            jr, sr = j + r * n, si + r * lay[L_SB]
             w = jr - d0
-            if step and (sr < z0 or sr + n > z1):
-                for q in range(n):
-                    zvalues[q] = integer_zero_point(zp[sr + q], sign) if integer else ztab[zp[sr + q]]
-                z0, z1 = sr, sr + n
-            zi = sr - z0
-            if integer and step:
+            if step:
+                if sr < z0 or sr + n > z1:
+                    for q in range(n):
+                        zvalues[_U(q)] = integer_zero_point(zp[_U(sr + q)], sign)
+                    z0, z1 = sr, sr + n
+                zi = sr - z0
                 for q in range(n):
                     v = np.float32(x[_U(jr + q)]) / scale[_U(sr + q)]
                     dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
-            elif integer:
+            else:
                 s, z = scale[sr], integer_zero_point(zp[sr], sign)
                 for q in range(n):
                     dst[_U(w + q)] = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
-            elif step:
+        j += runs * n
+
+
+@_jit
+def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, cap, k):
+    """Float codes of ``x[start:end]`` into ``dst[start - d0:]`` (:func:`float_code` with ``has_zp``, ``nan_to_zp``, ``cap``, ``k``).
+
+    Zero points are looked up in ``ztab``; those of stepping runs into
+    ``zvalues`` first (a table lookup in the loop would not vectorize),
+    kept while later runs use the same ones, as in :func:`integer_runs`.
+    """
+    zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
+    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    state = first_batch(start, lay)
+    j = start
+    while j < end:
+        n, si, step, runs, state = next_batch(j, end, lay, state)
+        for r in range(runs):
+            jr, sr = j + r * n, si + r * lay[L_SB]
+            w = jr - d0
+            if step:
+                if sr < z0 or sr + n > z1:
+                    for q in range(n):
+                        zvalues[_U(q)] = ztab[zp[_U(sr + q)]]
+                    z0, z1 = sr, sr + n
+                zi = sr - z0
                 for q in range(n):
                     v = np.float32(x[_U(jr + q)]) / scale[_U(sr + q)]
                     dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
