@@ -40,9 +40,16 @@ def data() -> tuple[torch.Tensor, ...]:
 
 def cnn() -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(128, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
     )
 
 
@@ -93,8 +100,10 @@ def main() -> None:
     int4_weights = qt.QuantSpec("int4", axis=1, block_size=16)
     int4 = qt.QuantConfig(weight=int4_weights, activation=None)
     w4a4 = qt.QuantConfig(weight=int4_weights, activation=qt.QuantSpec("uint4", symmetric=False))
-    qat = qt.QuantConfig(weight=qt.QuantSpec("int4", axis=1, block_size=16, qparams="learnable"),
-                         activation=qt.QuantSpec("uint4", qparams="moving_average", symmetric=False))
+    qat = qt.QuantConfig(
+        weight=qt.QuantSpec("int4", axis=1, block_size=16, qparams="learnable"),
+        activation=qt.QuantSpec("uint4", qparams="moving_average", symmetric=False),
+    )
 
     runs = (("PTQ int8", int8, 0), ("PTQ int4", int4, 0), ("PTQ int4/uint4", w4a4, 0), ("QAT int4/uint4", qat, 4))
     for label, config, epochs in runs:

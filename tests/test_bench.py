@@ -12,10 +12,19 @@ from qlinear.cli import main
 
 
 def test_run_benchmark_reports_every_case():
-    report = run_benchmark(size=4096, threads=1, repeats=1, reference=True, types=("int4", "float8e4m3fn"),
-                           granularities=("per-tensor", "blocked 32 last"))
+    report = run_benchmark(
+        size=4096,
+        threads=1,
+        repeats=1,
+        reference=True,
+        types=("int4", "float8e4m3fn"),
+        granularities=("per-tensor", "blocked 32 last"),
+    )
     rows = report["rows"]
-    assert [(r["op"], r["type"], r["granularity"]) for r in rows][:2] == [("Q", "int4", "per-tensor"), ("DQ", "int4", "per-tensor")]
+    assert [(r["op"], r["type"], r["granularity"]) for r in rows][:2] == [
+        ("Q", "int4", "per-tensor"),
+        ("DQ", "int4", "per-tensor"),
+    ]
     assert len(rows) == 8 and report["copy_bandwidth"] > 0
     for r in rows:
         assert r["qlinear_s"] > 0 and r["floor_s"] > 0 and r["reference_s"] > 0
@@ -28,8 +37,26 @@ def test_run_benchmark_reports_every_case():
 
 def test_bench_command_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert main(["bench", "--size", "2048", "--threads", "1", "--repeats", "1", "--types", "uint8",
-                 "--granularities", "per-axis last", "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--size",
+                "2048",
+                "--threads",
+                "1",
+                "--repeats",
+                "1",
+                "--types",
+                "uint8",
+                "--granularities",
+                "per-axis last",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     assert "qlinear/ORT" in capsys.readouterr().out
     report = json.loads(path.read_text())
     assert {r["op"] for r in report["rows"]} == {"Q", "DQ"} and report["threads"] == 1
@@ -51,8 +78,13 @@ def test_bench_startup_command_writes_json(tmp_path, capsys, monkeypatch):
     def fake_child(backend, size, *, import_numba=False, env=None):
         cache = (env or {}).get("NUMBA_CACHE_DIR")
         children.append((backend, size, import_numba, cache is not None and not os.listdir(cache)))
-        return {"import_s": 0.1, "numba_import_s": 0.2 if import_numba else 0.0, "q_s": 9.0 if cache else 0.3,
-                "dq_s": 4.0 if cache else 0.02, "numba_loaded": backend == "cpu"}
+        return {
+            "import_s": 0.1,
+            "numba_import_s": 0.2 if import_numba else 0.0,
+            "q_s": 9.0 if cache else 0.3,
+            "dq_s": 4.0 if cache else 0.02,
+            "numba_loaded": backend == "cpu",
+        }
 
     monkeypatch.setattr(_startup, "run_child", fake_child)
     monkeypatch.setattr(_startup, "_import_wall", lambda: 0.25)
@@ -61,9 +93,16 @@ def test_bench_startup_command_writes_json(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "qlinear start-up" in out and "numba imported: no" in out
     # Two of each timed step, one warm-up, one cold run on an empty cache.
-    assert children == [("auto", _startup.SMALL, False, False)] * 2 + [("cpu", _startup.LARGE, False, False)] + \
-        [("cpu", _startup.LARGE, True, False)] * 2 + [("cpu", _startup.LARGE, False, True)]
+    assert children == [("auto", _startup.SMALL, False, False)] * 2 + [("cpu", _startup.LARGE, False, False)] + [
+        ("cpu", _startup.LARGE, True, False)
+    ] * 2 + [("cpu", _startup.LARGE, False, True)]
     steps = {s["step"]: s["seconds"] for s in json.loads(path.read_text())["startup"]["steps"]}
-    assert steps == pytest.approx({"import qlinear": 0.25, "first call, small (auto)": 0.3,
-                                   "first call on numba, warm cache": 0.5, "cold compile, first Q": 9.0,
-                                   "cold compile, first DQ": 4.0})
+    assert steps == pytest.approx(
+        {
+            "import qlinear": 0.25,
+            "first call, small (auto)": 0.3,
+            "first call on numba, warm cache": 0.5,
+            "cold compile, first Q": 9.0,
+            "cold compile, first DQ": 4.0,
+        }
+    )

@@ -30,7 +30,15 @@ def test_conformance_detects_a_wrong_kernel(monkeypatch):
                 with np.errstate(all="ignore"):
                     q = np.trunc(x / scale)
                 ok = np.isfinite(q) & (np.abs(q) < 100)
-                y = np.where(ok, np.clip(q + (0 if zero_point is None else zero_point.astype(np.float64)), plan.output_type.qmin, plan.output_type.qmax), y).astype(y.dtype)
+                y = np.where(
+                    ok,
+                    np.clip(
+                        q + (0 if zero_point is None else zero_point.astype(np.float64)),
+                        plan.output_type.qmin,
+                        plan.output_type.qmax,
+                    ),
+                    y,
+                ).astype(y.dtype)
             return y
 
         dequantize = staticmethod(reference.dequantize)

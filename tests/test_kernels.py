@@ -111,7 +111,9 @@ def test_dynamic_quantize_linear_auto(ran, size):
 
 
 def test_unknown_backend_lists_auto():
-    with pytest.raises(qlinear.QuantizationError, match=r"quantize_linear: backend must be one of \['auto', 'cpu', 'reference'\], got 'gpu'"):
+    with pytest.raises(
+        qlinear.QuantizationError, match=r"quantize_linear: backend must be one of \['auto', 'cpu', 'reference'\], got 'gpu'"
+    ):
         qlinear.quantize_linear(np.zeros(3, np.float32), np.float32(1), backend="gpu")
 
 

@@ -19,8 +19,23 @@ from hypothesis.extra import numpy as hnp
 import qlinear
 from qlinear.dtypes import element_type
 
-QUANTIZED = ["uint8", "int8", "uint16", "int16", "uint4", "int4", "uint2", "int2",
-             "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1", "float6e2m3", "float6e3m2"]
+QUANTIZED = [
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint4",
+    "int4",
+    "uint2",
+    "int2",
+    "float8e4m3fn",
+    "float8e4m3fnuz",
+    "float8e5m2",
+    "float8e5m2fnuz",
+    "float4e2m1",
+    "float6e2m3",
+    "float6e3m2",
+]
 PACKABLE = [n for n in QUANTIZED if element_type(n).bits < 8]
 WIDE = [np.float32, np.float16, ml_dtypes.bfloat16]
 
@@ -28,8 +43,45 @@ WIDE = [np.float32, np.float16, ml_dtypes.bfloat16]
 # signed zeros, ties, float8/float16 overflow thresholds, huge values beyond
 # int32, float32 subnormals.
 EDGES = np.array(
-    [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.5, 1e30, -1e30, 3e9, -3e9, 1e-40, -1e-40,
-     1e-45, 65504, 65520, 448, 464, 470, 240, 248, 57344, 61440, 6, 7, 7.5, 28, 30, 0.25, 0.75, 2.0**-7, 2.0**-10],
+    [
+        np.nan,
+        -np.nan,
+        np.inf,
+        -np.inf,
+        0.0,
+        -0.0,
+        0.5,
+        1.5,
+        2.5,
+        -0.5,
+        -2.5,
+        3.5,
+        1e30,
+        -1e30,
+        3e9,
+        -3e9,
+        1e-40,
+        -1e-40,
+        1e-45,
+        65504,
+        65520,
+        448,
+        464,
+        470,
+        240,
+        248,
+        57344,
+        61440,
+        6,
+        7,
+        7.5,
+        28,
+        30,
+        0.25,
+        0.75,
+        2.0**-7,
+        2.0**-10,
+    ],
     np.float32,
 )
 EDGES = np.concatenate([EDGES, np.array([0x7FA00001, 0xFF800123], np.uint32).view(np.float32)])
@@ -39,10 +91,20 @@ EDGES = np.concatenate([EDGES, np.array([0x7FA00001, 0xFF800123], np.uint32).vie
 # kernels' gathering threshold (256) so both run paths are covered; the last
 # crosses a parallel chunk (16384 elements) in the middle of a block of 32.
 LAYOUTS = [
-    ((5, 3, 44), 0, 0), ((5, 3, 44), 1, 0), ((5, 3, 44), 2, 0), ((5, 3, 44), -1, 0),
-    ((5, 3, 44), 0, 2), ((5, 3, 44), 1, 2), ((5, 3, 44), 2, 16),
-    ((2, 700), 1, 0), ((700, 2), 0, 0), ((4, 700), 1, 300), ((600, 3), 0, 7), ((3, 600), 0, 2),
-    ((1000,), 0, 0), ((3, 7001), 1, 32),
+    ((5, 3, 44), 0, 0),
+    ((5, 3, 44), 1, 0),
+    ((5, 3, 44), 2, 0),
+    ((5, 3, 44), -1, 0),
+    ((5, 3, 44), 0, 2),
+    ((5, 3, 44), 1, 2),
+    ((5, 3, 44), 2, 16),
+    ((2, 700), 1, 0),
+    ((700, 2), 0, 0),
+    ((4, 700), 1, 300),
+    ((600, 3), 0, 7),
+    ((3, 600), 0, 2),
+    ((1000,), 0, 0),
+    ((3, 7001), 1, 32),
 ]
 
 
@@ -174,8 +236,11 @@ def test_cpu_quantize_any_float32_bit_pattern(bits, name, scale_bits, saturate):
 
 
 @settings(max_examples=40, deadline=None)
-@given(codes=hnp.arrays(np.uint8, st.integers(0, 200)), name=st.sampled_from(["float8e4m3fn", "float8e5m2fnuz", "int8"]),
-       out_dtype=st.sampled_from([np.float32, np.float16, ml_dtypes.bfloat16]))
+@given(
+    codes=hnp.arrays(np.uint8, st.integers(0, 200)),
+    name=st.sampled_from(["float8e4m3fn", "float8e5m2fnuz", "int8"]),
+    out_dtype=st.sampled_from([np.float32, np.float16, ml_dtypes.bfloat16]),
+)
 def test_cpu_dequantize_any_byte(codes, name, out_dtype):
     x = codes.view(element_type(name).dtype)
     got, want = _both(qlinear.dequantize_linear, x, np.float32(3.0e-3), output_dtype=out_dtype)
@@ -206,17 +271,31 @@ def test_cpu_out_buffer_is_filled_and_returned():
         assert y is out
         _assert_same(out, qlinear.quantize_linear(x, scale, axis=1, block_size=32, output_dtype="int4", backend="reference"))
         packed = np.empty(256, np.uint8)
-        assert qlinear.quantize_linear(x, scale, axis=1, block_size=32, output_dtype="int4", packed=True, out=packed, backend=backend) is packed
+        assert (
+            qlinear.quantize_linear(
+                x, scale, axis=1, block_size=32, output_dtype="int4", packed=True, out=packed, backend=backend
+            )
+            is packed
+        )
         np.testing.assert_array_equal(packed, qlinear.pack(out))
         back = np.empty((8, 64), np.float32)
-        assert qlinear.dequantize_linear(packed, scale, axis=1, block_size=32, packed_dtype="int4", shape=(8, 64), out=back, backend=backend) is back
+        assert (
+            qlinear.dequantize_linear(
+                packed, scale, axis=1, block_size=32, packed_dtype="int4", shape=(8, 64), out=back, backend=backend
+            )
+            is back
+        )
         _assert_same(back, qlinear.dequantize_linear(out, scale, axis=1, block_size=32, backend="reference"))
 
 
 def test_cpu_packed_values_by_hand():
     # int4 codes of [1, -1, 3] are 0x1, 0xf, 0x3: bytes 0xf1, 0x03; uint2 of [3, 0, 1, 2, 1] is 0b10_01_00_11, 0b01.
-    assert qlinear.quantize_linear(np.array([1.0, -1.0, 3.0], np.float32), np.float32(1), output_dtype="int4", packed=True).tolist() == [0xF1, 0x03]
-    assert qlinear.quantize_linear(np.array([3, 0, 1, 2, 1], np.float32), np.float32(1), output_dtype="uint2", packed=True).tolist() == [0b10010011, 0b01]
+    assert qlinear.quantize_linear(
+        np.array([1.0, -1.0, 3.0], np.float32), np.float32(1), output_dtype="int4", packed=True
+    ).tolist() == [0xF1, 0x03]
+    assert qlinear.quantize_linear(
+        np.array([3, 0, 1, 2, 1], np.float32), np.float32(1), output_dtype="uint2", packed=True
+    ).tolist() == [0b10010011, 0b01]
     y = qlinear.dequantize_linear(np.array([0xF1, 0x03], np.uint8), np.float32(2), packed_dtype="int4", shape=(3,))
     assert y.tolist() == [2.0, -2.0, 6.0]
 
@@ -228,20 +307,42 @@ def test_cpu_float8_encodings_by_hand():
     fnuz = qlinear.quantize_linear(x, np.float32(1), output_dtype="float8e4m3fnuz", saturate=False)
     # fnuz: one NaN (0x80), no -0; 2**-9 is twice its smallest subnormal 2**-10.
     assert _bits(fnuz).tolist() == [0x80, 0x80, 0x80, 0x80, 0x80, 0x00, 0x02]
-    e5m2 = qlinear.quantize_linear(np.array([61440, 60000, -np.inf], np.float32), np.float32(1), output_dtype="float8e5m2", saturate=False)
+    e5m2 = qlinear.quantize_linear(
+        np.array([61440, 60000, -np.inf], np.float32), np.float32(1), output_dtype="float8e5m2", saturate=False
+    )
     assert _bits(e5m2).tolist() == [0x7C, 0x7B, 0xFC]
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: qlinear.quantize_linear(np.ones(4, np.float32), np.float32(1), packed=True), "packed=True needs a 2-, 4- or 6-bit"),
-        (lambda: qlinear.quantize_linear(np.ones(4, np.float32), np.float32(1), out=np.empty(3, np.uint8)), "out has dtype uint8 and shape (3,)"),
-        (lambda: qlinear.quantize_linear(np.ones(4, np.float32), np.float32(1), output_dtype="int4", packed=True, out=np.empty(3, np.uint8)), "expected uint8 and (2,)"),
+        (
+            lambda: qlinear.quantize_linear(np.ones(4, np.float32), np.float32(1), packed=True),
+            "packed=True needs a 2-, 4- or 6-bit",
+        ),
+        (
+            lambda: qlinear.quantize_linear(np.ones(4, np.float32), np.float32(1), out=np.empty(3, np.uint8)),
+            "out has dtype uint8 and shape (3,)",
+        ),
+        (
+            lambda: qlinear.quantize_linear(
+                np.ones(4, np.float32), np.float32(1), output_dtype="int4", packed=True, out=np.empty(3, np.uint8)
+            ),
+            "expected uint8 and (2,)",
+        ),
         (lambda: qlinear.dequantize_linear(np.ones(2, np.uint8), np.float32(1), packed_dtype="int4"), "shape is required"),
-        (lambda: qlinear.dequantize_linear(np.ones(2, np.uint8), np.float32(1), packed_dtype="int4", shape=(5,)), "x has 2 bytes, expected at least 3"),
-        (lambda: qlinear.dequantize_linear(np.ones(2, np.int8), np.float32(1), packed_dtype="int4", shape=(4,)), "x must be a uint8 array"),
-        (lambda: qlinear.dequantize_linear(np.ones(4, np.uint8), np.float32(1), out=np.empty(4, np.float32)[::-1]), "C-contiguous"),
+        (
+            lambda: qlinear.dequantize_linear(np.ones(2, np.uint8), np.float32(1), packed_dtype="int4", shape=(5,)),
+            "x has 2 bytes, expected at least 3",
+        ),
+        (
+            lambda: qlinear.dequantize_linear(np.ones(2, np.int8), np.float32(1), packed_dtype="int4", shape=(4,)),
+            "x must be a uint8 array",
+        ),
+        (
+            lambda: qlinear.dequantize_linear(np.ones(4, np.uint8), np.float32(1), out=np.empty(4, np.float32)[::-1]),
+            "C-contiguous",
+        ),
     ],
 )
 def test_cpu_buffer_arguments_rejected(call, message):

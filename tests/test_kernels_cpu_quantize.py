@@ -93,7 +93,9 @@ def test_quantize_packed_blocks_not_aligned_to_bytes(name, shape, block):
     nb = -(-shape[1] // block)
     scale = rng.uniform(0.2, 2, (shape[0], nb)).astype(np.float32)
     t = element_type(name)
-    zp = (rng.integers(t.qmin, t.qmax + 1, (shape[0], nb)) if t.is_integer else rng.uniform(-2, 2, (shape[0], nb))).astype(t.dtype)
+    zp = (rng.integers(t.qmin, t.qmax + 1, (shape[0], nb)) if t.is_integer else rng.uniform(-2, 2, (shape[0], nb))).astype(
+        t.dtype
+    )
     _assert_same(qlinear.quantize_linear, x, scale, zp, axis=1, block_size=block, packed=True)
 
 

@@ -25,6 +25,6 @@ def test_backend_case_bit_exact(case, backend):
     for g, e in zip(got, case.expected, strict=True):
         assert g.dtype == e.dtype and g.shape == e.shape
         # Backend cases carry no NaN, so every bit must match.
-        assert np.array_equal(np.ascontiguousarray(g).reshape(-1).view(np.uint8), np.ascontiguousarray(e).reshape(-1).view(np.uint8)), (
-            f"{case.name}: got {g}, expected {e}"
-        )
+        assert np.array_equal(
+            np.ascontiguousarray(g).reshape(-1).view(np.uint8), np.ascontiguousarray(e).reshape(-1).view(np.uint8)
+        ), f"{case.name}: got {g}, expected {e}"

@@ -17,7 +17,10 @@ def test_quantization_error_is_value_error():
 
 
 def test_scale_shape_that_fits_no_granularity():
-    with pytest.raises(QuantizationError, match=r"quantize_linear: y_scale has shape \(3,\), expected \(\) or \(4,\) for axis=1 of x with shape \(2, 4\)"):
+    with pytest.raises(
+        QuantizationError,
+        match=r"quantize_linear: y_scale has shape \(3,\), expected \(\) or \(4,\) for axis=1 of x with shape \(2, 4\)",
+    ):
         quantize_linear(X, np.ones(3, np.float32), np.zeros(3, np.uint8))
     with pytest.raises(QuantizationError, match=r"x_scale has shape \(2, 3\), expected \(2, 2\) for block_size=2"):
         dequantize_linear(np.zeros((2, 4), np.int8), np.ones((2, 3), np.float32), axis=1, block_size=2)
@@ -40,19 +43,46 @@ def test_zero_point_type_disagrees_with_output_dtype():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: quantize_linear(X, np.float32(1), output_dtype="int4", opset=19), "output_dtype is not an attribute of QuantizeLinear version 19"),
-        (lambda: quantize_linear(X, np.float32(1), np.zeros((), ml_dtypes.int4), opset=19), "y_zero_point has type int4, expected one of"),
+        (
+            lambda: quantize_linear(X, np.float32(1), output_dtype="int4", opset=19),
+            "output_dtype is not an attribute of QuantizeLinear version 19",
+        ),
+        (
+            lambda: quantize_linear(X, np.float32(1), np.zeros((), ml_dtypes.int4), opset=19),
+            "y_zero_point has type int4, expected one of",
+        ),
         (lambda: quantize_linear(X, np.float32(1), np.zeros((), ml_dtypes.int2), opset=24), "y_zero_point has type int2"),
-        (lambda: quantize_linear(X, np.float32(1), np.zeros((), ml_dtypes.float6_e2m3fn), opset=25), "y_zero_point has type float6_e2m3fn"),
-        (lambda: quantize_linear(X, np.ones((2, 2), np.float32), axis=1, block_size=2, opset=19), "block_size is not an attribute of QuantizeLinear version 19"),
-        (lambda: quantize_linear(X, np.float32(1), precision="float16", opset=21), "precision is not an attribute of QuantizeLinear version 21"),
-        (lambda: quantize_linear(X, np.float32(1), saturate=False, opset=13), "saturate is not an attribute of QuantizeLinear version 13"),
+        (
+            lambda: quantize_linear(X, np.float32(1), np.zeros((), ml_dtypes.float6_e2m3fn), opset=25),
+            "y_zero_point has type float6_e2m3fn",
+        ),
+        (
+            lambda: quantize_linear(X, np.ones((2, 2), np.float32), axis=1, block_size=2, opset=19),
+            "block_size is not an attribute of QuantizeLinear version 19",
+        ),
+        (
+            lambda: quantize_linear(X, np.float32(1), precision="float16", opset=21),
+            "precision is not an attribute of QuantizeLinear version 21",
+        ),
+        (
+            lambda: quantize_linear(X, np.float32(1), saturate=False, opset=13),
+            "saturate is not an attribute of QuantizeLinear version 13",
+        ),
         (lambda: quantize_linear(X, np.ones(4, np.float32), opset=10), "y_scale must be a scalar for QuantizeLinear version 10"),
-        (lambda: quantize_linear(X.astype(np.float16), np.float16(1), opset=13), "x has type float16, expected one of float, int32"),
+        (
+            lambda: quantize_linear(X.astype(np.float16), np.float16(1), opset=13),
+            "x has type float16, expected one of float, int32",
+        ),
         (lambda: quantize_linear(X, np.float32(1).astype(ml_dtypes.float8_e8m0fnu), opset=23), "y_scale has type float8_e8m0fnu"),
         (lambda: dequantize_linear(np.zeros(4, ml_dtypes.float8_e4m3fn), np.float32(1), opset=13), "x has type float8_e4m3fn"),
-        (lambda: dequantize_linear(np.zeros(4, np.int8), np.float32(1), output_dtype="float16", opset=21), "output_dtype is not an attribute of DequantizeLinear version 21"),
-        (lambda: quantize_linear(X, np.float32(1), np.zeros((), ml_dtypes.float8_e4m3fn), domain="com.microsoft"), "y_zero_point has type float8_e4m3fn"),
+        (
+            lambda: dequantize_linear(np.zeros(4, np.int8), np.float32(1), output_dtype="float16", opset=21),
+            "output_dtype is not an attribute of DequantizeLinear version 21",
+        ),
+        (
+            lambda: quantize_linear(X, np.float32(1), np.zeros((), ml_dtypes.float8_e4m3fn), domain="com.microsoft"),
+            "y_zero_point has type float8_e4m3fn",
+        ),
         (lambda: quantize_linear(X, np.float32(1), domain="ai.onnx.ml"), "domain must be one of"),
     ],
 )
@@ -70,7 +100,10 @@ def test_axis_out_of_range():
 
 def test_block_size_out_of_range():
     # 4 elements in 2 blocks: block_size must be 2 or 3.
-    with pytest.raises(QuantizationError, match=r"y_scale has shape \(2, 2\), expected \(2, 1\) for block_size=4 on axis=1 of x with shape \(2, 4\); block_size in \[2, 3\] fits this y_scale"):
+    with pytest.raises(
+        QuantizationError,
+        match=r"y_scale has shape \(2, 2\), expected \(2, 1\) for block_size=4 on axis=1 of x with shape \(2, 4\); block_size in \[2, 3\] fits this y_scale",
+    ):
         quantize_linear(X, np.ones((2, 2), np.float32), axis=1, block_size=4)
     with pytest.raises(QuantizationError, match="block_size must be >= 0"):
         quantize_linear(X, np.ones((2, 2), np.float32), axis=1, block_size=-1)
@@ -79,7 +112,9 @@ def test_block_size_out_of_range():
 def test_scale_of_the_wrong_type():
     with pytest.raises(QuantizationError, match="y_scale has type float64, expected one of"):
         quantize_linear(X, np.float64(1))
-    with pytest.raises(QuantizationError, match=r"y_scale has type float16, expected float \(the type of x\) for QuantizeLinear version 21"):
+    with pytest.raises(
+        QuantizationError, match=r"y_scale has type float16, expected float \(the type of x\) for QuantizeLinear version 21"
+    ):
         quantize_linear(X, np.float16(1), opset=21)
     with pytest.raises(QuantizationError, match="x_scale has type int32"):
         dequantize_linear(np.zeros(4, np.int8), np.int32(1))

@@ -57,11 +57,15 @@ def node_cases(draw, *, tame: bool = False, max_opset: int = 28, ms: bool = True
     scale_values = draw(st.lists(st.sampled_from([0.5, 0.25, 1.0, 2.0, 0.1, 3.0, 0.007, 17.0]), min_size=sn, max_size=sn))
     if op == "QuantizeLinear":
         x_name = draw(st.sampled_from(sorted(row.x_types - {"int32"})))
-        scale_choices = [x_name] if row.scale_types is None else sorted((row.scale_types - {"int32"}) if not tame else {x_name, "float"})
+        scale_choices = (
+            [x_name] if row.scale_types is None else sorted((row.scale_types - {"int32"}) if not tame else {x_name, "float"})
+        )
         s_name = draw(st.sampled_from(scale_choices))
         span = (qtype.qmax - qtype.qmin) if qtype.is_integer else qtype.max_finite
         finite = st.floats(-4 * span, 4 * span, allow_nan=False, allow_infinity=False, width=32)
-        values = st.one_of(finite, st.sampled_from(SPECIAL)) if not tame else st.one_of(finite, st.sampled_from([0.5, 1.5, 2.5, -2.5]))
+        values = (
+            st.one_of(finite, st.sampled_from(SPECIAL)) if not tame else st.one_of(finite, st.sampled_from([0.5, 1.5, 2.5, -2.5]))
+        )
         x_values = draw(st.lists(values, min_size=n, max_size=n))
         with np.errstate(all="ignore"):
             x = np.array(x_values, np.float64).astype(element_type(x_name).dtype).reshape(shape)
@@ -137,9 +141,12 @@ def test_qlinear_matches_onnx_reference(case):
         case = NodeCase(case.name, case.op, 19, case.inputs, case.attributes)  # onnx.reference has no DequantizeLinear 10 or 13
     x_type = element_type(case.inputs[0].dtype)
     out = case.attributes.get("output_dtype")
-    float8_out = case.op == "QuantizeLinear" and (
-        element_type(case.inputs[2].dtype) if case.inputs[2] is not None else element_type(out) if out else x_type
-    ).saturate_applies
+    float8_out = (
+        case.op == "QuantizeLinear"
+        and (
+            element_type(case.inputs[2].dtype) if case.inputs[2] is not None else element_type(out) if out else x_type
+        ).saturate_applies
+    )
     want = run_onnx_reference(case)
     got = run_qlinear(case)
     if float8_out and case.inputs[2] is not None:
@@ -186,7 +193,11 @@ def test_dynamic_quantize_matches_spec_model(x):
 
 @SETTINGS
 # A range below ~1e-36 makes the float32 scale underflow to 0 (docs/semantics.md).
-@given(x=st.lists(st.floats(-1e4, 1e4, width=32, allow_nan=False), min_size=1, max_size=40).filter(lambda v: max(map(abs, v)) > 1e-30))
+@given(
+    x=st.lists(st.floats(-1e4, 1e4, width=32, allow_nan=False), min_size=1, max_size=40).filter(
+        lambda v: max(map(abs, v)) > 1e-30
+    )
+)
 def test_dynamic_quantize_matches_onnx_reference_and_onnxruntime(x):
     case = NodeCase("dynamic", "DynamicQuantizeLinear", 11, [np.array(x, np.float32)])
     got = run_qlinear(case)

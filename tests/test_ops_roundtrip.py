@@ -39,7 +39,9 @@ def test_integer_round_trip_within_half_scale(t, data):
 
 @pytest.mark.parametrize("t", FLOATS, ids=str)
 @settings(max_examples=40, deadline=None)
-@given(x=hnp.arrays(np.float32, st.integers(1, 30), elements=st.floats(-1, 1, width=32)), scale=st.floats(0.015625, 8.0, width=32))
+@given(
+    x=hnp.arrays(np.float32, st.integers(1, 30), elements=st.floats(-1, 1, width=32)), scale=st.floats(0.015625, 8.0, width=32)
+)
 def test_float_round_trip_within_half_ulp(t, x, scale):
     scale = np.float32(scale)
     x = (x * np.float32(t.max_finite) * scale).astype(np.float32)

@@ -44,7 +44,9 @@ def test_axis_ignored_for_per_tensor():
     assert qlinear.quantize_linear(x, np.float32(1), axis=5).tolist() == [1, 2]
 
 
-@pytest.mark.parametrize(("qtype", "zp"), [(np.int8, -3), (np.uint8, 7), (np.int16, 100), (ml_dtypes.int4, 2), (ml_dtypes.uint2, 1)])
+@pytest.mark.parametrize(
+    ("qtype", "zp"), [(np.int8, -3), (np.uint8, 7), (np.int16, 100), (ml_dtypes.int4, 2), (ml_dtypes.uint2, 1)]
+)
 def test_nan_to_integer_is_zero_point(qtype, zp):
     x = np.array([NAN, 1.0], np.float32)
     y = qlinear.quantize_linear(x, np.float32(1), np.array(zp, qtype), opset=25)
@@ -62,7 +64,13 @@ def test_nan_to_integer_onnxruntime_gives_qmin():
 @pytest.mark.parametrize("value", [np.inf, 3e38, 1e10, 2.0**31])
 def test_infinity_and_huge_values_saturate(value):
     x = np.array([value, -value], np.float32)
-    for qtype, (lo, hi) in [(np.int8, (-128, 127)), (np.uint8, (0, 255)), (np.int16, (-32768, 32767)), (ml_dtypes.int4, (-8, 7)), (ml_dtypes.uint2, (0, 3))]:
+    for qtype, (lo, hi) in [
+        (np.int8, (-128, 127)),
+        (np.uint8, (0, 255)),
+        (np.int16, (-32768, 32767)),
+        (ml_dtypes.int4, (-8, 7)),
+        (ml_dtypes.uint2, (0, 3)),
+    ]:
         y = qlinear.quantize_linear(x, np.float32(1), np.array(0, qtype), opset=25)
         assert [int(v) for v in y] == [hi, lo]
     ref = run_onnx_reference(q_case(x, np.float32(1), np.int8(0)))[0]
@@ -150,7 +158,10 @@ def test_degenerate_scales():
         assert qlinear.quantize_linear(x, np.float32(np.nan), np.int8(3)).tolist() == [3, 3, 3]
         assert qlinear.quantize_linear(x, np.float32(np.inf), np.int8(3)).tolist() == [3, 3, 3]
         assert qlinear.quantize_linear(x, np.float32(-0.5), np.int8(0)).tolist() == [-2, 2, 0]
-        assert qlinear.quantize_linear(x, np.float32(0), output_dtype="float8e4m3fn").astype(np.float32)[:2].tolist() == [448.0, -448.0]
+        assert qlinear.quantize_linear(x, np.float32(0), output_dtype="float8e4m3fn").astype(np.float32)[:2].tolist() == [
+            448.0,
+            -448.0,
+        ]
 
 
 def test_int32_difference_is_exact():

@@ -36,7 +36,10 @@ def test_table_matches_onnx_schema(row):
         assert scale == (set(row.scale_types) if row.scale_types else set(row.x_types))
         assert schema_types(schema, "y_zero_point") == set(row.quantized_types)
         # ONNX ties the scale to x's type parameter exactly when the table says so.
-        tied = next(i for i in schema.inputs if i.name == "y_scale").type_str == next(i for i in schema.inputs if i.name == "x").type_str
+        tied = (
+            next(i for i in schema.inputs if i.name == "y_scale").type_str
+            == next(i for i in schema.inputs if i.name == "x").type_str
+        )
         assert tied == (row.scale_types is None)
     else:
         assert schema_types(schema, "x") == set(row.x_types)
@@ -56,7 +59,11 @@ def test_microsoft_rows_match_onnxruntime_schema():
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     del ort
-    schemas = {s.name: s for s in C.get_all_operator_schema() if s.domain == "com.microsoft" and s.name in ("QuantizeLinear", "DequantizeLinear")}
+    schemas = {
+        s.name: s
+        for s in C.get_all_operator_schema()
+        if s.domain == "com.microsoft" and s.name in ("QuantizeLinear", "DequantizeLinear")
+    }
     for row in (r for r in OPERATOR_VERSIONS if r.domain == "com.microsoft"):
         s = schemas[row.op]
         types = {c.type_param_str: {t[7:-1] for t in c.allowed_type_strs} for c in s.type_constraints}
@@ -69,8 +76,25 @@ def test_microsoft_rows_match_onnxruntime_schema():
             assert by_input["x_scale"] == set(row.scale_types)
 
 
-@pytest.mark.parametrize(("opset", "version"), [(10, 10), (12, 10), (13, 13), (18, 13), (19, 19), (20, 19), (21, 21),
-                                                (22, 21), (23, 23), (24, 24), (25, 25), (27, 25), (28, 28), (None, 28)])
+@pytest.mark.parametrize(
+    ("opset", "version"),
+    [
+        (10, 10),
+        (12, 10),
+        (13, 13),
+        (18, 13),
+        (19, 19),
+        (20, 19),
+        (21, 21),
+        (22, 21),
+        (23, 23),
+        (24, 24),
+        (25, 25),
+        (27, 25),
+        (28, 28),
+        (None, 28),
+    ],
+)
 def test_operator_version_in_force_at_opset(opset, version):
     assert operator_version("QuantizeLinear", opset, caller="t").version == version
     assert operator_version("DequantizeLinear", opset, caller="t").version == version

@@ -129,7 +129,10 @@ def test_dequantize_linear_gradcheck():
     with pytest.warns(UserWarning, match="double precision"):
         assert torch.autograd.gradcheck(
             lambda q, s: qt.dequantize_linear(q, s, z, axis=0, input_dtype="float8e4m3fn"),
-            (q, s), eps=1e-3, atol=1e-2, rtol=1e-2,
+            (q, s),
+            eps=1e-3,
+            atol=1e-2,
+            rtol=1e-2,
         )
 
 

@@ -24,8 +24,9 @@ CONFIGS = {
 
 def _model(weight, activation):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 20), nn.ReLU(),
-                          nn.Linear(20, 5))
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 20), nn.ReLU(), nn.Linear(20, 5)
+    )
     qt.quantize_modules(model, qt.QuantConfig(weight=weight, activation=activation))
     model.train()
     model(torch.randn(16, 1, 6, 6))  # observe activation ranges

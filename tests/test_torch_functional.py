@@ -16,10 +16,27 @@ import qlinear.torch as qt  # noqa: E402
 from qlinear.dtypes import element_type  # noqa: E402
 
 QUANTIZED_TYPES = [
-    "uint8", "int8", "uint16", "int16", "uint4", "int4", "uint2", "int2",
-    "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1", "float6e2m3", "float6e3m2",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint4",
+    "int4",
+    "uint2",
+    "int2",
+    "float8e4m3fn",
+    "float8e4m3fnuz",
+    "float8e5m2",
+    "float8e5m2fnuz",
+    "float4e2m1",
+    "float6e2m3",
+    "float6e3m2",
 ]
-WIDE = {"float32": (np.float32, torch.float32), "float16": (np.float16, torch.float16), "bfloat16": (ml_dtypes.bfloat16, torch.bfloat16)}
+WIDE = {
+    "float32": (np.float32, torch.float32),
+    "float16": (np.float16, torch.float16),
+    "bfloat16": (ml_dtypes.bfloat16, torch.bfloat16),
+}
 
 
 def _bits_equal(got: np.ndarray, want: np.ndarray) -> bool:
@@ -78,11 +95,13 @@ def _torch_args(x, scale, zp):
 @given(cases())
 def test_quantize_linear_matches_numpy(case):
     qtype, x, scale, zp, axis, block_size, saturate, precision = case
-    want = qlinear.quantize_linear(x, scale, zp, axis=axis, block_size=block_size, output_dtype=qtype.dtype,
-                                   saturate=saturate, precision=precision)
+    want = qlinear.quantize_linear(
+        x, scale, zp, axis=axis, block_size=block_size, output_dtype=qtype.dtype, saturate=saturate, precision=precision
+    )
     tx, ts, tz = _torch_args(x, scale, zp)
-    got = qt.quantize_linear(tx, ts, tz, axis=axis, block_size=block_size, output_dtype=qtype.name, saturate=saturate,
-                             precision=precision)
+    got = qt.quantize_linear(
+        tx, ts, tz, axis=axis, block_size=block_size, output_dtype=qtype.name, saturate=saturate, precision=precision
+    )
     assert got.dtype == torch.float32
     assert _bits_equal(got.numpy(), want.astype(np.float32))
 
@@ -91,13 +110,15 @@ def test_quantize_linear_matches_numpy(case):
 @given(cases())
 def test_fake_quantize_matches_numpy(case):
     qtype, x, scale, zp, axis, block_size, saturate, precision = case
-    q = qlinear.quantize_linear(x, scale, zp, axis=axis, block_size=block_size, output_dtype=qtype.dtype,
-                                saturate=saturate, precision=precision)
+    q = qlinear.quantize_linear(
+        x, scale, zp, axis=axis, block_size=block_size, output_dtype=qtype.dtype, saturate=saturate, precision=precision
+    )
     want = qlinear.dequantize_linear(q, scale, zp, axis=axis, block_size=block_size, output_dtype=x.dtype)
     tx, ts, tz = _torch_args(x, scale, zp)
     tx.requires_grad_(True)  # the autograd path must compute the same forward
-    got = qt.fake_quantize(tx, ts, tz, axis=axis, block_size=block_size, output_dtype=qtype.name, saturate=saturate,
-                           precision=precision)
+    got = qt.fake_quantize(
+        tx, ts, tz, axis=axis, block_size=block_size, output_dtype=qtype.name, saturate=saturate, precision=precision
+    )
     assert got.dtype == tx.dtype
     assert _bits_equal(got.detach().to(torch.float32).numpy(), want.astype(np.float32))
 
@@ -109,7 +130,8 @@ def test_dequantize_linear_matches_numpy(case):
     q = qlinear.quantize_linear(x, scale, zp, axis=axis, block_size=block_size, output_dtype=qtype.dtype, saturate=saturate)
     want = qlinear.dequantize_linear(q, scale, zp, axis=axis, block_size=block_size)
     _, ts, tz = _torch_args(x, scale, zp)
-    got = qt.dequantize_linear(torch.from_numpy(q.astype(np.float32)), ts, tz, axis=axis, block_size=block_size,
-                               input_dtype=qtype.name)
+    got = qt.dequantize_linear(
+        torch.from_numpy(q.astype(np.float32)), ts, tz, axis=axis, block_size=block_size, input_dtype=qtype.name
+    )
     assert got.dtype == ts.dtype
     assert _bits_equal(got.to(torch.float32).numpy(), want.astype(np.float32))

@@ -83,8 +83,12 @@ def test_quantize_modules_wraps_linear_and_conv():
     qt.quantize_modules(model, qt.QuantConfig(weight=qt.QuantSpec("int8", axis=0), activation=None))
     assert [type(m).__name__ for m in (model[0], model[3], model[4][0])] == ["QuantizedModule"] * 3
     w = model[3].layer.weight
-    assert torch.equal(model[3].weight_quant(w), qt.fake_quantize(w, model[3].weight_quant.scale, output_dtype="int8", axis=0,
-                                                                 zero_point=model[3].weight_quant.zero_point))
+    assert torch.equal(
+        model[3].weight_quant(w),
+        qt.fake_quantize(
+            w, model[3].weight_quant.scale, output_dtype="int8", axis=0, zero_point=model[3].weight_quant.zero_point
+        ),
+    )
 
 
 def test_quantize_modules_needs_a_layer():
@@ -93,8 +97,9 @@ def test_quantize_modules_needs_a_layer():
 
 
 def test_learnable_dequantize_gradients():
-    dq = qt.DequantizeLinear(dtype="int8", scale=torch.tensor([0.5, 2.0]), zero_point=torch.tensor([1.0, -3.0]), axis=0,
-                             learnable=True)
+    dq = qt.DequantizeLinear(
+        dtype="int8", scale=torch.tensor([0.5, 2.0]), zero_point=torch.tensor([1.0, -3.0]), axis=0, learnable=True
+    )
     x = torch.tensor([[4.0, 5.0], [-1.0, 0.0]])
     dq(x).sum().backward()
     assert dq.scale.grad.tolist() == [7.0, 5.0]  # sum of (x - z) per row

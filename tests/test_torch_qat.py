@@ -18,8 +18,10 @@ def test_qat_loss_decreases_and_export_runs(tmp_path):
     x = torch.randn(256, 12)
     y = (x[:, :3].sum(1) > 0).long() + (x[:, 3] > 1).long()
     model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 3))
-    config = qt.QuantConfig(weight=qt.QuantSpec("int4", axis=1, block_size=4, qparams="learnable"),
-                            activation=qt.QuantSpec("uint8", qparams="learnable", symmetric=False))
+    config = qt.QuantConfig(
+        weight=qt.QuantSpec("int4", axis=1, block_size=4, qparams="learnable"),
+        activation=qt.QuantSpec("uint8", qparams="learnable", symmetric=False),
+    )
     qt.quantize_modules(model, config)
     model.train()
     model(x)  # sets the activation qparams before the optimizer sees them

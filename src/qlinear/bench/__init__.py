@@ -45,9 +45,16 @@ def _qlinear_calls(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray)
     return run_q, run_dq, allocating_q, lambda: run_dq(None), q
 
 
-def run_benchmark(*, size: int, threads: int, repeats: int = 3, reference: bool = True,
-                  types: tuple[str, ...] = TYPES, granularities: tuple[str, ...] = tuple(GRANULARITIES),
-                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def run_benchmark(
+    *,
+    size: int,
+    threads: int,
+    repeats: int = 3,
+    reference: bool = True,
+    types: tuple[str, ...] = TYPES,
+    granularities: tuple[str, ...] = tuple(GRANULARITIES),
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Measure every case; times in seconds, memory in bytes.
 
     Returns ``{"size", "threads", "copy_bandwidth", "rows"}``; each row has
@@ -73,9 +80,18 @@ def run_benchmark(*, size: int, threads: int, repeats: int = 3, reference: bool 
             ort_q_case = Case("Q", case.type_name, case.granularity)
             ort_q, ort_mode = ort_runner(ort_q_case, x, q, scale, zp, threads)
             unpacked = quantize_linear(x, scale, zp, axis=case.axis, block_size=case.block_size) if case.packed else q
-            by_input[key] = dict(x=x, scale=scale, zp=zp, q=q, unpacked=unpacked, q_bytes=q.nbytes,
-                                 allocating={"Q": alloc_q, "DQ": alloc_dq}, q_time=best_time(run_q, repeats),
-                                 dq_time=best_time(run_dq, repeats), ort_q=(ort_q, ort_mode))
+            by_input[key] = dict(
+                x=x,
+                scale=scale,
+                zp=zp,
+                q=q,
+                unpacked=unpacked,
+                q_bytes=q.nbytes,
+                allocating={"Q": alloc_q, "DQ": alloc_dq},
+                q_time=best_time(run_q, repeats),
+                dq_time=best_time(run_dq, repeats),
+                ort_q=(ort_q, ort_mode),
+            )
         shared = by_input[key]
         x, scale, zp = shared["x"], shared["scale"], shared["zp"]
         own = shared["q_time"] if case.op == "Q" else shared["dq_time"]
@@ -90,14 +106,24 @@ def run_benchmark(*, size: int, threads: int, repeats: int = 3, reference: bool 
             ref_s = best_time(ref_call, 1) if ref_call is not None else None
         out_bytes = shared["q_bytes"] if case.op == "Q" else x.nbytes
         moved = x.nbytes + shared["q_bytes"] + scale.nbytes + zp.nbytes
-        rows.append({
-            "op": case.op, "type": case.type_name, "granularity": case.granularity,
-            "packed": case.packed, "qlinear_s": own, "ort_s": ort_s, "ort_mode": ort_mode,
-            "qlinear_pair_s": shared["q_time"] + shared["dq_time"] if ort_mode == "Q+DQ pair" else None,
-            "reference_s": ref_s, "bytes_moved": moved, "floor_s": moved / bandwidth,
-            "peak_extra_bytes": peak_extra_bytes(shared["allocating"][case.op]),
-            "output_bytes": out_bytes, "scale_bytes": scale.nbytes + zp.nbytes,
-        })
+        rows.append(
+            {
+                "op": case.op,
+                "type": case.type_name,
+                "granularity": case.granularity,
+                "packed": case.packed,
+                "qlinear_s": own,
+                "ort_s": ort_s,
+                "ort_mode": ort_mode,
+                "qlinear_pair_s": shared["q_time"] + shared["dq_time"] if ort_mode == "Q+DQ pair" else None,
+                "reference_s": ref_s,
+                "bytes_moved": moved,
+                "floor_s": moved / bandwidth,
+                "peak_extra_bytes": peak_extra_bytes(shared["allocating"][case.op]),
+                "output_bytes": out_bytes,
+                "scale_bytes": scale.nbytes + zp.nbytes,
+            }
+        )
         if progress is not None:
             progress(done + 1, len(todo))
     return {"size": int(np.prod(shared["x"].shape)), "threads": threads, "copy_bandwidth": bandwidth, "rows": rows}

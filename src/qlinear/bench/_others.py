@@ -46,8 +46,9 @@ def onnx_model(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray, *, 
     return model
 
 
-def ort_runner(case: Case, x: np.ndarray, q: np.ndarray, scale: np.ndarray, zp: np.ndarray,
-               threads: int) -> tuple[Callable[[], object] | None, str]:
+def ort_runner(
+    case: Case, x: np.ndarray, q: np.ndarray, scale: np.ndarray, zp: np.ndarray, threads: int
+) -> tuple[Callable[[], object] | None, str]:
     """A call running ``case`` in ONNX Runtime, and how: ``"node"``, ``"Q+DQ pair"`` or why not."""
     try:
         import onnxruntime as ort
@@ -60,8 +61,9 @@ def ort_runner(case: Case, x: np.ndarray, q: np.ndarray, scale: np.ndarray, zp: 
     reason = "unsupported"
     for pair in (False, True):
         try:
-            session = ort.InferenceSession(onnx_model(case, x, scale, zp, pair=pair).SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(
+                onnx_model(case, x, scale, zp, pair=pair).SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
             feed = {"x": x} if case.op == "Q" or pair else {"q": q}
             session.run(None, feed)
         except Exception as error:  # ORT reports missing kernels and type gaps with several exception types

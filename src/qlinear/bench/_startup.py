@@ -108,17 +108,29 @@ def run_startup(*, repeats: int = 5, progress: Callable[[int, int], None] | None
         return statistics.median(sum(r[k] for k in keys) for r in runs)
 
     steps = [
-        ("import qlinear", statistics.median(imports),
-         f'python -c "import qlinear", the whole process; in-process import {mid(small, "import_s") * 1e3:.0f} ms'),
-        ("first call, small (auto)", mid(small, "q_s"),
-         f"QuantizeLinear uint8 per tensor, {SMALL:,} elements, on numpy; numba imported: "
-         f"{'yes' if any(r['numba_loaded'] for r in small) else 'no'}"),
-        ("first call on numba, warm cache", mid(warm, "numba_import_s", "q_s"),
-         f"QuantizeLinear uint8 per tensor, {LARGE:,} elements, backend='cpu': import numba "
-         f"{mid(warm, 'numba_import_s') * 1e3:.0f} ms + first call {mid(warm, 'q_s') * 1e3:.0f} ms; first DequantizeLinear "
-         f"after it {mid(warm, 'dq_s') * 1e3:.0f} ms"),
-        ("cold compile, first Q", cold["q_s"],
-         "QuantizeLinear float32 -> uint8 per tensor, empty NUMBA_CACHE_DIR; includes importing numba"),
+        (
+            "import qlinear",
+            statistics.median(imports),
+            f'python -c "import qlinear", the whole process; in-process import {mid(small, "import_s") * 1e3:.0f} ms',
+        ),
+        (
+            "first call, small (auto)",
+            mid(small, "q_s"),
+            f"QuantizeLinear uint8 per tensor, {SMALL:,} elements, on numpy; numba imported: "
+            f"{'yes' if any(r['numba_loaded'] for r in small) else 'no'}",
+        ),
+        (
+            "first call on numba, warm cache",
+            mid(warm, "numba_import_s", "q_s"),
+            f"QuantizeLinear uint8 per tensor, {LARGE:,} elements, backend='cpu': import numba "
+            f"{mid(warm, 'numba_import_s') * 1e3:.0f} ms + first call {mid(warm, 'q_s') * 1e3:.0f} ms; first DequantizeLinear "
+            f"after it {mid(warm, 'dq_s') * 1e3:.0f} ms",
+        ),
+        (
+            "cold compile, first Q",
+            cold["q_s"],
+            "QuantizeLinear float32 -> uint8 per tensor, empty NUMBA_CACHE_DIR; includes importing numba",
+        ),
         ("cold compile, first DQ", cold["dq_s"], "DequantizeLinear uint8 -> float32 per tensor, in the same process after the Q"),
     ]
     return {"repeats": repeats, "steps": [{"step": s, "seconds": v, "detail": d} for s, v, d in steps]}

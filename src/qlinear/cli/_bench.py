@@ -30,11 +30,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads for qlinear and ONNX Runtime (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per case, best kept (default 5)")
     parser.add_argument("--reference", action="store_true", help="also time onnx.reference (slow: seconds per case at 16M)")
-    parser.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES, metavar="TYPE", help="element types (default all)")
-    parser.add_argument("--granularities", nargs="+", default=list(GRANULARITIES), choices=list(GRANULARITIES), metavar="G",
-                        help=f"granularities among: {', '.join(GRANULARITIES)}")
-    parser.add_argument("--startup", action="store_true",
-                        help="instead, time import, first calls and cold compiles in fresh processes (--repeats of each)")
+    parser.add_argument(
+        "--types", nargs="+", default=list(TYPES), choices=TYPES, metavar="TYPE", help="element types (default all)"
+    )
+    parser.add_argument(
+        "--granularities",
+        nargs="+",
+        default=list(GRANULARITIES),
+        choices=list(GRANULARITIES),
+        metavar="G",
+        help=f"granularities among: {', '.join(GRANULARITIES)}",
+    )
+    parser.add_argument(
+        "--startup",
+        action="store_true",
+        help="instead, time import, first calls and cold compiles in fresh processes (--repeats of each)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the measurements as JSON to PATH")
 
 
@@ -55,7 +66,9 @@ def _write_json(report: dict, path: str | None) -> None:
 def _run_startup(args: argparse.Namespace, console: Console) -> int:
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("start-up", total=None)
-        startup = run_startup(repeats=args.repeats, progress=lambda done, total: progress.update(task, completed=done, total=total))
+        startup = run_startup(
+            repeats=args.repeats, progress=lambda done, total: progress.update(task, completed=done, total=total)
+        )
     console.print(startup_table(startup))
     _write_json({"startup": startup}, args.json)
     return 0
@@ -67,22 +80,50 @@ def run(args: argparse.Namespace) -> int:
         return _run_startup(args, console)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmark", total=None)
-        report = run_benchmark(size=args.size, threads=args.threads, repeats=args.repeats, reference=args.reference,
-                               types=tuple(args.types), granularities=tuple(args.granularities),
-                               progress=lambda done, total: progress.update(task, completed=done, total=total))
-    title = (f"qlinear cpu kernels, {report['size']:,} float32 elements, {report['threads']} threads; "
-             f"copy bandwidth {report['copy_bandwidth'] / 1e9:.1f} GB/s")
+        report = run_benchmark(
+            size=args.size,
+            threads=args.threads,
+            repeats=args.repeats,
+            reference=args.reference,
+            types=tuple(args.types),
+            granularities=tuple(args.granularities),
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    title = (
+        f"qlinear cpu kernels, {report['size']:,} float32 elements, {report['threads']} threads; "
+        f"copy bandwidth {report['copy_bandwidth'] / 1e9:.1f} GB/s"
+    )
     table = Table(title=title)
-    for column in ("op", "type", "granularity", "qlinear ms", "ORT ms", "ref ms", "floor ms", "qlinear/ORT", "qlinear/floor", "mem/out"):
+    for column in (
+        "op",
+        "type",
+        "granularity",
+        "qlinear ms",
+        "ORT ms",
+        "ref ms",
+        "floor ms",
+        "qlinear/ORT",
+        "qlinear/floor",
+        "mem/out",
+    ):
         table.add_column(column, justify="left" if column in ("op", "type", "granularity") else "right")
     for row in report["rows"]:
         pair = row["ort_mode"] == "Q+DQ pair"
         ort = _ms(row["ort_s"]) + ("*" if pair else "") if row["ort_s"] is not None else row["ort_mode"]
         mine = row["qlinear_pair_s"] if pair else row["qlinear_s"]
         memory = row["peak_extra_bytes"] / (row["output_bytes"] + row["scale_bytes"])
-        table.add_row(row["op"], row["type"] + (" (packed)" if row["packed"] else ""), row["granularity"],
-                      _ms(row["qlinear_s"]), ort, _ms(row["reference_s"]), _ms(row["floor_s"]),
-                      _ratio(mine, row["ort_s"]), _ratio(row["qlinear_s"], row["floor_s"]), f"{memory:.2f}")
+        table.add_row(
+            row["op"],
+            row["type"] + (" (packed)" if row["packed"] else ""),
+            row["granularity"],
+            _ms(row["qlinear_s"]),
+            ort,
+            _ms(row["reference_s"]),
+            _ms(row["floor_s"]),
+            _ratio(mine, row["ort_s"]),
+            _ratio(row["qlinear_s"], row["floor_s"]),
+            f"{memory:.2f}",
+        )
     console.print(table)
     console.print("* ONNX Runtime timed as a QuantizeLinear+DequantizeLinear pair; qlinear/ORT then compares qlinear's Q+DQ.")
     console.print("mem/out: peak memory a qlinear call allocates, over its output plus scales and zero points.")

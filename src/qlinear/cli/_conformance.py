@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         for key, count, example in kinds:
             console.print(f"  {escape(key)} ({count} cases), e.g. {example.case}: {escape(example.detail)}", highlight=False)
     verdict = report.qlinear_conforms()
-    console.print("qlinear agrees with the specification on every case." if verdict else "qlinear DISAGREES with the specification.")
+    console.print(
+        "qlinear agrees with the specification on every case." if verdict else "qlinear DISAGREES with the specification."
+    )
     if args.json:
         text = json.dumps(report.to_json(), indent=2, default=str)
         if args.json == "-":

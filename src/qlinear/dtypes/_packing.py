@@ -83,7 +83,11 @@ def unpack(buf: Any, dtype: Any, shape: Any) -> np.ndarray:
     t = element_type(dtype, what="unpack: dtype")
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
     count = math.prod(shape)
-    data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray, memoryview)) else np.asarray(buf).reshape(-1).view(np.uint8)
+    data = (
+        np.frombuffer(buf, dtype=np.uint8)
+        if isinstance(buf, (bytes, bytearray, memoryview))
+        else np.asarray(buf).reshape(-1).view(np.uint8)
+    )
     need = packed_size(count, t.bits)
     if data.size < need:
         raise QuantizationError(f"unpack: buf has {data.size} bytes, expected at least {need} for {count} {t.name} elements")

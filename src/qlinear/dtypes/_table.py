@@ -68,8 +68,12 @@ def _int(name: str, enum: int, dtype: Any, bits: int, qmin: int, qmax: int) -> E
     return ElementType(name, enum, np.dtype(dtype), bits, "int", qmin=qmin, qmax=qmax, has_nan=False)
 
 
-def _float(name: str, enum: int, dtype: Any, bits: int, max_finite: float, *, inf: bool, nan: bool, saturate: bool) -> ElementType:
-    return ElementType(name, enum, np.dtype(dtype), bits, "float", max_finite=max_finite, has_inf=inf, has_nan=nan, saturate_applies=saturate)
+def _float(
+    name: str, enum: int, dtype: Any, bits: int, max_finite: float, *, inf: bool, nan: bool, saturate: bool
+) -> ElementType:
+    return ElementType(
+        name, enum, np.dtype(dtype), bits, "float", max_finite=max_finite, has_inf=inf, has_nan=nan, saturate_applies=saturate
+    )
 
 
 def _wide(name: str, enum: int, dtype: Any, bits: int, max_finite: float) -> ElementType:
@@ -87,22 +91,50 @@ ELEMENT_TYPES: tuple[ElementType, ...] = (
     _int("uint2", T.UINT2, ml_dtypes.uint2, 2, 0, 3),
     _int("int2", T.INT2, ml_dtypes.int2, 2, -2, 1),
     _int("int32", T.INT32, np.int32, 32, -(2**31), 2**31 - 1),
-    _float("float8e4m3fn", T.FLOAT8E4M3FN, ml_dtypes.float8_e4m3fn, 8,
-           float.fromhex("0x1.cp8"), inf=False, nan=True, saturate=True),  # 448
-    _float("float8e4m3fnuz", T.FLOAT8E4M3FNUZ, ml_dtypes.float8_e4m3fnuz, 8,
-           float.fromhex("0x1.ep7"), inf=False, nan=True, saturate=True),  # 240
-    _float("float8e5m2", T.FLOAT8E5M2, ml_dtypes.float8_e5m2, 8,
-           float.fromhex("0x1.cp15"), inf=True, nan=True, saturate=True),  # 57344
-    _float("float8e5m2fnuz", T.FLOAT8E5M2FNUZ, ml_dtypes.float8_e5m2fnuz, 8,
-           float.fromhex("0x1.cp15"), inf=False, nan=True, saturate=True),  # 57344
-    _float("float4e2m1", T.FLOAT4E2M1, ml_dtypes.float4_e2m1fn, 4,
-           float.fromhex("0x1.8p2"), inf=False, nan=False, saturate=False),  # 6
-    _float("float6e2m3", T.FLOAT6E2M3, ml_dtypes.float6_e2m3fn, 6,
-           float.fromhex("0x1.ep2"), inf=False, nan=False, saturate=False),  # 7.5
-    _float("float6e3m2", T.FLOAT6E3M2, ml_dtypes.float6_e3m2fn, 6,
-           float.fromhex("0x1.cp4"), inf=False, nan=False, saturate=False),  # 28
-    ElementType("float8e8m0", T.FLOAT8E8M0, np.dtype(ml_dtypes.float8_e8m0fnu), 8, "scale",
-                max_finite=float.fromhex("0x1p127"), has_inf=False),  # 2**127
+    _float(
+        "float8e4m3fn", T.FLOAT8E4M3FN, ml_dtypes.float8_e4m3fn, 8, float.fromhex("0x1.cp8"), inf=False, nan=True, saturate=True
+    ),  # 448
+    _float(
+        "float8e4m3fnuz",
+        T.FLOAT8E4M3FNUZ,
+        ml_dtypes.float8_e4m3fnuz,
+        8,
+        float.fromhex("0x1.ep7"),
+        inf=False,
+        nan=True,
+        saturate=True,
+    ),  # 240
+    _float(
+        "float8e5m2", T.FLOAT8E5M2, ml_dtypes.float8_e5m2, 8, float.fromhex("0x1.cp15"), inf=True, nan=True, saturate=True
+    ),  # 57344
+    _float(
+        "float8e5m2fnuz",
+        T.FLOAT8E5M2FNUZ,
+        ml_dtypes.float8_e5m2fnuz,
+        8,
+        float.fromhex("0x1.cp15"),
+        inf=False,
+        nan=True,
+        saturate=True,
+    ),  # 57344
+    _float(
+        "float4e2m1", T.FLOAT4E2M1, ml_dtypes.float4_e2m1fn, 4, float.fromhex("0x1.8p2"), inf=False, nan=False, saturate=False
+    ),  # 6
+    _float(
+        "float6e2m3", T.FLOAT6E2M3, ml_dtypes.float6_e2m3fn, 6, float.fromhex("0x1.ep2"), inf=False, nan=False, saturate=False
+    ),  # 7.5
+    _float(
+        "float6e3m2", T.FLOAT6E3M2, ml_dtypes.float6_e3m2fn, 6, float.fromhex("0x1.cp4"), inf=False, nan=False, saturate=False
+    ),  # 28
+    ElementType(
+        "float8e8m0",
+        T.FLOAT8E8M0,
+        np.dtype(ml_dtypes.float8_e8m0fnu),
+        8,
+        "scale",
+        max_finite=float.fromhex("0x1p127"),
+        has_inf=False,
+    ),  # 2**127
     _wide("float", T.FLOAT, np.float32, 32, float(np.finfo(np.float32).max)),
     _wide("float16", T.FLOAT16, np.float16, 16, float.fromhex("0x1.ffcp15")),  # 65504
     _wide("bfloat16", T.BFLOAT16, ml_dtypes.bfloat16, 16, float.fromhex("0x1.fep127")),

@@ -20,6 +20,7 @@ from qlinear.dtypes._table import ElementType, element_type
 
 __all__ = ["to_tensor_proto", "from_tensor_proto"]
 
+
 def to_tensor_proto(a: Any, name: str = "") -> TensorProto:
     """An ``onnx.TensorProto`` holding array ``a`` in ``raw_data``.
 

@@ -59,8 +59,17 @@ def _deliver(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def quantize(name: str, plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, *,
-             out: np.ndarray | None, packed: bool, caller: str) -> np.ndarray:
+def quantize(
+    name: str,
+    plan: QuantizePlan,
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    *,
+    out: np.ndarray | None,
+    packed: bool,
+    caller: str,
+) -> np.ndarray:
     """QuantizeLinear on backend ``name``, into ``out`` and/or packed if asked."""
     module = backend(name, size=math.prod(plan.x_shape), caller=caller)
     if getattr(module, "FUSED_OUTPUT", False):
@@ -69,8 +78,17 @@ def quantize(name: str, plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, ze
     return _deliver(pack(y) if packed else y, out)
 
 
-def dequantize(name: str, plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, *,
-               out: np.ndarray | None, packed: bool, caller: str) -> np.ndarray:
+def dequantize(
+    name: str,
+    plan: DequantizePlan,
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    *,
+    out: np.ndarray | None,
+    packed: bool,
+    caller: str,
+) -> np.ndarray:
     """DequantizeLinear on backend ``name``; ``x`` is packed bytes if ``packed``."""
     module = backend(name, size=math.prod(plan.x_shape), caller=caller)
     if getattr(module, "FUSED_OUTPUT", False):

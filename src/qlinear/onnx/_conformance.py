@@ -91,8 +91,7 @@ class ConformanceReport:
         return {
             "conforms": self.qlinear_conforms(),
             "summary": {
-                impl: {suite: self.counts(impl, suite) for suite in ("backend", "generated")}
-                for impl in self.implementations()
+                impl: {suite: self.counts(impl, suite) for suite in ("backend", "generated")} for impl in self.implementations()
             },
             "disagreements": [o.__dict__ for o in self.outcomes if o.status in ("disagree", "error")],
             "unsupported": [o.__dict__ for o in self.outcomes if o.status == "unsupported"],
@@ -125,7 +124,12 @@ def _first_difference(case: NodeCase, got: list[np.ndarray], want: list[np.ndarr
                 x = case.inputs[0].reshape(-1)[i]
                 zero_point = case.inputs[2] if len(case.inputs) > 2 else None
                 kind = _kind(x)
-                if kind == "rounding" and zero_point is not None and zero_point.dtype.kind not in "iu" and np.any(zero_point.astype(np.float32) != 0):
+                if (
+                    kind == "rounding"
+                    and zero_point is not None
+                    and zero_point.dtype.kind not in "iu"
+                    and np.any(zero_point.astype(np.float32) != 0)
+                ):
                     kind = "float zero point"
                 return f"output {k}[{i}]: x={x} got {gf[i]} expected {wf[i]}", kind
     return "", ""
@@ -144,8 +148,13 @@ def _judge(case: NodeCase, suite: str, name: str, run: Callable[[NodeCase], list
     return Outcome(case.name, suite, name, "disagree", *_first_difference(case, got, want))
 
 
-def run_conformance(*, onnxruntime: bool = True, reference: bool = True, generated: bool = True,
-                    progress: Callable[[int, int], None] | None = None) -> ConformanceReport:
+def run_conformance(
+    *,
+    onnxruntime: bool = True,
+    reference: bool = True,
+    generated: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> ConformanceReport:
     """Run every case through every implementation and compare with the spec.
 
     Args:

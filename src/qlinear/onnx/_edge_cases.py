@@ -34,8 +34,7 @@ def _x_values(t: ElementType, rng: np.random.Generator) -> np.ndarray:
     span = (t.qmax - t.qmin) if t.is_integer else t.max_finite
     # Exact ties, then values a hair off a tie: those round differently when
     # the division is done in a 16-bit precision instead of float32.
-    special = [0.0, -0.0, np.nan, np.inf, -np.inf, 3e38, -3e38, 1e10, -1e10, 1e-45,
-               0.5, 2.5, -2.5, 3.5, 2.5004, -0.5002]
+    special = [0.0, -0.0, np.nan, np.inf, -np.inf, 3e38, -3e38, 1e10, -1e10, 1e-45, 0.5, 2.5, -2.5, 3.5, 2.5004, -0.5002]
     near = [span * 0.5 + 0.5, span + 0.5, -span - 0.5, span * 1.0625]
     rest = rng.normal(0, span / 4 + 1, size=24 - len(special) - len(near))
     return np.array(special + near + list(rest), dtype=np.float64)
@@ -86,26 +85,50 @@ def _quantize_cases(row: OperatorVersion, rng: np.random.Generator) -> list[Node
                 name = f"{domain_tag}QuantizeLinear-{row.version}/{qname}/{kind}{attrs.get('axis', '')}/x={x_name}"
                 cases.append(NodeCase(name, "QuantizeLinear", row.version, inputs, dict(attrs), row.domain))
                 if t.saturate_applies and "saturate" in row.attributes and kind == "per_tensor" and x_name == "float":
-                    cases.append(NodeCase(name + "/saturate=0", "QuantizeLinear", row.version, inputs, {"saturate": 0}, row.domain))
+                    cases.append(
+                        NodeCase(name + "/saturate=0", "QuantizeLinear", row.version, inputs, {"saturate": 0}, row.domain)
+                    )
         if row.scale_types and "float16" in row.scale_types and row.scale_types != row.x_types and row.op == "QuantizeLinear":
             # Scale type differs from x's: the division happens in the scale's type, or in `precision`.
             x = _x_values(t, rng).astype(np.float32).reshape(_SHAPE)
             for sname, extra in (("float16", {}), ("bfloat16", {}), ("float16", {"precision": 1})):
                 inputs = [x, _scale((), element_type(sname).dtype), None]
                 attrs = {"output_dtype": t.onnx_enum, **extra}
-                cases.append(NodeCase(f"QuantizeLinear-{row.version}/{qname}/scale={sname}/{extra or 'precision=scale'}",
-                                      "QuantizeLinear", row.version, inputs, attrs))
+                cases.append(
+                    NodeCase(
+                        f"QuantizeLinear-{row.version}/{qname}/scale={sname}/{extra or 'precision=scale'}",
+                        "QuantizeLinear",
+                        row.version,
+                        inputs,
+                        attrs,
+                    )
+                )
     if "int32" in row.x_types:
         x = (np.array([0, 1, -1, 3, 5, -5, 2**24 + 1, -(2**31), 2**31 - 1, 7, 1000, -1000]).astype(np.int32)).reshape(3, 4)
         scale_dtype = np.int32 if row.scale_types is None else np.float32
         scale = np.asarray(2, dtype=scale_dtype)
-        cases.append(NodeCase(f"{domain_tag}QuantizeLinear-{row.version}/int8/x=int32", "QuantizeLinear", row.version,
-                              [x, scale, np.asarray(3, np.int8)], {}, row.domain))
+        cases.append(
+            NodeCase(
+                f"{domain_tag}QuantizeLinear-{row.version}/int8/x=int32",
+                "QuantizeLinear",
+                row.version,
+                [x, scale, np.asarray(3, np.int8)],
+                {},
+                row.domain,
+            )
+        )
     if row.scale_types and "float8e8m0" in row.scale_types:
         x = _x_values(element_type("int8"), rng).astype(np.float32).reshape(_SHAPE)
         scale = np.array([0.25, 1, 4, 2**-20, 2**20, 0.5], dtype=np.float32).astype(element_type("float8e8m0").dtype)
-        cases.append(NodeCase(f"QuantizeLinear-{row.version}/int8/scale=float8e8m0", "QuantizeLinear", row.version,
-                              [x, scale, np.zeros(6, np.int8)], {"axis": 1}))
+        cases.append(
+            NodeCase(
+                f"QuantizeLinear-{row.version}/int8/scale=float8e8m0",
+                "QuantizeLinear",
+                row.version,
+                [x, scale, np.zeros(6, np.int8)],
+                {"axis": 1},
+            )
+        )
     return cases
 
 
@@ -125,8 +148,15 @@ def _dequantize_cases(row: OperatorVersion, rng: np.random.Generator) -> list[No
         if "output_dtype" in row.attributes:
             for out in sorted(row.output_types - {"float"}):
                 inputs = [_codes(t, rng), _scale((), np.dtype(np.float32)), None]
-                cases.append(NodeCase(f"DequantizeLinear-{row.version}/{qname}/output_dtype={out}", "DequantizeLinear",
-                                      row.version, inputs, {"output_dtype": element_type(out).onnx_enum}))
+                cases.append(
+                    NodeCase(
+                        f"DequantizeLinear-{row.version}/{qname}/output_dtype={out}",
+                        "DequantizeLinear",
+                        row.version,
+                        inputs,
+                        {"output_dtype": element_type(out).onnx_enum},
+                    )
+                )
     return cases
 
 
@@ -137,10 +167,24 @@ def _nonzero_float_zero_points(rng: np.random.Generator) -> list[NodeCase]:
         t = element_type(qname)
         zp = _zero_point(t, (6,), rng, nonzero_float=True)
         x = _x_values(t, rng).astype(np.float32).reshape(_SHAPE)
-        cases.append(NodeCase(f"QuantizeLinear-25/{qname}/nonzero-zero-point", "QuantizeLinear", 25,
-                              [x, _scale((6,), np.dtype(np.float32)), zp], {"axis": 1}))
-        cases.append(NodeCase(f"DequantizeLinear-25/{qname}/nonzero-zero-point", "DequantizeLinear", 25,
-                              [_codes(t, rng), _scale((6,), np.dtype(np.float32)), zp], {"axis": 1}))
+        cases.append(
+            NodeCase(
+                f"QuantizeLinear-25/{qname}/nonzero-zero-point",
+                "QuantizeLinear",
+                25,
+                [x, _scale((6,), np.dtype(np.float32)), zp],
+                {"axis": 1},
+            )
+        )
+        cases.append(
+            NodeCase(
+                f"DequantizeLinear-25/{qname}/nonzero-zero-point",
+                "DequantizeLinear",
+                25,
+                [_codes(t, rng), _scale((6,), np.dtype(np.float32)), zp],
+                {"axis": 1},
+            )
+        )
     return cases
 
 

@@ -67,9 +67,13 @@ class NodeCase:
             names.pop()
         node = helper.make_node(self.op, names, list(_OUTPUT_NAMES[self.op]), domain=self.domain, **self.attributes)
         present = [(n, a) for n, a in zip(names, self.inputs, strict=False) if n]
-        graph_inputs = [helper.make_tensor_value_info(n, element_type(a.dtype).onnx_enum, a.shape) for n, a in present if not constant(a)]
+        graph_inputs = [
+            helper.make_tensor_value_info(n, element_type(a.dtype).onnx_enum, a.shape) for n, a in present if not constant(a)
+        ]
         initializers = [to_tensor_proto(a, n) for n, a in present if constant(a)]
-        outputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(_OUTPUT_NAMES[self.op], self._output_types(), strict=True)]
+        outputs = [
+            helper.make_tensor_value_info(n, t, None) for n, t in zip(_OUTPUT_NAMES[self.op], self._output_types(), strict=True)
+        ]
         graph = helper.make_graph([node], self.name.replace("/", "_"), graph_inputs, outputs, initializer=initializers)
         imports = [helper.make_opsetid(self.domain, opset or self.opset)]
         if self.domain:
@@ -83,8 +87,13 @@ class NodeCase:
         if self.op == "DynamicQuantizeLinear":
             return {}
         a = self.attributes
-        kwargs = {"axis": a.get("axis", 1), "block_size": a.get("block_size", 0), "output_dtype": a.get("output_dtype"),
-                  "opset": self.opset, "domain": self.domain}
+        kwargs = {
+            "axis": a.get("axis", 1),
+            "block_size": a.get("block_size", 0),
+            "output_dtype": a.get("output_dtype"),
+            "opset": self.opset,
+            "domain": self.domain,
+        }
         if self.op == "QuantizeLinear":
             kwargs.update(saturate=bool(a.get("saturate", 1)), precision=a.get("precision"))
         return kwargs

@@ -233,6 +233,7 @@ def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     zp = 0 if isinstance(initial, float) and math.isnan(initial) else _round_half_even(Fraction(min(max(initial, 0), 255)))
     scale_arr = np.asarray(float(scale), np.float32)
     zp_arr = np.asarray(zp, np.uint8)
-    plan, *_ = plan_quantize(x, scale_arr, zp_arr, axis=1, block_size=0, output_dtype=None, saturate=True,
-                             precision=None, opset=None, domain="")
+    plan, *_ = plan_quantize(
+        x, scale_arr, zp_arr, axis=1, block_size=0, output_dtype=None, saturate=True, precision=None, opset=None, domain=""
+    )
     return quantize(plan, x, scale_arr, zp_arr), scale_arr, zp_arr

@@ -20,9 +20,13 @@ def check_out(out: Any, dtype: np.dtype, shape: tuple[int, ...], caller: str) ->
     if not isinstance(out, np.ndarray):
         raise QuantizationError(f"{caller}: out must be a numpy array, got {type(out).__name__}")
     if out.dtype != dtype or out.shape != shape:
-        raise QuantizationError(f"{caller}: out has dtype {out.dtype} and shape {out.shape}, expected {np.dtype(dtype)} and {shape}")
+        raise QuantizationError(
+            f"{caller}: out has dtype {out.dtype} and shape {out.shape}, expected {np.dtype(dtype)} and {shape}"
+        )
     if not (out.flags.c_contiguous and out.flags.writeable):
-        raise QuantizationError(f"{caller}: out must be a writeable C-contiguous array, got a {'read-only' if not out.flags.writeable else 'non-contiguous'} one")
+        raise QuantizationError(
+            f"{caller}: out must be a writeable C-contiguous array, got a {'read-only' if not out.flags.writeable else 'non-contiguous'} one"
+        )
     return out
 
 
@@ -50,7 +54,9 @@ def packed_input(x: Any, packed_dtype: Any, shape: Any, caller: str) -> tuple[np
     if any(d < 0 for d in shape):
         raise QuantizationError(f"{caller}: shape must have no negative dimension, got {shape}")
     if not isinstance(x, np.ndarray) or x.dtype != np.uint8:
-        raise QuantizationError(f"{caller}: x must be a uint8 array of packed bytes with packed_dtype, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise QuantizationError(
+            f"{caller}: x must be a uint8 array of packed bytes with packed_dtype, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     need = packed_size(math.prod(shape), t.bits)
     if x.size < need:
         raise QuantizationError(f"{caller}: x has {x.size} bytes, expected at least {need} for shape {shape} of packed {t.name}")

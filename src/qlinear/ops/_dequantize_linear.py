@@ -71,8 +71,14 @@ def dequantize_linear(
     if packed:
         data, x, _ = packed_input(x, packed_dtype, shape, caller)
     plan, x, x_scale, x_zero_point = plan_dequantize(
-        x, x_scale, x_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype,
-        opset=opset, domain=domain,
+        x,
+        x_scale,
+        x_zero_point,
+        axis=axis,
+        block_size=block_size,
+        output_dtype=output_dtype,
+        opset=opset,
+        domain=domain,
     )
     out = check_out(out, plan.output_dtype, plan.x_shape, caller)
     return _dequantize(backend, plan, data if packed else x, x_scale, x_zero_point, out=out, packed=packed, caller=caller)

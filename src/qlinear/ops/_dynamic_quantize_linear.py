@@ -43,7 +43,9 @@ def dynamic_quantize_linear(x: Any, *, backend: str = "auto") -> tuple[np.ndarra
     caller = "dynamic_quantize_linear"
     x = check_array(x, "x", caller)
     if x.dtype != np.float32:
-        raise QuantizationError(f"{caller}: x has type {x.dtype}, expected float32 for DynamicQuantizeLinear version 11 (ai.onnx)")
+        raise QuantizationError(
+            f"{caller}: x has type {x.dtype}, expected float32 for DynamicQuantizeLinear version 11 (ai.onnx)"
+        )
     finite_or_inf = x[~np.isnan(x)]
     high = np.float32(max(0.0, float(finite_or_inf.max()))) if finite_or_inf.size else np.float32(0)
     low = np.float32(min(0.0, float(finite_or_inf.min()))) if finite_or_inf.size else np.float32(0)
@@ -52,8 +54,16 @@ def dynamic_quantize_linear(x: Any, *, backend: str = "auto") -> tuple[np.ndarra
         initial = np.float32(_QMIN) - low / scale
     zero_point = np.uint8(np.rint(np.clip(np.nan_to_num(initial), _QMIN, _QMAX)))
     plan, x, scale_arr, zp_arr = plan_quantize(
-        x, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8), axis=1, block_size=0,
-        output_dtype=None, saturate=True, precision=None, opset=None, domain="",
+        x,
+        np.asarray(scale, np.float32),
+        np.asarray(zero_point, np.uint8),
+        axis=1,
+        block_size=0,
+        output_dtype=None,
+        saturate=True,
+        precision=None,
+        opset=None,
+        domain="",
     )
     y = _quantize(backend, plan, x, scale_arr, zp_arr, out=None, packed=False, caller=caller)
     return y, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8)

@@ -79,8 +79,16 @@ def quantize_linear(
     [241, 3]
     """
     plan, x, y_scale, y_zero_point = plan_quantize(
-        x, y_scale, y_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype,
-        saturate=saturate, precision=precision, opset=opset, domain=domain,
+        x,
+        y_scale,
+        y_zero_point,
+        axis=axis,
+        block_size=block_size,
+        output_dtype=output_dtype,
+        saturate=saturate,
+        precision=precision,
+        opset=opset,
+        domain=domain,
     )
     caller = "quantize_linear"
     t = plan.output_type

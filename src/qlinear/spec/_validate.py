@@ -41,12 +41,22 @@ def _requested_type(value: Any, arg: str, caller: str) -> ElementType | None:
     return element_type(value, what=f"{caller}: {arg}")
 
 
-def _granularity(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: Any, block_size: Any, version: OperatorVersion, caller: str, scale_arg: str) -> Granularity:
+def _granularity(
+    x_shape: tuple[int, ...],
+    scale_shape: tuple[int, ...],
+    axis: Any,
+    block_size: Any,
+    version: OperatorVersion,
+    caller: str,
+    scale_arg: str,
+) -> Granularity:
     if not isinstance(block_size, (int, np.integer)) or isinstance(block_size, bool):
         raise QuantizationError(f"{caller}: block_size must be an int, got {block_size!r}")
     block_size = int(block_size)
     if block_size and not version.blocked:
-        raise QuantizationError(f"{caller}: block_size is not an attribute of {version}; blocked quantization needs opset >= 21, got block_size={block_size}")
+        raise QuantizationError(
+            f"{caller}: block_size is not an attribute of {version}; blocked quantization needs opset >= 21, got block_size={block_size}"
+        )
     if block_size < 0:
         raise QuantizationError(f"{caller}: block_size must be >= 0, got {block_size}")
     # A scalar or a one-element 1-D scale is per-tensor: ONNX Runtime and the
@@ -62,7 +72,9 @@ def _granularity(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: A
     if not block_size:
         if len(scale_shape) == 1 and scale_shape[0] == x_shape[axis]:
             if not version.per_axis:
-                raise QuantizationError(f"{caller}: {scale_arg} must be a scalar for {version} (per-tensor only), got shape {scale_shape}")
+                raise QuantizationError(
+                    f"{caller}: {scale_arg} must be a scalar for {version} (per-tensor only), got shape {scale_shape}"
+                )
             return Granularity("per_axis", axis)
         hint = " (set block_size for blocked quantization)" if len(scale_shape) == rank and rank > 1 else ""
         raise QuantizationError(
@@ -81,7 +93,9 @@ def _granularity(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: A
 
 def _fitting_block_sizes(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: int, scale_arg: str) -> str:
     """A hint naming the block sizes that would fit the given scale, if any."""
-    others_match = len(scale_shape) == len(x_shape) and all(s == d for i, (s, d) in enumerate(zip(scale_shape, x_shape, strict=True)) if i != axis)
+    others_match = len(scale_shape) == len(x_shape) and all(
+        s == d for i, (s, d) in enumerate(zip(scale_shape, x_shape, strict=True)) if i != axis
+    )
     d, s = x_shape[axis], scale_shape[axis] if others_match else 0
     if not s:
         return ""
@@ -93,7 +107,9 @@ def _check_zero_point(zero_point: np.ndarray | None, scale: np.ndarray, caller: 
     # A one-element zero point goes with a one-element scale whatever their
     # ranks: ONNX's own backend cases pair a scalar scale with a (1,) zero point.
     if zero_point is not None and zero_point.shape != scale.shape and not (zero_point.size == scale.size == 1):
-        raise QuantizationError(f"{caller}: {zp_arg} has shape {zero_point.shape}, expected {scale.shape}, the shape of {scale_arg}")
+        raise QuantizationError(
+            f"{caller}: {zp_arg} has shape {zero_point.shape}, expected {scale.shape}, the shape of {scale_arg}"
+        )
 
 
 def _check_attr(name: str, version: OperatorVersion, caller: str, value: Any) -> None:
@@ -107,8 +123,19 @@ def _default_precision(scale_type: ElementType) -> np.dtype:
     return scale_type.dtype if scale_type.kind == "wide" else np.dtype(np.float32)
 
 
-def plan_quantize(x: Any, y_scale: Any, y_zero_point: Any, *, axis: Any, block_size: Any, output_dtype: Any,
-                  saturate: Any, precision: Any, opset: int | None, domain: str) -> tuple[QuantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
+def plan_quantize(
+    x: Any,
+    y_scale: Any,
+    y_zero_point: Any,
+    *,
+    axis: Any,
+    block_size: Any,
+    output_dtype: Any,
+    saturate: Any,
+    precision: Any,
+    opset: int | None,
+    domain: str,
+) -> tuple[QuantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
     """Validate a QuantizeLinear call; return the plan and the arrays."""
     caller = "quantize_linear"
     version = operator_version("QuantizeLinear", opset, domain, caller=caller)
@@ -154,8 +181,9 @@ def plan_quantize(x: Any, y_scale: Any, y_zero_point: Any, *, axis: Any, block_s
     return plan, x, y_scale, y_zero_point
 
 
-def plan_dequantize(x: Any, x_scale: Any, x_zero_point: Any, *, axis: Any, block_size: Any, output_dtype: Any,
-                    opset: int | None, domain: str) -> tuple[DequantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
+def plan_dequantize(
+    x: Any, x_scale: Any, x_zero_point: Any, *, axis: Any, block_size: Any, output_dtype: Any, opset: int | None, domain: str
+) -> tuple[DequantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
     """Validate a DequantizeLinear call; return the plan and the arrays."""
     caller = "dequantize_linear"
     version = operator_version("DequantizeLinear", opset, domain, caller=caller)

@@ -75,11 +75,17 @@ _DQ_ATTRS_21 = _set("axis", "block_size")
 _DQ_ATTRS_23 = _DQ_ATTRS_21 | _set("output_dtype")
 
 
-def _q(version: int, x: frozenset[str], scale: frozenset[str] | None, q: frozenset[str], attrs: frozenset[str], *, domain: str = "") -> OperatorVersion:
-    return OperatorVersion("QuantizeLinear", domain, version, x, scale, q, frozenset(), attrs, per_axis=version > 10 or domain != "")
+def _q(
+    version: int, x: frozenset[str], scale: frozenset[str] | None, q: frozenset[str], attrs: frozenset[str], *, domain: str = ""
+) -> OperatorVersion:
+    return OperatorVersion(
+        "QuantizeLinear", domain, version, x, scale, q, frozenset(), attrs, per_axis=version > 10 or domain != ""
+    )
 
 
-def _dq(version: int, q: frozenset[str], scale: frozenset[str], out: frozenset[str], attrs: frozenset[str], *, domain: str = "") -> OperatorVersion:
+def _dq(
+    version: int, q: frozenset[str], scale: frozenset[str], out: frozenset[str], attrs: frozenset[str], *, domain: str = ""
+) -> OperatorVersion:
     # DequantizeLinear's x is the quantized tensor: x_types == quantized_types.
     return OperatorVersion("DequantizeLinear", domain, version, q, scale, q, out, attrs, per_axis=version > 10 or domain != "")
 

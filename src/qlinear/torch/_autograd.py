@@ -53,8 +53,14 @@ class QuantizeFunction(torch.autograd.Function):
     """QuantizeLinear with straight-through gradients (see the module docstring)."""
 
     @staticmethod
-    def forward(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, zp_values: torch.Tensor | None,
-                plan: QuantizePlan, grad_scale: float) -> torch.Tensor:
+    def forward(
+        x: torch.Tensor,
+        scale: torch.Tensor,
+        zero_point: torch.Tensor | None,
+        zp_values: torch.Tensor | None,
+        plan: QuantizePlan,
+        grad_scale: float,
+    ) -> torch.Tensor:
         q, inside, _ = _forward(plan, x, scale, zp_values)
         return q, inside
 
@@ -88,8 +94,15 @@ class FakeQuantizeFunction(torch.autograd.Function):
     """DequantizeLinear(QuantizeLinear(x)) with LSQ gradients (see the module docstring)."""
 
     @staticmethod
-    def forward(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, zp_values: torch.Tensor | None,
-                plan: QuantizePlan, grad_scale: float, dq_plan: Any) -> torch.Tensor:
+    def forward(
+        x: torch.Tensor,
+        scale: torch.Tensor,
+        zero_point: torch.Tensor | None,
+        zp_values: torch.Tensor | None,
+        plan: QuantizePlan,
+        grad_scale: float,
+        dq_plan: Any,
+    ) -> torch.Tensor:
         q, inside, clamped = _forward(plan, x, scale, zp_values)
         return dequantize(dq_plan, q, scale, zp_values), inside, clamped
 

@@ -63,12 +63,24 @@ def _qparam_arrays(qtype: Any, scale: torch.Tensor, zero_point: torch.Tensor | N
     return s, z.to(torch.float32).cpu().numpy().astype(qtype.dtype)
 
 
-def _q_attrs(quant: QuantizeLinear | FakeQuantize, rank: int, opset: int, x: np.ndarray, s: np.ndarray, z: np.ndarray) -> dict[str, Any]:
+def _q_attrs(
+    quant: QuantizeLinear | FakeQuantize, rank: int, opset: int, x: np.ndarray, s: np.ndarray, z: np.ndarray
+) -> dict[str, Any]:
     """QuantizeLinear attributes, validated for ``opset`` by qlinear.spec."""
     axis = 1 if quant.axis is None else quant.axis % rank
     try:
-        plan_quantize(stand_in(x.shape, x.dtype), s, z, axis=axis, block_size=quant.block_size, output_dtype=None,
-                      saturate=quant.saturate, precision=quant.precision, opset=opset, domain="")
+        plan_quantize(
+            stand_in(x.shape, x.dtype),
+            s,
+            z,
+            axis=axis,
+            block_size=quant.block_size,
+            output_dtype=None,
+            saturate=quant.saturate,
+            precision=quant.precision,
+            opset=opset,
+            domain="",
+        )
     except QuantizationError as e:
         raise QuantizationError(f"export_onnx: {quant!r} at opset {opset}: {e}") from None
     attrs: dict[str, Any] = {"axis": axis}
@@ -112,8 +124,16 @@ def _weight(b: _Builder, layer: torch.nn.Module, quant: FakeQuantize | None) -> 
         return b.constant(w, "weight")
     s, z = _qparam_arrays(quant.qtype, quant.scale, quant.zero_point)
     attrs = _q_attrs(quant, w.ndim, b.opset, w, s, z)
-    wq = qlinear.quantize_linear(w, s, z, axis=attrs["axis"], block_size=quant.block_size, saturate=quant.saturate,
-                                 precision=quant.precision, opset=b.opset)
+    wq = qlinear.quantize_linear(
+        w,
+        s,
+        z,
+        axis=attrs["axis"],
+        block_size=quant.block_size,
+        saturate=quant.saturate,
+        precision=quant.precision,
+        opset=b.opset,
+    )
     inputs = [b.constant(wq, "weight_q"), b.constant(s, "weight_scale"), b.constant(z, "weight_zero_point")]
     return b.node("DequantizeLinear", inputs, "weight", **_dq_attrs(attrs))
 
@@ -127,10 +147,20 @@ def _layer(b: _Builder, layer: torch.nn.Module, inp: str, weight: str, example: 
         out = b.node("MatMul", [inp, wt], "matmul")
         return b.node("Add", [out, bias], "linear") if bias else out
     if layer.padding_mode != "zeros" or isinstance(layer.padding, str):
-        raise QuantizationError(f"export_onnx: {type(layer).__name__} needs padding_mode='zeros' and numeric padding, got {layer.padding_mode!r}, {layer.padding!r}")
+        raise QuantizationError(
+            f"export_onnx: {type(layer).__name__} needs padding_mode='zeros' and numeric padding, got {layer.padding_mode!r}, {layer.padding!r}"
+        )
     pads = list(layer.padding) * 2
-    return b.node("Conv", [inp, weight] + ([bias] if bias else []), "conv", kernel_shape=list(layer.kernel_size),
-                  strides=list(layer.stride), pads=pads, dilations=list(layer.dilation), group=layer.groups)
+    return b.node(
+        "Conv",
+        [inp, weight] + ([bias] if bias else []),
+        "conv",
+        kernel_shape=list(layer.kernel_size),
+        strides=list(layer.stride),
+        pads=pads,
+        dilations=list(layer.dilation),
+        group=layer.groups,
+    )
 
 
 def _tuple(v: Any, n: int) -> list[int]:
@@ -143,12 +173,28 @@ def _pool(b: _Builder, m: torch.nn.Module, inp: str, example: torch.Tensor) -> s
     strides = _tuple(m.stride if m.stride else m.kernel_size, n)
     pads = _tuple(m.padding, n) * 2
     if isinstance(m, (torch.nn.MaxPool1d, torch.nn.MaxPool2d)):
-        return b.node("MaxPool", [inp], "maxpool", kernel_shape=kernel, strides=strides, pads=pads,
-                      dilations=_tuple(m.dilation, n), ceil_mode=int(m.ceil_mode))
+        return b.node(
+            "MaxPool",
+            [inp],
+            "maxpool",
+            kernel_shape=kernel,
+            strides=strides,
+            pads=pads,
+            dilations=_tuple(m.dilation, n),
+            ceil_mode=int(m.ceil_mode),
+        )
     if m.divisor_override is not None:
         raise QuantizationError("export_onnx: AvgPool2d with divisor_override has no ONNX equivalent")
-    return b.node("AveragePool", [inp], "avgpool", kernel_shape=kernel, strides=strides, pads=pads,
-                  ceil_mode=int(m.ceil_mode), count_include_pad=int(m.count_include_pad))
+    return b.node(
+        "AveragePool",
+        [inp],
+        "avgpool",
+        kernel_shape=kernel,
+        strides=strides,
+        pads=pads,
+        ceil_mode=int(m.ceil_mode),
+        count_include_pad=int(m.count_include_pad),
+    )
 
 
 def _flatten(b: _Builder, m: torch.nn.Flatten, inp: str, example: torch.Tensor) -> str:
@@ -165,8 +211,16 @@ _POOLS = (torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.AvgPool1d, torch.nn.A
 def _emit(b: _Builder, m: torch.nn.Module, inp: str, example: torch.Tensor) -> str:
     """Nodes for one module applied to tensor ``inp`` (``example`` is its value)."""
     handlers: list[tuple[Any, Callable[..., str]]] = [
-        (QuantizedModule, lambda: _layer(b, m.layer, inp if m.input_quant is None else _quantizer(b, m.input_quant, inp, example),
-                                         _weight(b, m.layer, m.weight_quant), example)),
+        (
+            QuantizedModule,
+            lambda: _layer(
+                b,
+                m.layer,
+                inp if m.input_quant is None else _quantizer(b, m.input_quant, inp, example),
+                _weight(b, m.layer, m.weight_quant),
+                example,
+            ),
+        ),
         ((torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d), lambda: _layer(b, m, inp, _weight(b, m, None), example)),
         ((FakeQuantize, QuantizeLinear), lambda: _quantizer(b, m, inp, example)),
         (DequantizeLinear, lambda: _dequantizer(b, m, inp, example)),
@@ -179,9 +233,11 @@ def _emit(b: _Builder, m: torch.nn.Module, inp: str, example: torch.Tensor) -> s
             return handler()
     if type(m) in _ELEMENTWISE:
         return b.node(_ELEMENTWISE[type(m)], [inp], _ELEMENTWISE[type(m)].lower())
-    raise QuantizationError(f"export_onnx: cannot export module {type(m).__name__}; supported are nn.Sequential of "
-                            "QuantizedModule, Linear, Conv1d/2d, FakeQuantize, QuantizeLinear, DequantizeLinear, pools, "
-                            "Flatten, ReLU, Sigmoid, Tanh, Dropout, Identity")
+    raise QuantizationError(
+        f"export_onnx: cannot export module {type(m).__name__}; supported are nn.Sequential of "
+        "QuantizedModule, Linear, Conv1d/2d, FakeQuantize, QuantizeLinear, DequantizeLinear, pools, "
+        "Flatten, ReLU, Sigmoid, Tanh, Dropout, Identity"
+    )
 
 
 def _leaves(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -194,8 +250,9 @@ def _value_info(name: str, value: torch.Tensor, elem_type: int) -> onnx.ValueInf
     return helper.make_tensor_value_info(name, elem_type, ["N", *value.shape[1:]])
 
 
-def export_onnx(model: torch.nn.Module, example_inputs: torch.Tensor | tuple[torch.Tensor], path: str | PathLike[str] | None,
-                opset: int = 21) -> onnx.ModelProto:
+def export_onnx(
+    model: torch.nn.Module, example_inputs: torch.Tensor | tuple[torch.Tensor], path: str | PathLike[str] | None, opset: int = 21
+) -> onnx.ModelProto:
     """Write ``model`` as an ONNX model of standard QuantizeLinear/DequantizeLinear nodes.
 
     The model is an ``nn.Sequential`` (nested ones too) of the modules
@@ -221,7 +278,9 @@ def export_onnx(model: torch.nn.Module, example_inputs: torch.Tensor | tuple[tor
         raise QuantizationError(f"export_onnx: opset must be in [{OPSETS.start}, {OPSETS.stop - 1}], got {opset!r}")
     x = example_inputs[0] if isinstance(example_inputs, (tuple, list)) else example_inputs
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
-        raise QuantizationError(f"export_onnx: example_inputs must be a float32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise QuantizationError(
+            f"export_onnx: example_inputs must be a float32 tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     was_training = model.training
     model.eval()
     b = _Builder(opset)

@@ -30,8 +30,14 @@ def _tensor(value: Any, arg: str, caller: str) -> torch.Tensor:
     return value
 
 
-def quantized_type(zero_point: torch.Tensor | None, output_dtype: Any, *, caller: str, zp_arg: str = "y_zero_point",
-                   default: str | None = "uint8") -> ElementType:
+def quantized_type(
+    zero_point: torch.Tensor | None,
+    output_dtype: Any,
+    *,
+    caller: str,
+    zp_arg: str = "y_zero_point",
+    default: str | None = "uint8",
+) -> ElementType:
     """The quantized type a call names: ``output_dtype``, else the zero point's dtype.
 
     A zero point held in a float tensor (a learnable one) names no type, so
@@ -54,9 +60,19 @@ def quantized_type(zero_point: torch.Tensor | None, output_dtype: Any, *, caller
     raise QuantizationError(f"{caller}: output_dtype must name the quantized type: {what}")
 
 
-def plan_quantize_tensors(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, *, axis: int, block_size: int,
-                          output_dtype: Any, saturate: bool, precision: Any, opset: int | None = None,
-                          caller: str = "quantize_linear") -> QuantizePlan:
+def plan_quantize_tensors(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    *,
+    axis: int,
+    block_size: int,
+    output_dtype: Any,
+    saturate: bool,
+    precision: Any,
+    opset: int | None = None,
+    caller: str = "quantize_linear",
+) -> QuantizePlan:
     """Validate a QuantizeLinear call on tensors through :mod:`qlinear.spec`."""
     x = _tensor(x, "x", caller)
     scale = _tensor(scale, "y_scale", caller)
@@ -64,8 +80,18 @@ def plan_quantize_tensors(x: torch.Tensor, scale: torch.Tensor, zero_point: torc
     if isinstance(precision, torch.dtype):
         precision = numpy_dtype(precision, what=f"{caller}: precision")
     zp_shape = None if zero_point is None else tuple(_tensor(zero_point, "y_zero_point", caller).shape)
-    return plan_q(x, scale, zp_shape, t, axis=axis, block_size=block_size, saturate=saturate, precision=precision,
-                  opset=opset, caller=caller)
+    return plan_q(
+        x,
+        scale,
+        zp_shape,
+        t,
+        axis=axis,
+        block_size=block_size,
+        saturate=saturate,
+        precision=precision,
+        opset=opset,
+        caller=caller,
+    )
 
 
 def _needs_graph(*tensors: torch.Tensor | None) -> bool:
@@ -73,9 +99,18 @@ def _needs_graph(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def quantize_linear(x: torch.Tensor, y_scale: torch.Tensor, y_zero_point: torch.Tensor | None = None, *, axis: int = 1,
-                    block_size: int = 0, output_dtype: Any = None, saturate: bool = True, precision: Any = None,
-                    grad_scale: float = 1.0) -> torch.Tensor:
+def quantize_linear(
+    x: torch.Tensor,
+    y_scale: torch.Tensor,
+    y_zero_point: torch.Tensor | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: Any = None,
+    saturate: bool = True,
+    precision: Any = None,
+    grad_scale: float = 1.0,
+) -> torch.Tensor:
     """ONNX QuantizeLinear on tensors: ``y = saturate(round(x / y_scale) + y_zero_point)``.
 
     The arguments are those of :func:`qlinear.quantize_linear`; types may also
@@ -93,8 +128,16 @@ def quantize_linear(x: torch.Tensor, y_scale: torch.Tensor, y_zero_point: torch.
     >>> quantize_linear(torch.tensor([0.0, 1.5, 2.5, 300.0]), torch.tensor(1.0)).tolist()
     [0.0, 2.0, 2.0, 255.0]
     """
-    plan = plan_quantize_tensors(x, y_scale, y_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype,
-                                 saturate=saturate, precision=precision)
+    plan = plan_quantize_tensors(
+        x,
+        y_scale,
+        y_zero_point,
+        axis=axis,
+        block_size=block_size,
+        output_dtype=output_dtype,
+        saturate=saturate,
+        precision=precision,
+    )
     zp = None if y_zero_point is None else cast_zero_point(y_zero_point.detach(), plan.output_type)
     if _needs_graph(x, y_scale, y_zero_point):
         q, _ = QuantizeFunction.apply(x, y_scale, y_zero_point, zp, plan, float(grad_scale))
@@ -102,8 +145,16 @@ def quantize_linear(x: torch.Tensor, y_scale: torch.Tensor, y_zero_point: torch.
     return quantize(plan, x, y_scale, zp)
 
 
-def dequantize_linear(x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor | None = None, *, axis: int = 1,
-                      block_size: int = 0, input_dtype: Any = None, output_dtype: Any = None) -> torch.Tensor:
+def dequantize_linear(
+    x: torch.Tensor,
+    x_scale: torch.Tensor,
+    x_zero_point: torch.Tensor | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    input_dtype: Any = None,
+    output_dtype: Any = None,
+) -> torch.Tensor:
     """ONNX DequantizeLinear on tensors: ``y = (x - x_zero_point) * x_scale``.
 
     ``x`` holds values of the quantized type ``input_dtype``; it defaults to
@@ -132,8 +183,17 @@ def dequantize_linear(x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torc
     if isinstance(output_dtype, torch.dtype):
         output_dtype = numpy_dtype(output_dtype, what=f"{caller}: output_dtype")
     zp_shape = None if x_zero_point is None else tuple(_tensor(x_zero_point, "x_zero_point", caller).shape)
-    plan = plan_dq(tuple(x.shape), x_scale, zp_shape, t, axis=axis, block_size=block_size, output_dtype=output_dtype,
-                   opset=None, caller=caller)
+    plan = plan_dq(
+        tuple(x.shape),
+        x_scale,
+        zp_shape,
+        t,
+        axis=axis,
+        block_size=block_size,
+        output_dtype=output_dtype,
+        opset=None,
+        caller=caller,
+    )
     zp = x_zero_point
     if zp is not None and t.name != "int32":
         values = cast_zero_point(zp.detach(), t)
@@ -141,9 +201,18 @@ def dequantize_linear(x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torc
     return dequantize(plan, x, x_scale, zp)
 
 
-def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None, *, axis: int = 1,
-                  block_size: int = 0, output_dtype: Any = None, saturate: bool = True, precision: Any = None,
-                  grad_scale: float = 1.0) -> torch.Tensor:
+def fake_quantize(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: Any = None,
+    saturate: bool = True,
+    precision: Any = None,
+    grad_scale: float = 1.0,
+) -> torch.Tensor:
     """DequantizeLinear(QuantizeLinear(x)) with LSQ gradients: ``s * (q - z)``.
 
     ``output_dtype`` is the quantized type (as in :func:`quantize_linear`);
@@ -165,11 +234,29 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor
     caller = "fake_quantize"
     if not _tensor(x, "x", caller).is_floating_point():
         raise QuantizationError(f"{caller}: x must be a float tensor (float32, float16, bfloat16), got {x.dtype}")
-    plan = plan_quantize_tensors(x, scale, zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype,
-                                 saturate=saturate, precision=precision, caller=caller)
+    plan = plan_quantize_tensors(
+        x,
+        scale,
+        zero_point,
+        axis=axis,
+        block_size=block_size,
+        output_dtype=output_dtype,
+        saturate=saturate,
+        precision=precision,
+        caller=caller,
+    )
     zp = None if zero_point is None else cast_zero_point(zero_point.detach(), plan.output_type)
-    dq_plan = plan_dq(tuple(x.shape), scale, None if zp is None else tuple(zp.shape), plan.output_type, axis=axis,
-                      block_size=block_size, output_dtype=numpy_dtype(x.dtype, what=f"{caller}: x"), opset=None, caller=caller)
+    dq_plan = plan_dq(
+        tuple(x.shape),
+        scale,
+        None if zp is None else tuple(zp.shape),
+        plan.output_type,
+        axis=axis,
+        block_size=block_size,
+        output_dtype=numpy_dtype(x.dtype, what=f"{caller}: x"),
+        opset=None,
+        caller=caller,
+    )
     if _needs_graph(x, scale, zero_point):
         y, _, _ = FakeQuantizeFunction.apply(x, scale, zero_point, zp, plan, float(grad_scale), dq_plan)
         return y

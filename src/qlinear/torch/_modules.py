@@ -38,10 +38,21 @@ POLICIES = ("fixed", "minmax", "moving_average", "learnable")
 class _Quantizer(nn.Module):
     """What QuantizeLinear and FakeQuantize share: type, granularity, qparams."""
 
-    def __init__(self, dtype: Any = "int8", *, qparams: str = "minmax", axis: int | None = None, block_size: int = 0,
-                 symmetric: bool = True, averaging_constant: float = 0.01, scale: torch.Tensor | None = None,
-                 zero_point: torch.Tensor | None = None, saturate: bool = True, precision: Any = None,
-                 grad_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        dtype: Any = "int8",
+        *,
+        qparams: str = "minmax",
+        axis: int | None = None,
+        block_size: int = 0,
+        symmetric: bool = True,
+        averaging_constant: float = 0.01,
+        scale: torch.Tensor | None = None,
+        zero_point: torch.Tensor | None = None,
+        saturate: bool = True,
+        precision: Any = None,
+        grad_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         caller = type(self).__name__
         self.qtype = resolve_type(dtype, what=f"{caller}: dtype")
@@ -139,8 +150,13 @@ class _Quantizer(nn.Module):
             )
 
     def _kwargs(self) -> dict[str, Any]:
-        return {"axis": 1 if self.axis is None else self.axis, "block_size": self.block_size, "output_dtype": self.qtype.name,
-                "saturate": self.saturate, "precision": self.precision}
+        return {
+            "axis": 1 if self.axis is None else self.axis,
+            "block_size": self.block_size,
+            "output_dtype": self.qtype.name,
+            "saturate": self.saturate,
+            "precision": self.precision,
+        }
 
     def _run(self, fn: Any, x: torch.Tensor) -> torch.Tensor:
         self._qparams_for(x)
@@ -197,9 +213,17 @@ class DequantizeLinear(nn.Module):
     [1.0, -64.0]
     """
 
-    def __init__(self, source: QuantizeLinear | None = None, *, dtype: Any = None, scale: torch.Tensor | None = None,
-                 zero_point: torch.Tensor | None = None, axis: int | None = None, block_size: int = 0,
-                 learnable: bool = False) -> None:
+    def __init__(
+        self,
+        source: QuantizeLinear | None = None,
+        *,
+        dtype: Any = None,
+        scale: torch.Tensor | None = None,
+        zero_point: torch.Tensor | None = None,
+        axis: int | None = None,
+        block_size: int = 0,
+        learnable: bool = False,
+    ) -> None:
         super().__init__()
         if (source is None) == (scale is None):
             raise QuantizationError("DequantizeLinear: give either source (a QuantizeLinear) or scale, not both or neither")

@@ -24,8 +24,19 @@ def stand_in(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype), shape)
 
 
-def plan_q(x: torch.Tensor, scale: torch.Tensor, zp_shape: tuple[int, ...] | None, out: ElementType, *, axis: int,
-           block_size: int, saturate: bool, precision: Any, opset: int | None, caller: str) -> QuantizePlan:
+def plan_q(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    zp_shape: tuple[int, ...] | None,
+    out: ElementType,
+    *,
+    axis: int,
+    block_size: int,
+    saturate: bool,
+    precision: Any,
+    opset: int | None,
+    caller: str,
+) -> QuantizePlan:
     """The validated plan of a QuantizeLinear call on tensors.
 
     The zero point stands in as an array of the output type ``out`` whatever
@@ -35,19 +46,40 @@ def plan_q(x: torch.Tensor, scale: torch.Tensor, zp_shape: tuple[int, ...] | Non
     plan, *_ = plan_quantize(
         stand_in(tuple(x.shape), numpy_dtype(x.dtype, what=f"{caller}: x")),
         stand_in(tuple(scale.shape), numpy_dtype(scale.dtype, what=f"{caller}: y_scale")),
-        zp, axis=axis, block_size=block_size, output_dtype=None if zp is not None else out, saturate=saturate,
-        precision=precision, opset=opset, domain="",
+        zp,
+        axis=axis,
+        block_size=block_size,
+        output_dtype=None if zp is not None else out,
+        saturate=saturate,
+        precision=precision,
+        opset=opset,
+        domain="",
     )
     return plan
 
 
-def plan_dq(x_shape: tuple[int, ...], scale: torch.Tensor, zp_shape: tuple[int, ...] | None, qtype: ElementType, *,
-            axis: int, block_size: int, output_dtype: Any, opset: int | None, caller: str) -> DequantizePlan:
+def plan_dq(
+    x_shape: tuple[int, ...],
+    scale: torch.Tensor,
+    zp_shape: tuple[int, ...] | None,
+    qtype: ElementType,
+    *,
+    axis: int,
+    block_size: int,
+    output_dtype: Any,
+    opset: int | None,
+    caller: str,
+) -> DequantizePlan:
     """The validated plan of a DequantizeLinear call on values of type ``qtype``."""
     zp = None if zp_shape is None else stand_in(zp_shape, qtype.dtype)
     plan, *_ = plan_dequantize(
         stand_in(x_shape, qtype.dtype),
         stand_in(tuple(scale.shape), numpy_dtype(scale.dtype, what=f"{caller}: x_scale")),
-        zp, axis=axis, block_size=block_size, output_dtype=output_dtype, opset=opset, domain="",
+        zp,
+        axis=axis,
+        block_size=block_size,
+        output_dtype=output_dtype,
+        opset=opset,
+        domain="",
     )
     return plan

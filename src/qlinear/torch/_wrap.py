@@ -35,9 +35,16 @@ class QuantSpec:
 
     def build(self) -> FakeQuantize:
         """A fresh :class:`FakeQuantize` with these settings."""
-        return FakeQuantize(self.dtype, qparams=self.qparams, axis=self.axis, block_size=self.block_size,
-                            symmetric=self.symmetric, averaging_constant=self.averaging_constant, saturate=self.saturate,
-                            grad_scale=self.grad_scale)
+        return FakeQuantize(
+            self.dtype,
+            qparams=self.qparams,
+            axis=self.axis,
+            block_size=self.block_size,
+            symmetric=self.symmetric,
+            averaging_constant=self.averaging_constant,
+            saturate=self.saturate,
+            grad_scale=self.grad_scale,
+        )
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,7 @@ class QuantConfig:
     """
 
     weight: QuantSpec | None = field(default_factory=lambda: QuantSpec("int8", axis=0))
-    activation: QuantSpec | None = field(
-        default_factory=lambda: QuantSpec("uint8", qparams="moving_average", symmetric=False))
+    activation: QuantSpec | None = field(default_factory=lambda: QuantSpec("uint8", qparams="moving_average", symmetric=False))
 
 
 class QuantizedModule(nn.Module):

@@ -44,7 +44,18 @@ from qlinear.kernels.cpu._params import (
     E_SUBLIM,
 )
 
-__all__ = ["FLOAT_CODE_LEN", "K_NAN", "K_NEG", "K_OVF_AT", "K_PMIN", "K_POS", "K_STEP", "K_UNIT", "float_code", "float_code_constants"]
+__all__ = [
+    "FLOAT_CODE_LEN",
+    "K_NAN",
+    "K_NEG",
+    "K_OVF_AT",
+    "K_PMIN",
+    "K_POS",
+    "K_STEP",
+    "K_UNIT",
+    "float_code",
+    "float_code_constants",
+]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
@@ -59,16 +70,20 @@ _EXPONENT = 0x7F800000  # exponent field of a float32
 @intrinsic
 def _f32_bits(typingctx, v):
     """The bits of a float32 as an int32."""
+
     def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.IntType(32))
+
     return types.int32(types.float32), codegen
 
 
 @intrinsic
 def _bits_f32(typingctx, b):
     """The float32 whose bits are the low 32 bits of an int64."""
+
     def codegen(context, builder, sig, args):
         return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
+
     return types.float32(types.int64), codegen
 
 

@@ -43,8 +43,9 @@ _SHORT_RUN = 256
 # Encoding slots: float32 -> an IEEE-like format with M mantissa bits, by bit
 # arithmetic (round half to even). ENC_SUBMUL (a float) lives in the float
 # array the kernels receive.
-(E_M, E_REBIAS, E_SUBLIM, E_MAXMAG, E_OVF, E_NANBASE, E_NANMASK, E_NANMIN,
- E_SIGNSHIFT, E_SIGNED_ZERO, E_SIGNED_SPECIAL) = range(11)
+(E_M, E_REBIAS, E_SUBLIM, E_MAXMAG, E_OVF, E_NANBASE, E_NANMASK, E_NANMIN, E_SIGNSHIFT, E_SIGNED_ZERO, E_SIGNED_SPECIAL) = range(
+    11
+)
 _E_LEN = 11
 
 # Precision codes: how a float32 value is rounded to the plan's precision.
@@ -69,7 +70,7 @@ def layout(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...])
     else:
         o = math.prod(shape[: g.axis])
         d = shape[g.axis]
-        i = math.prod(shape[g.axis + 1:])
+        i = math.prod(shape[g.axis + 1 :])
         if g.kind == "per_axis":
             o, d, i, b, so, sb, si = (o, 1, d, 1, 0, 0, 1) if i == 1 else (o, d, i, 1, 0, 1, 0)
         else:
@@ -80,8 +81,20 @@ def layout(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...])
     return np.array([n, d, i, b, so, sb, si, CHUNK, run < _SHORT_RUN], dtype=np.int64)
 
 
-def _encoding(m: int, bias: int, maxmag: int, ovf: int, nanbase: int, nanmask: int, nanmin: int,
-              bits: int, *, signed_zero: bool, signed_special: bool, subnormals: bool) -> tuple[np.ndarray, float]:
+def _encoding(
+    m: int,
+    bias: int,
+    maxmag: int,
+    ovf: int,
+    nanbase: int,
+    nanmask: int,
+    nanmin: int,
+    bits: int,
+    *,
+    signed_zero: bool,
+    signed_special: bool,
+    subnormals: bool,
+) -> tuple[np.ndarray, float]:
     emin = 1 - bias
     e = np.zeros(_E_LEN, dtype=np.int64)
     e[E_M] = m
@@ -108,8 +121,10 @@ def _finfo_encoding(t: ElementType) -> tuple[np.ndarray, float]:
         return _encoding(m, bias, maxmag, 0x80, 0x80, 0, 0, t.bits, signed_zero=False, signed_special=False, subnormals=True)
     if t.has_inf:
         # float8e5m2: overflow rounds to infinity; NaN becomes the quiet 0x7e (ml_dtypes).
-        inf = (((1 << (t.bits - 1 - m)) - 1) << m)
-        return _encoding(m, bias, maxmag, inf, inf | (1 << (m - 1)), 0, 0, t.bits, signed_zero=True, signed_special=True, subnormals=True)
+        inf = ((1 << (t.bits - 1 - m)) - 1) << m
+        return _encoding(
+            m, bias, maxmag, inf, inf | (1 << (m - 1)), 0, 0, t.bits, signed_zero=True, signed_special=True, subnormals=True
+        )
     if t.has_nan:
         # float8e4m3fn: the all-ones pattern is NaN; overflow and infinities become NaN.
         nan = (1 << (t.bits - 1)) - 1

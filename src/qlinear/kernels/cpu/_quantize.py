@@ -19,8 +19,15 @@ _WIDE_INPUTS = {np.dtype(np.float16): PREC_F16, np.dtype(ml_dtypes.bfloat16): PR
 _NO_TABLE = np.zeros(256, np.float32)
 
 
-def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, *,
-             out: np.ndarray | None = None, packed: bool = False) -> np.ndarray:
+def quantize(
+    plan: QuantizePlan,
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    *,
+    out: np.ndarray | None = None,
+    packed: bool = False,
+) -> np.ndarray:
     """``y = saturate(round(x / scale) + zero_point)`` for a validated plan, fused.
 
     Bit-exact with the reference kernel. ``packed`` writes 2/4/6-bit outputs

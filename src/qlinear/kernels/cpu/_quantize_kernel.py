@@ -33,7 +33,9 @@ from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales,
 __all__ = ["quantize_kernel"]
 
 # Slots of the integer parameter array ``p``.
-(P_DIRECT, P_FLOAT_OUT, P_XWIDE, P_PREC, P_QMIN, P_QMAX, P_MASK, P_HAS_ZP, P_NAN_TO_ZP, P_CLIP, P_PACKED_BITS, P_ZP_SIGN) = range(12)
+(P_DIRECT, P_FLOAT_OUT, P_XWIDE, P_PREC, P_QMIN, P_QMAX, P_MASK, P_HAS_ZP, P_NAN_TO_ZP, P_CLIP, P_PACKED_BITS, P_ZP_SIGN) = range(
+    12
+)
 P_LEN = 12
 # Slots of the float parameter array ``f``.
 F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
@@ -140,7 +142,7 @@ def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_pr
             state = (rem - m, sidx + m * step, step, o, d, i, b)
         for k in range(run_zp.size):
             zp_values[k] = ztab[run_zp[k]] if float_out else integer_zero_point(run_zp[k], sign)
-        _quantize_tile(x[j:j + m], m, run_scale, zp_values, step, dst[j - d0:j - d0 + m], tile, codes, p, f, e_out, e_prec)
+        _quantize_tile(x[j : j + m], m, run_scale, zp_values, step, dst[j - d0 : j - d0 + m], tile, codes, p, f, e_out, e_prec)
         j += m
 
 
@@ -151,8 +153,20 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
     # bytes, runs inside it do not.
     dst, d0 = (np.empty(end - start, out.dtype), start) if bits else (out, 0)
     if p[P_DIRECT] and not p[P_FLOAT_OUT]:
-        integer_runs(x, start, end, scale, zp, dst, d0, lay, np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]),
-                     np.float32(p[P_ZP_SIGN]))
+        integer_runs(
+            x,
+            start,
+            end,
+            scale,
+            zp,
+            dst,
+            d0,
+            lay,
+            np.float32(p[P_QMIN]),
+            np.float32(p[P_QMAX]),
+            np.int32(p[P_MASK]),
+            np.float32(p[P_ZP_SIGN]),
+        )
     elif p[P_DIRECT]:
         # A clamp to the limit and the overflow clamp are one clamp of |v|.
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
