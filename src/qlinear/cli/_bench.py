@@ -28,7 +28,12 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=1 << 24, help="float32 elements of x (default 16M: 16384 x 1024)")
     parser.add_argument("--threads", type=int, default=2, help="threads for qlinear and ONNX Runtime (default 2)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per case, best kept; with --startup, fresh processes per step, median kept (default 5)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed calls per case, best kept; with --startup, fresh processes per step, median kept (default 5)",
+    )
     parser.add_argument("--reference", action="store_true", help="also time onnx.reference (slow: seconds per case at 16M)")
     parser.add_argument(
         "--types", nargs="+", default=list(TYPES), choices=TYPES, metavar="TYPE", help="element types (default all)"
