@@ -17,24 +17,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import qlinear
-from qlinear.dtypes import element_type
+from qlinear.dtypes import ELEMENT_TYPES, element_type
+from qlinear.spec import operator_version
 
+# Every type QuantizeLinear can produce, in the type table's order.
 QUANTIZED = [
-    "uint8",
-    "int8",
-    "uint16",
-    "int16",
-    "uint4",
-    "int4",
-    "uint2",
-    "int2",
-    "float8e4m3fn",
-    "float8e4m3fnuz",
-    "float8e5m2",
-    "float8e5m2fnuz",
-    "float4e2m1",
-    "float6e2m3",
-    "float6e3m2",
+    t.name for t in ELEMENT_TYPES if t.name in operator_version("QuantizeLinear", 28, "", caller="tests").quantized_types
 ]
 PACKABLE = [n for n in QUANTIZED if element_type(n).bits < 8]
 WIDE = [np.float32, np.float16, ml_dtypes.bfloat16]
