@@ -347,3 +347,50 @@ def test_dynamic_quantize_linear_cpu_matches_reference():
 def test_import_does_not_load_numba():
     code = "import sys, qlinear; assert 'numba' not in sys.modules, 'numba imported eagerly'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_parallel_task_size_follows_size_and_threads():
+    from qlinear.kernels.cpu._params import MAX_CHUNK, MIN_CHUNK, chunk_elements
+
+    assert chunk_elements(100, 2) == MIN_CHUNK
+    assert chunk_elements(1 << 24, 2) == MAX_CHUNK
+    # Two tasks a thread in between, rounded up to whole 64-element groups.
+    assert chunk_elements(4 * 20000, 2) == 20032
+    assert chunk_elements(8 * 20000, 4) == 20032
+    for n in (1, 5000, 65537, 999_999, 1 << 22):
+        for threads in (1, 2, 3, 16):
+            c = chunk_elements(n, threads)
+            assert MIN_CHUNK <= c <= MAX_CHUNK and c % 64 == 0
+
+
+@pytest.mark.parametrize("name", ["uint8", "int4", "int2", "float8e4m3fn", "float4e2m1"])
+def test_cpu_tasks_longer_than_the_smallest(name):
+    # On numba's threads these sizes give tasks that are neither 16384
+    # elements nor a multiple of the row length: task boundaries fall inside
+    # rows and blocks of every layout, and after a packed byte's first code.
+    import numba
+
+    from qlinear.kernels.cpu._params import MIN_CHUNK, chunk_elements
+
+    rng = np.random.default_rng(QUANTIZED.index(name))
+    threads = numba.get_num_threads()
+    rows = -(-2 * threads * (MIN_CHUNK + 100) // 257)
+    shape = (rows, 257)
+    task = chunk_elements(rows * 257, threads)
+    assert task != MIN_CHUNK and task % 257
+    for axis, block in ((0, 0), (1, 0), (1, 32), (0, 32), (None, 0)):
+        x = _values(shape, rng)
+        scale, zp = _params(name, shape, axis or 0, block, rng) if axis is not None else (np.float32(0.07), None)
+        kw = dict(axis=axis or 0, block_size=block, output_dtype=None if zp is not None else name)
+        got, want = _both(qlinear.quantize_linear, x, scale, zp, **kw)
+        _assert_same(got, want)
+        packed = element_type(name).is_packed
+        if packed:
+            got, _ = _both(qlinear.quantize_linear, x, scale, zp, packed=True, **kw)
+            np.testing.assert_array_equal(got, qlinear.pack(want))
+        dkw = dict(axis=axis or 0, block_size=block)
+        got, expected = _both(qlinear.dequantize_linear, want, scale, zp, **dkw)
+        _assert_same(got, expected)
+        if packed:
+            got, _ = _both(qlinear.dequantize_linear, qlinear.pack(want), scale, zp, packed_dtype=name, shape=shape, **dkw)
+            _assert_same(got, expected)

@@ -80,6 +80,8 @@ def dequantize(
     packed bytes of ``plan.input_type`` for ``plan.x_shape``; ``out``
     (already checked by the caller) receives the result.
     """
+    import numba
+
     from qlinear.kernels.cpu import _dequantize_kernel as kernel
 
     t = plan.input_type
@@ -107,6 +109,6 @@ def dequantize(
     xs[width] = codes.view(xs[width].dtype)
     values = out.reshape(-1)
     outs = (_EMPTY_F32, values.view(np.uint16)) if wide is not None else (values, _EMPTY16)
-    lay = layout(plan.granularity, plan.x_shape, scale.shape)
+    lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p, e_out, submul)
     return out

@@ -35,6 +35,8 @@ def quantize(
     result's dtype and shape, C-contiguous) receives the result. Zero points
     reach the kernel as their own bytes (or 16-bit words), not copied.
     """
+    import numba
+
     from qlinear.kernels.cpu import _quantize_kernel as kernel
     from qlinear.kernels.cpu._encode import FLOAT_CODE_LEN, float_code_constants
 
@@ -84,6 +86,6 @@ def quantize(
     ztab = decode_table(t, False) if not t.is_integer else _NO_TABLE
 
     codes = out.reshape(-1).view(code_dtype)
-    lay = layout(plan.granularity, plan.x_shape, scale.shape)
+    lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
     return out
