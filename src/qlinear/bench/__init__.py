@@ -99,7 +99,7 @@ def run_benchmark(
             ort_call, ort_mode = shared["ort_q"]
         else:
             ort_call, ort_mode = ort_runner(case, x, shared["unpacked"], scale, zp, threads)
-        ort_s = best_time(ort_call, max(1, repeats - 1)) if ort_call is not None else None
+        ort_s = best_time(ort_call, repeats) if ort_call is not None else None
         ref_s = None
         if reference:
             ref_call = reference_runner(case, x, shared["unpacked"], scale, zp)

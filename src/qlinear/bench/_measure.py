@@ -11,8 +11,18 @@ import numpy as np
 __all__ = ["best_time", "copy_bandwidth", "peak_extra_bytes"]
 
 
-def best_time(fn: Callable[[], object], repeats: int) -> float:
-    """Seconds of the fastest of ``repeats`` calls, after one warm-up call."""
+# ONNX Runtime's idle intra-op threads spin for about 70 ms after each run
+# (measured on 2 cores), on the cores qlinear's threads then need: a qlinear
+# call timed in that window took 3x as long, one call in two. numba's
+# threads spin briefly too. Every timing starts after this pause, so each
+# library is timed with the other's threads asleep, both left at their
+# defaults (ONNX Runtime is 20-30% slower with its spinning turned off).
+SETTLE_S = 0.15
+
+
+def best_time(fn: Callable[[], object], repeats: int, settle_s: float = SETTLE_S) -> float:
+    """Seconds of the fastest of ``repeats`` calls, after a pause of ``settle_s`` and one warm-up call."""
+    time.sleep(settle_s)
     fn()
     best = float("inf")
     for _ in range(repeats):
