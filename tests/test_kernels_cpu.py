@@ -394,3 +394,44 @@ def test_cpu_tasks_longer_than_the_smallest(name):
         if packed:
             got, _ = _both(qlinear.dequantize_linear, qlinear.pack(want), scale, zp, packed_dtype=name, shape=shape, **dkw)
             _assert_same(got, expected)
+
+
+@pytest.mark.parametrize("name", ["uint8", "int8", "uint16", "int16", "int4", "uint2"])
+def test_cpu_streaming_stores_match_reference(name, monkeypatch):
+    # Large calls write whole cache lines of long runs by streaming stores
+    # (kernels/cpu/_lines.py); lower the size at which they start so these
+    # arrays take that path, with outputs that start at every offset within
+    # a line, float32 and int32 x, and every edge value.
+    from qlinear.kernels.cpu import _lines
+
+    monkeypatch.setattr(_lines, "STREAM_MIN_BYTES", 0)
+    t = element_type(name)
+    rng = np.random.default_rng(QUANTIZED.index(name))
+    shape = (5, 4099)  # rows past the shortest streamed run (4096) and odd
+    n = 5 * 4099
+    for x in (_values(shape, rng), rng.integers(-(2**31), 2**31 - 1, shape, dtype=np.int64).astype(np.int32)):
+        scale, zp = _params(name, shape, 0, 0, rng)
+        for s, z, axis in ((scale, zp, 0), (np.float32(0.37), zp[1], 0), (np.float32(2.5e-3), None, 0)):
+            kw = dict(axis=axis, output_dtype=None if z is not None else name)
+            want = qlinear.quantize_linear(x, s, z, backend="reference", **kw)
+            values = qlinear.dequantize_linear(want, s, z, axis=axis, backend="reference")
+            backing = np.zeros(n * t.dtype.itemsize + 128, np.uint8)
+            fbacking = np.zeros(n * 4 + 128, np.uint8)
+            for offset in (0, 4, 8, 32, 60):  # bytes past a line's start
+                start = -backing.ctypes.data % 64 + offset // t.dtype.itemsize * t.dtype.itemsize
+                out = backing[start : start + n * t.dtype.itemsize].view(t.dtype).reshape(shape)
+                got = qlinear.quantize_linear(x, s, z, out=out, backend="cpu", **kw)
+                _assert_same(got, want)
+                fstart = -fbacking.ctypes.data % 64 + offset
+                fout = fbacking[fstart : fstart + 4 * n].view(np.float32).reshape(shape)
+                got = qlinear.dequantize_linear(want, s, z, axis=axis, out=fout, backend="cpu")
+                _assert_same(got, values)
+
+
+def test_streaming_starts_at_the_last_level_cache():
+    from qlinear.kernels.cpu import _lines
+
+    cache = _lines.last_level_cache_bytes()
+    assert cache >= 1 << 20
+    assert _lines.STREAM_MIN_BYTES is None
+    assert _lines.streams(cache) and not _lines.streams(cache - 1)

@@ -83,6 +83,7 @@ def dequantize(
     import numba
 
     from qlinear.kernels.cpu import _dequantize_kernel as kernel
+    from qlinear.kernels.cpu._lines import streams
 
     t = plan.input_type
     if out is None:
@@ -110,5 +111,6 @@ def dequantize(
     values = out.reshape(-1)
     outs = (_EMPTY_F32, values.view(np.uint16)) if wide is not None else (values, _EMPTY16)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
+    p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes)
     kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p, e_out, submul)
     return out

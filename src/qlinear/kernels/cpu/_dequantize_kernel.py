@@ -25,16 +25,30 @@ from qlinear.kernels.cpu._dequantize_runs import (
     packed_runs,
     table_runs,
 )
+from qlinear.kernels.cpu._lines import store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_N
 from qlinear.kernels.cpu._tiles import TILE, encode
 
 __all__ = ["dequantize_kernel"]
 
 # Slots of the integer parameter array ``p``; MANT .. FINITE describe a
-# small float type for its decoding by bit arithmetic (MANT 0 otherwise);
-# FINITE: the type has neither infinity nor NaN.
-(P_READ, P_BITS, P_SIGN_BIT, P_WIDE_OUT, P_MANT, P_EXP_OFF, P_MAX_BITS, P_INF_BITS, P_NEG_ZERO_NAN, P_FINITE) = range(10)
-P_LEN = 10
+# small float type for its decoding by bit arithmetic (MANT 0 otherwise).
+# FINITE: the type has neither infinity nor NaN. STREAM: whole lines of
+# float32 output by streaming stores (_lines).
+(
+    P_READ,
+    P_BITS,
+    P_SIGN_BIT,
+    P_WIDE_OUT,
+    P_MANT,
+    P_EXP_OFF,
+    P_MAX_BITS,
+    P_INF_BITS,
+    P_NEG_ZERO_NAN,
+    P_FINITE,
+    P_STREAM,
+) = range(11)
+P_LEN = 11
 # How x is read (P_READ): bytes through the table, integers of 8 bits or
 # more, float8 bytes, packed integers, packed floats.
 READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
@@ -46,6 +60,7 @@ _jit = njit(cache=True, nogil=True, error_model="numpy")
 def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out16, lay, p, e_out, submul):
     """Elements ``start .. end``: float32 results straight into ``out32``, 16-bit ones a tile at a time."""
     read, bits, sign, wide = p[P_READ], p[P_BITS], p[P_SIGN_BIT], p[P_WIDE_OUT]
+    stream = p[P_STREAM] != 0 and not wide
     fmt = (p[P_MANT], p[P_EXP_OFF], sign, p[P_MAX_BITS], p[P_INF_BITS], p[P_NEG_ZERO_NAN])
     tile = np.empty(TILE if wide else 0, np.float32)
     dst = tile if wide else out32
@@ -55,9 +70,9 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
         if read == READ_TABLE:
             table_runs(x8, j, stop, table, scale, zp, dst, d0, lay)
         elif read == READ_INTEGER and bits == 8:
-            integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay)
+            integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay, stream)
         elif read == READ_INTEGER and bits == 16:
-            integer_runs(x16, sign, j, stop, scale, zp, dst, d0, lay)
+            integer_runs(x16, sign, j, stop, scale, zp, dst, d0, lay, stream)
         elif read == READ_INTEGER:
             int32_runs(x32, j, stop, scale, zi, dst, d0, lay)
         elif read == READ_FLOAT:
@@ -70,6 +85,8 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
             packed_runs(x8, bits, j, stop, table, scale, zp, dst, d0, lay)
         if wide:
             encode(tile, stop - j, out16[j:stop], e_out, submul)
+    if stream:
+        store_fence()
 
 
 @njit(cache=True, parallel=True, error_model="numpy")

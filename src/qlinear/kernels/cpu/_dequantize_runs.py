@@ -34,6 +34,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
+from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, dequantize_line, line_offset
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate
 
@@ -168,9 +169,14 @@ def table_runs(x, start, end, table, scale, zp, dst, d0, lay):
 
 
 @_jit
-def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay):
-    """``dst[j - d0]``: unsigned 8/16-bit ``x[j]``, signed by ``sign`` (its sign bit, 0 if unsigned)."""
+def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay, stream):
+    """``dst[j - d0]``: unsigned 8/16-bit ``x[j]``, signed by ``sign`` (its sign bit, 0 if unsigned).
+
+    With ``stream``, long runs of one scale write their whole 64-byte lines
+    of ``dst`` by :func:`._lines.dequantize_line` (streaming stores).
+    """
     sign = np.int32(sign)
+    lanes = LINE // dst.itemsize
     o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
@@ -182,7 +188,15 @@ def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay):
                 dst[_U(dj + k)] = (v - zp[_U(si + k)]) * scale[_U(si + k)]
         else:
             s, z = scale[si], zp[si]
-            for k in range(n):
+            lo, hi = 0, 0  # elements lo .. hi go by whole lines
+            if stream and n >= STREAM_MIN_RUN:
+                lo = line_offset(dst, dj)
+                hi = lo + (n - lo) // lanes * lanes
+            for k in range(lo):
+                dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
+            for k in range(lo, hi, lanes):
+                dequantize_line(x, j + k, sign, dst, dj + k, s, z)
+            for k in range(hi, n):
                 dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
         j += n
 

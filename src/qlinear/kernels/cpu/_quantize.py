@@ -39,6 +39,7 @@ def quantize(
 
     from qlinear.kernels.cpu import _quantize_kernel as kernel
     from qlinear.kernels.cpu._encode import FLOAT_CODE_LEN, float_code_constants
+    from qlinear.kernels.cpu._lines import streams
 
     t = plan.output_type
     count = math.prod(plan.x_shape)
@@ -86,6 +87,7 @@ def quantize(
     ztab = decode_table(t, False) if not t.is_integer else _NO_TABLE
 
     codes = out.reshape(-1).view(code_dtype)
+    p[kernel.P_STREAM] = streams(flat_x.nbytes + codes.nbytes)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
     return out

@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 from qlinear.kernels.cpu._encode import K_NAN, K_NEG, K_OVF_AT, K_PMIN, K_POS, K_STEP, K_UNIT
+from qlinear.kernels.cpu._lines import store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, PREC_F32
 from qlinear.kernels.cpu._quantize_runs import float_runs, integer_runs, integer_zero_point, pack
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
@@ -33,10 +34,23 @@ from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales,
 __all__ = ["quantize_kernel"]
 
 # Slots of the integer parameter array ``p``.
-(P_DIRECT, P_FLOAT_OUT, P_XWIDE, P_PREC, P_QMIN, P_QMAX, P_MASK, P_HAS_ZP, P_NAN_TO_ZP, P_CLIP, P_PACKED_BITS, P_ZP_SIGN) = range(
-    12
-)
-P_LEN = 12
+# STREAM: whole lines of output by streaming stores (_lines).
+(
+    P_DIRECT,
+    P_FLOAT_OUT,
+    P_XWIDE,
+    P_PREC,
+    P_QMIN,
+    P_QMAX,
+    P_MASK,
+    P_HAS_ZP,
+    P_NAN_TO_ZP,
+    P_CLIP,
+    P_PACKED_BITS,
+    P_ZP_SIGN,
+    P_STREAM,
+) = range(13)
+P_LEN = 13
 # Slots of the float parameter array ``f``.
 F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
 F_LEN = 3
@@ -166,6 +180,7 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
             np.float32(p[P_QMAX]),
             np.int32(p[P_MASK]),
             np.float32(p[P_ZP_SIGN]),
+            p[P_STREAM] != 0 and not bits,
         )
     elif p[P_DIRECT]:
         # A clamp to the limit and the overflow clamp are one clamp of |v|.
@@ -176,6 +191,8 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
         _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec)
     if bits:
         pack(dst, end - start, out, start, bits)
+    if p[P_STREAM]:
+        store_fence()
 
 
 @njit(cache=True, parallel=True, error_model="numpy")

@@ -31,6 +31,7 @@ import numpy as np
 from numba import njit
 
 from qlinear.kernels.cpu._encode import float_code
+from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, line_offset, quantize_line
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
 
@@ -101,8 +102,12 @@ def next_batch(j, end, lay, state):
 
 
 @_jit
-def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign):
+def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign, stream):
     """Integer codes of ``x[start:end]`` into ``dst[start - d0:]``: ``clip(rint(x / scale) + zp, qmin, qmax) & mask``.
+
+    With ``stream``, long runs of one scale write their whole 64-byte lines
+    of ``dst`` by :func:`._lines.quantize_line` (streaming stores), the
+    elements before the first and after the last as usual.
 
     The zero points of stepping runs are decoded into ``zvalues`` first
     (decoding in the loop costs four operations where a load costs one)
@@ -111,6 +116,7 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign)
     """
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
     z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    lanes = LINE // dst.itemsize
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -129,7 +135,15 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign)
                     dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
             else:
                 s, z = scale[sr], integer_zero_point(zp[sr], sign)
-                for q in range(n):
+                lo, hi = 0, 0  # elements lo .. hi go by whole lines
+                if stream and n >= STREAM_MIN_RUN:
+                    lo = line_offset(dst, w)
+                    hi = lo + (n - lo) // lanes * lanes
+                for q in range(lo):
+                    dst[_U(w + q)] = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
+                for q in range(lo, hi, lanes):
+                    quantize_line(x, jr + q, dst, w + q, s, z, qmin, qmax, mask)
+                for q in range(hi, n):
                     dst[_U(w + q)] = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
         j += runs * n
 

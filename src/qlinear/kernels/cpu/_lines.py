@@ -1,0 +1,193 @@
+"""Whole cache lines of output written by streaming (non-temporal) stores.
+
+An ordinary store to a line that is not in cache first reads the line from
+memory to own it, so writing N bytes of a large output moves 2N. A
+non-temporal store writes a whole 64-byte line straight to memory. Where a
+call's data are far larger than the last-level cache (the output could not
+have stayed in cache anyway), that saves a sixth of QuantizeLinear's memory
+traffic from float32 to 8 bits and nearly half of DequantizeLinear's from 8
+bits to float32.
+
+LLVM will not vectorize a loop whose stores are non-temporal unless it can
+prove them aligned, and numba cannot say so; a buffer streamed out later
+costs as much as it saves (measured). So the common loops have a line
+function here, written as LLVM vector code: it computes one 64-byte line of
+output from registers and stores it aligned and non-temporal, with exactly
+the arithmetic of the element function it stands for
+(:func:`._quantize_runs.integer_code` for :func:`quantize_line`,
+:func:`._dequantize_runs.integer_runs`' for :func:`dequantize_line`). Being
+intrinsics, they are inlined with no call: a call that passes arrays costs
+numba's atomic reference counting, and every atomic instruction waits for
+all loads in flight.
+
+:func:`store_fence` ends a task's streaming: non-temporal stores are not
+ordered with later ones until a fence.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = [
+    "LINE",
+    "STREAM_MIN_RUN",
+    "dequantize_line",
+    "last_level_cache_bytes",
+    "line_offset",
+    "quantize_line",
+    "store_fence",
+    "streams",
+]
+
+LINE = 64  # bytes of a cache line
+# Only runs of one scale at least this long stream: a run's partial lines at
+# either end go by ordinary stores and small loops, which made runs of 1024
+# (a row per scale) slower, not faster, unless the rows start on a line.
+STREAM_MIN_RUN = 4096
+_FALLBACK_CACHE = 32 << 20
+# Calls that read and write at least this many bytes stream their output;
+# None: the size of the last-level cache. Tests lower it to reach the
+# streaming loops with small arrays.
+STREAM_MIN_BYTES: int | None = None
+
+
+def streams(nbytes: int) -> bool:
+    """Whether a call that reads and writes ``nbytes`` in all should stream its output."""
+    limit = STREAM_MIN_BYTES if STREAM_MIN_BYTES is not None else last_level_cache_bytes()
+    return nbytes >= limit
+
+
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """Size of the largest cache the system reports, or 32 MiB where it reports none."""
+    best = 0
+    for name in ("SC_LEVEL4_CACHE_SIZE", "SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            best = max(best, int(os.sysconf(name)))
+        except (ValueError, OSError):
+            continue
+    return best if best > 0 else _FALLBACK_CACHE
+
+
+def _data(context, builder, array_type, value):
+    return context.make_array(array_type)(context, builder, value).data
+
+
+def _splat(builder, value, vector_type):
+    lanes = vector_type.count
+    one = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(
+        one, ir.Constant(vector_type, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+    )
+
+
+def _store_line(builder, value, array_data, index):
+    """Store the vector ``value`` at element ``index`` of an array's data, aligned and non-temporal."""
+    pointer = builder.bitcast(builder.gep(array_data, [index]), value.type.as_pointer())
+    store = builder.store(value, pointer, align=LINE)
+    store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+
+
+def _load(builder, array_data, index, vector_type):
+    pointer = builder.bitcast(builder.gep(array_data, [index]), vector_type.as_pointer())
+    return builder.load(pointer, align=1)
+
+
+def _clamp(builder, v, low, high):
+    v = builder.select(builder.fcmp_ordered(">", v, low), v, low)
+    return builder.select(builder.fcmp_ordered("<", v, high), v, high)
+
+
+@intrinsic
+def line_offset(typingctx, array, index):
+    """Elements from ``array[index]`` to the next 64-byte boundary (0 if it is on one)."""
+    if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
+        return None
+    itemsize = array.dtype.bitwidth // 8
+
+    def codegen(context, builder, signature, args):
+        intp = context.get_value_type(types.intp)
+        pointer = builder.gep(_data(context, builder, signature.args[0], args[0]), [args[1]])
+        address = builder.ptrtoint(pointer, intp)
+        to_boundary = builder.and_(builder.neg(address), ir.Constant(intp, LINE - 1))
+        return builder.udiv(to_boundary, ir.Constant(intp, itemsize))
+
+    return types.intp(array, types.intp), codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """A full memory fence: on x86 the lighter ones do not order non-temporal stores."""
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def quantize_line(typingctx, x, xj, dst, dj, s, z, qmin, qmax, mask):
+    """``dst[dj:]``'s line (64 bytes of 8- or 16-bit codes) = integer_code(x[xj:] / s, z, qmin, qmax, mask).
+
+    ``dst + dj`` must be 64-byte aligned. ``x`` is float32 or int32 (converted
+    to float32 first, as ``np.float32`` does).
+    """
+    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or dst.dtype.bitwidth not in (8, 16):
+        return None
+    lanes = LINE * 8 // dst.dtype.bitwidth
+    x_is_int = isinstance(x.dtype, types.Integer)
+    sig = types.void(x, types.intp, dst, types.intp, types.float32, types.float32, types.float32, types.float32, types.int32)
+
+    def codegen(context, builder, signature, args):
+        xs, xj_, ds, dj_, s_, z_, lo, hi, mask_ = args
+        f32 = ir.VectorType(ir.FloatType(), lanes)
+        i32 = ir.VectorType(ir.IntType(32), lanes)
+        xdata = _data(context, builder, signature.args[0], xs)
+        raw = _load(builder, xdata, xj_, i32 if x_is_int else f32)
+        v = builder.sitofp(raw, f32) if x_is_int else raw
+        q = builder.fdiv(v, _splat(builder, s_, f32))
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), f"llvm.rint.v{lanes}f32")
+        r = builder.call(rint, [q])
+        r = builder.select(builder.fcmp_unordered("uno", r, r), ir.Constant(f32, [0.0] * lanes), r)  # NaN -> 0
+        v = _clamp(builder, builder.fadd(r, _splat(builder, z_, f32)), _splat(builder, lo, f32), _splat(builder, hi, f32))
+        codes = builder.and_(builder.fptosi(v, i32), _splat(builder, mask_, i32))
+        out = builder.trunc(codes, ir.VectorType(ir.IntType(dst.dtype.bitwidth), lanes))
+        _store_line(builder, out, _data(context, builder, signature.args[2], ds), dj_)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def dequantize_line(typingctx, x, xj, sign, dst, dj, s, z):
+    """``dst[dj:]``'s line (16 float32) = (signed(x[xj:], sign) - z) * s, for 8- or 16-bit codes ``x``.
+
+    ``sign`` is the codes' sign bit (0: unsigned), applied as ``(v ^ sign) -
+    sign`` in int32. ``dst + dj`` must be 64-byte aligned.
+    """
+    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth not in (8, 16):
+        return None
+    lanes = LINE // 4
+    sig = types.void(x, types.intp, types.int32, dst, types.intp, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        xs, xj_, sign_, ds, dj_, s_, z_ = args
+        f32 = ir.VectorType(ir.FloatType(), lanes)
+        i32 = ir.VectorType(ir.IntType(32), lanes)
+        raw = _load(
+            builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(x.dtype.bitwidth), lanes)
+        )
+        sign_v = _splat(builder, sign_, i32)
+        v = builder.sub(builder.xor(builder.zext(raw, i32), sign_v), sign_v)
+        value = builder.fmul(builder.fsub(builder.sitofp(v, f32), _splat(builder, z_, f32)), _splat(builder, s_, f32))
+        _store_line(builder, value, _data(context, builder, signature.args[3], ds), dj_)
+        return context.get_dummy_value()
+
+    return sig, codegen
