@@ -396,7 +396,7 @@ def test_cpu_tasks_longer_than_the_smallest(name):
             _assert_same(got, expected)
 
 
-@pytest.mark.parametrize("name", ["uint8", "int8", "uint16", "int16", "int4", "uint2"])
+@pytest.mark.parametrize("name", ["uint8", "int8", "uint16", "int16", "int4", "uint2", "float8e4m3fn", "float8e5m2fnuz"])
 def test_cpu_streaming_stores_match_reference(name, monkeypatch):
     # Large calls write whole cache lines of long runs by streaming stores
     # (kernels/cpu/_lines.py); lower the size at which they start so these

@@ -76,7 +76,7 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
         elif read == READ_INTEGER:
             int32_runs(x32, j, stop, scale, zi, dst, d0, lay)
         elif read == READ_FLOAT:
-            float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay)
+            float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay, stream)
         elif bits == 4 and (read == READ_PACKED_INTEGER or p[P_FINITE]):
             nibble_runs(x8, sign, fmt, j, stop, table, scale, zp, dst, d0, lay)
         elif bits == 2 and read == READ_PACKED_INTEGER:

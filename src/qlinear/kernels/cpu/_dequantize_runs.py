@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, dequantize_line, line_offset
+from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, dequantize_float8_line, dequantize_line, line_offset
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate
 
@@ -216,9 +216,14 @@ def int32_runs(x, start, end, scale, zp, dst, d0, lay):
 
 
 @_jit
-def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay):
-    """``dst[j - d0]``: float8 code ``x[j]`` decoded by :func:`_float_value`."""
+def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay, stream):
+    """``dst[j - d0]``: float8 code ``x[j]`` decoded by :func:`_float_value`.
+
+    With ``stream``, long runs of one scale write their whole 64-byte lines
+    of ``dst`` by :func:`._lines.dequantize_float8_line` (streaming stores).
+    """
     f32 = _format(fmt)
+    lanes = LINE // dst.itemsize
     o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
@@ -229,7 +234,15 @@ def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay):
                 dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - zp[_U(si + k)]) * scale[_U(si + k)]
         else:
             s, z = scale[si], zp[si]
-            for k in range(n):
+            lo, hi = 0, 0  # elements lo .. hi go by whole lines
+            if stream and n >= STREAM_MIN_RUN:
+                lo = line_offset(dst, dj)
+                hi = lo + (n - lo) // lanes * lanes
+            for k in range(lo):
+                dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
+            for k in range(lo, hi, lanes):
+                dequantize_float8_line(x, j + k, f32, dst, dj + k, s, z)
+            for k in range(hi, n):
                 dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
         j += n
 

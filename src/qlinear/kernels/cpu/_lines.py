@@ -15,7 +15,8 @@ function here, written as LLVM vector code: it computes one 64-byte line of
 output from registers and stores it aligned and non-temporal, with exactly
 the arithmetic of the element function it stands for
 (:func:`._quantize_runs.integer_code` for :func:`quantize_line`,
-:func:`._dequantize_runs.integer_runs`' for :func:`dequantize_line`). Being
+:func:`._dequantize_runs.integer_runs`' for :func:`dequantize_line`,
+:func:`._dequantize_runs.float_runs`' for :func:`dequantize_float8_line`). Being
 intrinsics, they are inlined with no call: a call that passes arrays costs
 numba's atomic reference counting, and every atomic instruction waits for
 all loads in flight.
@@ -37,6 +38,7 @@ from numba.extending import intrinsic
 __all__ = [
     "LINE",
     "STREAM_MIN_RUN",
+    "dequantize_float8_line",
     "dequantize_line",
     "last_level_cache_bytes",
     "line_offset",
@@ -187,6 +189,56 @@ def dequantize_line(typingctx, x, xj, sign, dst, dj, s, z):
         sign_v = _splat(builder, sign_, i32)
         v = builder.sub(builder.xor(builder.zext(raw, i32), sign_v), sign_v)
         value = builder.fmul(builder.fsub(builder.sitofp(v, f32), _splat(builder, z_, f32)), _splat(builder, s_, f32))
+        _store_line(builder, value, _data(context, builder, signature.args[3], ds), dj_)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def dequantize_float8_line(typingctx, x, xj, fmt, dst, dj, s, z):
+    """``dst[dj:]``'s line (16 float32) = (value(x[xj:]) - z) * s, for float8 codes ``x``.
+
+    ``value`` is :func:`._dequantize_runs._float_value` with its int32
+    format tuple ``fmt``, step for step. ``dst + dj`` must be 64-byte aligned.
+    """
+    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth != 8:
+        return None
+    lanes = LINE // 4
+    sig = types.void(x, types.intp, types.UniTuple(types.int32, 6), dst, types.intp, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        xs, xj_, fmt_, ds, dj_, s_, z_ = args
+        f32 = ir.VectorType(ir.FloatType(), lanes)
+        i32 = ir.VectorType(ir.IntType(32), lanes)
+        mult, exp_off, sign_bit, max_bits, inf_bits, neg_zero_nan = (builder.extract_value(fmt_, k) for k in range(6))
+
+        def splat_i(v):
+            return _splat(builder, v, i32)
+
+        def as_float(bits):
+            return builder.bitcast(bits, f32)
+
+        raw = _load(builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(8), lanes))
+        c = builder.zext(raw, i32)
+        sign_v = splat_i(sign_bit)
+        magnitude = builder.and_(c, builder.sub(sign_v, splat_i(ir.Constant(ir.IntType(32), 1))))
+        f = as_float(builder.add(builder.mul(magnitude, splat_i(mult)), splat_i(exp_off)))
+        half_smallest = as_float(splat_i(exp_off))
+        two = ir.Constant(f32, [2.0] * lanes)
+        subnormal = builder.fcmp_ordered("<", f, builder.fmul(two, half_smallest))
+        f = builder.select(subnormal, builder.fmul(two, builder.fsub(f, half_smallest)), f)
+        nan = as_float(ir.Constant(i32, [0x7FC00000] * lanes))
+        inf = ir.Constant(f32, [float("inf")] * lanes)
+        special = builder.select(builder.fcmp_ordered("==", f, as_float(splat_i(inf_bits))), inf, nan)
+        f = builder.select(builder.fcmp_ordered(">", f, as_float(splat_i(max_bits))), special, f)
+        negative_zero = builder.and_(
+            builder.icmp_signed("!=", splat_i(neg_zero_nan), ir.Constant(i32, [0] * lanes)), builder.icmp_signed("==", c, sign_v)
+        )
+        f = builder.select(negative_zero, nan, f)
+        negative = builder.icmp_signed("!=", builder.and_(c, sign_v), ir.Constant(i32, [0] * lanes))
+        f = builder.select(negative, builder.fneg(f), f)
+        value = builder.fmul(builder.fsub(f, _splat(builder, z_, f32)), _splat(builder, s_, f32))
         _store_line(builder, value, _data(context, builder, signature.args[3], ds), dj_)
         return context.get_dummy_value()
 
