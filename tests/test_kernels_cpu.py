@@ -396,7 +396,9 @@ def test_cpu_tasks_longer_than_the_smallest(name):
             _assert_same(got, expected)
 
 
-@pytest.mark.parametrize("name", ["uint8", "int8", "uint16", "int16", "int4", "uint2", "float8e4m3fn", "float8e5m2fnuz"])
+@pytest.mark.parametrize(
+    "name", ["uint8", "int8", "uint16", "int16", "int4", "uint2", "float8e4m3fn", "float8e5m2", "float8e5m2fnuz", "float4e2m1"]
+)
 def test_cpu_streaming_stores_match_reference(name, monkeypatch):
     # Large calls write whole cache lines of long runs by streaming stores
     # (kernels/cpu/_lines.py); lower the size at which they start so these

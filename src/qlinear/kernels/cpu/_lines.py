@@ -15,6 +15,7 @@ function here, written as LLVM vector code: it computes one 64-byte line of
 output from registers and stores it aligned and non-temporal, with exactly
 the arithmetic of the element function it stands for
 (:func:`._quantize_runs.integer_code` for :func:`quantize_line`,
+:func:`._encode.float_code` for :func:`quantize_float_line`,
 :func:`._dequantize_runs.integer_runs`' for :func:`dequantize_line`,
 :func:`._dequantize_runs.float_runs`' for :func:`dequantize_float8_line`). Being
 intrinsics, they are inlined with no call: a call that passes arrays costs
@@ -42,6 +43,7 @@ __all__ = [
     "dequantize_line",
     "last_level_cache_bytes",
     "line_offset",
+    "quantize_float_line",
     "quantize_line",
     "store_fence",
     "streams",
@@ -240,6 +242,66 @@ def dequantize_float8_line(typingctx, x, xj, fmt, dst, dj, s, z):
         f = builder.select(negative, builder.fneg(f), f)
         value = builder.fmul(builder.fsub(f, _splat(builder, z_, f32)), _splat(builder, s_, f32))
         _store_line(builder, value, _data(context, builder, signature.args[3], ds), dj_)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def quantize_float_line(typingctx, x, xj, dst, dj, s, z, has_zp, nan_to_zp, cap, k):
+    """``dst[dj:]``'s line (64 bytes of codes) = float_code(x[xj:] / s, z, has_zp, nan_to_zp, cap, k).
+
+    :func:`._encode.float_code` step for step; ``dst + dj`` must be 64-byte
+    aligned. ``x`` is float32 or int32 (converted to float32 first).
+    """
+    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or dst.dtype.bitwidth not in (8, 16):
+        return None
+    lanes = LINE * 8 // dst.dtype.bitwidth
+    x_is_int = isinstance(x.dtype, types.Integer)
+    sig = types.void(
+        x,
+        types.intp,
+        dst,
+        types.intp,
+        types.float32,
+        types.float32,
+        types.boolean,
+        types.boolean,
+        types.float32,
+        types.UniTuple(types.float32, 6),
+    )
+
+    def codegen(context, builder, signature, args):
+        xs, xj_, ds, dj_, s_, z_, has_zp_, nan_to_zp_, cap_, k_ = args
+        f32 = ir.VectorType(ir.FloatType(), lanes)
+        i32 = ir.VectorType(ir.IntType(32), lanes)
+        i64 = ir.VectorType(ir.IntType(64), lanes)
+        pmin, unit, step, nan, neg, pos = (_splat(builder, builder.extract_value(k_, n), f32) for n in range(6))
+        raw = _load(builder, _data(context, builder, signature.args[0], xs), xj_, i32 if x_is_int else f32)
+        q = builder.fdiv(builder.sitofp(raw, f32) if x_is_int else raw, _splat(builder, s_, f32))
+        z = _splat(builder, z_, f32)
+        v = builder.fadd(q, builder.select(has_zp_, z, ir.Constant(f32, [-0.0] * lanes)))
+        v = builder.select(
+            builder.and_(_splat(builder, nan_to_zp_, ir.VectorType(ir.IntType(1), lanes)), builder.fcmp_unordered("!=", v, v)),
+            z,
+            v,
+        )
+        v_bits = builder.bitcast(v, i32)
+        a = builder.bitcast(builder.and_(v_bits, ir.Constant(i32, [0x7FFFFFFF] * lanes)), f32)
+        cap = _splat(builder, cap_, f32)
+        a = builder.select(builder.fcmp_ordered("<", cap, a), cap, a)
+        exponent = builder.bitcast(builder.and_(builder.bitcast(a, i32), ir.Constant(i32, [0x7F800000] * lanes)), f32)
+        low = builder.bitcast(builder.select(builder.fcmp_ordered(">", exponent, pmin), exponent, pmin), i32)
+        scale_bits = builder.trunc(builder.sub(builder.fptosi(unit, i64), builder.sext(low, i64)), i32)
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), f"llvm.rint.v{lanes}f32")
+        r = builder.call(rint, [builder.fmul(a, builder.bitcast(scale_bits, f32))])
+        code = builder.fadd(r, builder.fmul(builder.sitofp(low, f32), step))
+        code = builder.select(builder.fcmp_ordered("<", code, nan), code, nan)
+        signed = builder.icmp_signed("<", v_bits, ir.Constant(i32, [0] * lanes))
+        code = builder.fptosi(builder.fadd(code, builder.select(signed, neg, pos)), i32)
+        _store_line(
+            builder, builder.trunc(code, ir.VectorType(ir.IntType(8), lanes)), _data(context, builder, signature.args[2], ds), dj_
+        )
         return context.get_dummy_value()
 
     return sig, codegen

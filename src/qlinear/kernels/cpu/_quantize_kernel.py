@@ -186,7 +186,22 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
         # A clamp to the limit and the overflow clamp are one clamp of |v|.
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
         k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS])
-        float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
+        float_runs(
+            x,
+            start,
+            end,
+            scale,
+            zp,
+            ztab,
+            dst,
+            d0,
+            lay,
+            p[P_HAS_ZP] != 0,
+            p[P_NAN_TO_ZP] != 0,
+            cap,
+            k,
+            p[P_STREAM] != 0 and not bits,
+        )
     else:
         _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec)
     if bits:

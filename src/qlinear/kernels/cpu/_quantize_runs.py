@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from qlinear.kernels.cpu._encode import float_code
-from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, line_offset, quantize_line
+from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, line_offset, quantize_float_line, quantize_line
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
 
@@ -149,15 +149,18 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign,
 
 
 @_jit
-def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, cap, k):
+def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, cap, k, stream):
     """Float codes of ``x[start:end]`` into ``dst[start - d0:]`` (:func:`float_code` with ``has_zp``, ``nan_to_zp``, ``cap``, ``k``).
 
     Zero points are looked up in ``ztab``; those of stepping runs into
     ``zvalues`` first (a table lookup in the loop would not vectorize),
     kept while later runs use the same ones, as in :func:`integer_runs`.
+    With ``stream``, long runs of one scale into one byte a code write their
+    whole lines by :func:`._lines.quantize_float_line`.
     """
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
     z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    lanes = LINE // dst.itemsize
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -176,7 +179,15 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
                     dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
             else:
                 s, z = scale[sr], ztab[zp[sr]]
-                for q in range(n):
+                lo, hi = 0, 0  # elements lo .. hi go by whole lines
+                if stream and n >= STREAM_MIN_RUN:
+                    lo = line_offset(dst, w)
+                    hi = lo + (n - lo) // lanes * lanes
+                for q in range(lo):
+                    dst[_U(w + q)] = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+                for q in range(lo, hi, lanes):
+                    quantize_float_line(x, jr + q, dst, w + q, s, z, has_zp, nan_to_zp, cap, k)
+                for q in range(hi, n):
                     dst[_U(w + q)] = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
         j += runs * n
 
