@@ -15,9 +15,9 @@ holding every intermediate is exact: a float16 or bfloat16 quotient is the
 float32 quotient rounded once (float32 has more than twice their
 significand bits plus two, so that is the correctly rounded result).
 
-Packed 2/4/6-bit outputs are computed a chunk at a time into a buffer of
-one code a byte, then packed (a chunk owns whole bytes; runs inside it do
-not).
+Packed 2/4/6-bit outputs are computed a piece of 16K elements at a time
+into a buffer of one code a byte, then packed (a piece owns whole bytes;
+runs inside it do not).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from qlinear.kernels.cpu._encode import K_NAN, K_NEG, K_OVF_AT, K_PMIN, K_POS, K_STEP, K_UNIT
 from qlinear.kernels.cpu._lines import store_fence
-from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, PREC_F32
+from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, MIN_CHUNK, PREC_F32
 from qlinear.kernels.cpu._quantize_runs import float_runs, integer_runs, integer_zero_point, pack
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
 
@@ -161,11 +161,8 @@ def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_pr
 
 
 @_jit
-def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
-    bits = p[P_PACKED_BITS]
-    # Packed outputs collect the chunk's codes first: the chunk owns whole
-    # bytes, runs inside it do not.
-    dst, d0 = (np.empty(end - start, out.dtype), start) if bits else (out, 0)
+def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec, stream):
+    """One code a slot: elements ``start .. end`` into ``dst[start - d0:]``, by the loop that fits the call."""
     if p[P_DIRECT] and not p[P_FLOAT_OUT]:
         integer_runs(
             x,
@@ -180,34 +177,34 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
             np.float32(p[P_QMAX]),
             np.int32(p[P_MASK]),
             np.float32(p[P_ZP_SIGN]),
-            p[P_STREAM] != 0 and not bits,
+            stream,
         )
     elif p[P_DIRECT]:
         # A clamp to the limit and the overflow clamp are one clamp of |v|.
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
         k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS])
-        float_runs(
-            x,
-            start,
-            end,
-            scale,
-            zp,
-            ztab,
-            dst,
-            d0,
-            lay,
-            p[P_HAS_ZP] != 0,
-            p[P_NAN_TO_ZP] != 0,
-            cap,
-            k,
-            p[P_STREAM] != 0 and not bits,
-        )
+        float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k, stream)
     else:
         _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec)
+
+
+@_jit
+def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
+    bits = p[P_PACKED_BITS]
     if bits:
-        pack(dst, end - start, out, start, bits)
-    if p[P_STREAM]:
-        store_fence()
+        # Packed outputs collect codes a piece at a time (a piece owns whole
+        # bytes, runs inside it do not), then pack them. Pieces of the
+        # smallest task size keep the buffer a small fraction of the output.
+        piece = min(MIN_CHUNK, end - start)
+        codes = np.empty(piece, out.dtype)
+        for j in range(start, end, piece):
+            n = min(piece, end - j)
+            _codes(x, j, j + n, scale, zp, ztab, codes, j, lay, p, f, fk, e_out, e_prec, False)
+            pack(codes, n, out, j, bits)
+    else:
+        _codes(x, start, end, scale, zp, ztab, out, 0, lay, p, f, fk, e_out, e_prec, p[P_STREAM] != 0)
+        if p[P_STREAM]:
+            store_fence()
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
