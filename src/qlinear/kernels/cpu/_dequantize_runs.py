@@ -151,6 +151,39 @@ def _next_run(o, d, i, b, j, end, shape):
 
 
 @_jit
+def _integer_lines(x, sign, j, dst, dj, n, s, z):
+    """One long run of :func:`integer_runs`, whole 64-byte lines of ``dst`` by streaming stores.
+
+    A function of its own, called once a run, so the vector code of the
+    lines stays out of the run loops (inlined there, it slowed the short
+    runs of blocked layouts).
+    """
+    lanes = LINE // dst.itemsize
+    lo = line_offset(dst, dj)
+    hi = lo + (n - lo) // lanes * lanes
+    for k in range(lo):
+        dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
+    for k in range(lo, hi, lanes):
+        dequantize_line(x, j + k, sign, dst, dj + k, s, z)
+    for k in range(hi, n):
+        dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
+
+
+@_jit
+def _float_lines(x, f32, j, dst, dj, n, s, z):
+    """One long run of :func:`float_runs`, as :func:`_integer_lines` does."""
+    lanes = LINE // dst.itemsize
+    lo = line_offset(dst, dj)
+    hi = lo + (n - lo) // lanes * lanes
+    for k in range(lo):
+        dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
+    for k in range(lo, hi, lanes):
+        dequantize_float8_line(x, j + k, f32, dst, dj + k, s, z)
+    for k in range(hi, n):
+        dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
+
+
+@_jit
 def table_runs(x, start, end, table, scale, zp, dst, d0, lay):
     """``dst[j - d0]`` for ``start <= j < end``: bytes ``x[j]`` through ``table``."""
     o, d, i, b, shape = *locate(start, lay), _shape(lay)
@@ -176,7 +209,6 @@ def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay, stream):
     of ``dst`` by :func:`._lines.dequantize_line` (streaming stores).
     """
     sign = np.int32(sign)
-    lanes = LINE // dst.itemsize
     o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
@@ -188,16 +220,11 @@ def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay, stream):
                 dst[_U(dj + k)] = (v - zp[_U(si + k)]) * scale[_U(si + k)]
         else:
             s, z = scale[si], zp[si]
-            lo, hi = 0, 0  # elements lo .. hi go by whole lines
             if stream and n >= STREAM_MIN_RUN:
-                lo = line_offset(dst, dj)
-                hi = lo + (n - lo) // lanes * lanes
-            for k in range(lo):
-                dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
-            for k in range(lo, hi, lanes):
-                dequantize_line(x, j + k, sign, dst, dj + k, s, z)
-            for k in range(hi, n):
-                dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
+                _integer_lines(x, sign, j, dst, dj, n, s, z)
+            else:
+                for k in range(n):
+                    dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
         j += n
 
 
@@ -223,7 +250,6 @@ def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay, stream):
     of ``dst`` by :func:`._lines.dequantize_float8_line` (streaming stores).
     """
     f32 = _format(fmt)
-    lanes = LINE // dst.itemsize
     o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
     while j < end:
@@ -234,16 +260,11 @@ def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay, stream):
                 dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - zp[_U(si + k)]) * scale[_U(si + k)]
         else:
             s, z = scale[si], zp[si]
-            lo, hi = 0, 0  # elements lo .. hi go by whole lines
             if stream and n >= STREAM_MIN_RUN:
-                lo = line_offset(dst, dj)
-                hi = lo + (n - lo) // lanes * lanes
-            for k in range(lo):
-                dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
-            for k in range(lo, hi, lanes):
-                dequantize_float8_line(x, j + k, f32, dst, dj + k, s, z)
-            for k in range(hi, n):
-                dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
+                _float_lines(x, f32, j, dst, dj, n, s, z)
+            else:
+                for k in range(n):
+                    dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
         j += n
 
 

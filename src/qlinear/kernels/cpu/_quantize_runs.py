@@ -102,6 +102,40 @@ def next_batch(j, end, lay, state):
 
 
 @_jit
+def _integer_lines(x, j, dst, w, n, s, z, qmin, qmax, mask):
+    """One long run of integer codes, whole 64-byte lines of ``dst`` by streaming stores.
+
+    A function of its own, called once a run, so the vector code of the
+    lines stays out of :func:`integer_runs`' loops (inlined there, it made
+    LLVM keep its constants in registers across the short runs of blocked
+    layouts, which then spilled).
+    """
+    lanes = LINE // dst.itemsize
+    lo = line_offset(dst, w)
+    hi = lo + (n - lo) // lanes * lanes
+    for q in range(lo):
+        dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
+    for q in range(lo, hi, lanes):
+        quantize_line(x, j + q, dst, w + q, s, z, qmin, qmax, mask)
+    for q in range(hi, n):
+        dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
+
+
+@_jit
+def _float_lines(x, j, dst, w, n, s, z, has_zp, nan_to_zp, cap, k):
+    """One long run of float codes, as :func:`_integer_lines` does for integers."""
+    lanes = LINE // dst.itemsize
+    lo = line_offset(dst, w)
+    hi = lo + (n - lo) // lanes * lanes
+    for q in range(lo):
+        dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+    for q in range(lo, hi, lanes):
+        quantize_float_line(x, j + q, dst, w + q, s, z, has_zp, nan_to_zp, cap, k)
+    for q in range(hi, n):
+        dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+
+
+@_jit
 def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign, stream):
     """Integer codes of ``x[start:end]`` into ``dst[start - d0:]``: ``clip(rint(x / scale) + zp, qmin, qmax) & mask``.
 
@@ -116,7 +150,6 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign,
     """
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
     z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
-    lanes = LINE // dst.itemsize
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -135,16 +168,11 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign,
                     dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
             else:
                 s, z = scale[sr], integer_zero_point(zp[sr], sign)
-                lo, hi = 0, 0  # elements lo .. hi go by whole lines
                 if stream and n >= STREAM_MIN_RUN:
-                    lo = line_offset(dst, w)
-                    hi = lo + (n - lo) // lanes * lanes
-                for q in range(lo):
-                    dst[_U(w + q)] = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
-                for q in range(lo, hi, lanes):
-                    quantize_line(x, jr + q, dst, w + q, s, z, qmin, qmax, mask)
-                for q in range(hi, n):
-                    dst[_U(w + q)] = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
+                    _integer_lines(x, jr, dst, w, n, s, z, qmin, qmax, mask)
+                else:
+                    for q in range(n):
+                        dst[_U(w + q)] = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
         j += runs * n
 
 
@@ -160,7 +188,6 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
     """
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
     z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
-    lanes = LINE // dst.itemsize
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -179,16 +206,11 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
                     dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
             else:
                 s, z = scale[sr], ztab[zp[sr]]
-                lo, hi = 0, 0  # elements lo .. hi go by whole lines
                 if stream and n >= STREAM_MIN_RUN:
-                    lo = line_offset(dst, w)
-                    hi = lo + (n - lo) // lanes * lanes
-                for q in range(lo):
-                    dst[_U(w + q)] = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
-                for q in range(lo, hi, lanes):
-                    quantize_float_line(x, jr + q, dst, w + q, s, z, has_zp, nan_to_zp, cap, k)
-                for q in range(hi, n):
-                    dst[_U(w + q)] = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+                    _float_lines(x, jr, dst, w, n, s, z, has_zp, nan_to_zp, cap, k)
+                else:
+                    for q in range(n):
+                        dst[_U(w + q)] = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
         j += runs * n
 
 
