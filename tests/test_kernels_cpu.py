@@ -436,4 +436,23 @@ def test_streaming_starts_at_the_last_level_cache():
     cache = _lines.last_level_cache_bytes()
     assert cache >= 1 << 20
     assert _lines.STREAM_MIN_BYTES is None
-    assert _lines.streams(cache) and not _lines.streams(cache - 1)
+    words = np.zeros(8, np.uint16)
+    assert _lines.streams(cache, words) and not _lines.streams(cache - 1, words)
+    odd = np.zeros(17, np.uint8)[1:].view(np.uint16)
+    assert not _lines.streams(cache, odd)
+
+
+def test_cpu_outputs_not_aligned_to_their_elements(monkeypatch):
+    # An out= view at an odd byte offset is legal numpy; the kernels write it
+    # with ordinary stores (streaming stores need aligned lines).
+    from qlinear.kernels.cpu import _lines
+
+    monkeypatch.setattr(_lines, "STREAM_MIN_BYTES", 0)
+    x = _values((3, 5000), np.random.default_rng(9))
+    want = qlinear.quantize_linear(x, np.float32(0.01), np.int16(3), backend="reference")
+    out = np.zeros(2 * x.size + 1, np.uint8)[1:].view(np.int16).reshape(x.shape)
+    assert not out.flags.aligned
+    _assert_same(qlinear.quantize_linear(x, np.float32(0.01), np.int16(3), out=out, backend="cpu"), want)
+    values = qlinear.dequantize_linear(want, np.float32(0.01), np.int16(3), backend="reference")
+    fout = np.zeros(4 * x.size + 2, np.uint8)[2:].view(np.float32).reshape(x.shape)
+    _assert_same(qlinear.dequantize_linear(want, np.float32(0.01), np.int16(3), out=fout, backend="cpu"), values)

@@ -111,6 +111,6 @@ def dequantize(
     values = out.reshape(-1)
     outs = (_EMPTY_F32, values.view(np.uint16)) if wide is not None else (values, _EMPTY16)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
-    p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes)
+    p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes, values)
     kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p, e_out, submul)
     return out

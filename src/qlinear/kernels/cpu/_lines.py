@@ -61,10 +61,14 @@ _FALLBACK_CACHE = 32 << 20
 STREAM_MIN_BYTES: int | None = None
 
 
-def streams(nbytes: int) -> bool:
-    """Whether a call that reads and writes ``nbytes`` in all should stream its output."""
+def streams(nbytes: int, out) -> bool:
+    """Whether a call that reads and writes ``nbytes`` in all should stream into the array ``out``.
+
+    Never when ``out``'s elements are not aligned to their size (a view at
+    an odd offset, say): its lines would then never start on an element.
+    """
     limit = STREAM_MIN_BYTES if STREAM_MIN_BYTES is not None else last_level_cache_bytes()
-    return nbytes >= limit
+    return nbytes >= limit and out.ctypes.data % out.itemsize == 0
 
 
 @functools.cache

@@ -87,7 +87,7 @@ def quantize(
     ztab = decode_table(t, False) if not t.is_integer else _NO_TABLE
 
     codes = out.reshape(-1).view(code_dtype)
-    p[kernel.P_STREAM] = streams(flat_x.nbytes + codes.nbytes)
+    p[kernel.P_STREAM] = streams(flat_x.nbytes + codes.nbytes, codes)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
     return out
