@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, dequantize_float8_line, dequantize_line, line_offset
+from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, dequantize_float8_line, dequantize_line, line_span
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate
 
@@ -159,8 +159,7 @@ def _integer_lines(x, sign, j, dst, dj, n, s, z):
     runs of blocked layouts).
     """
     lanes = LINE // dst.itemsize
-    lo = line_offset(dst, dj)
-    hi = lo + (n - lo) // lanes * lanes
+    lo, hi = line_span(dst, dj, n)
     for k in range(lo):
         dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
     for k in range(lo, hi, lanes):
@@ -173,8 +172,7 @@ def _integer_lines(x, sign, j, dst, dj, n, s, z):
 def _float_lines(x, f32, j, dst, dj, n, s, z):
     """One long run of :func:`float_runs`, as :func:`_integer_lines` does."""
     lanes = LINE // dst.itemsize
-    lo = line_offset(dst, dj)
-    hi = lo + (n - lo) // lanes * lanes
+    lo, hi = line_span(dst, dj, n)
     for k in range(lo):
         dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
     for k in range(lo, hi, lanes):

@@ -32,7 +32,7 @@ import functools
 import os
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -43,6 +43,7 @@ __all__ = [
     "dequantize_line",
     "last_level_cache_bytes",
     "line_offset",
+    "line_span",
     "quantize_float_line",
     "quantize_line",
     "store_fence",
@@ -127,6 +128,14 @@ def line_offset(typingctx, array, index):
         return builder.udiv(to_boundary, ir.Constant(intp, itemsize))
 
     return types.intp(array, types.intp), codegen
+
+
+@njit(cache=True, nogil=True)
+def line_span(dst, start, n):
+    """``(lo, hi)``: of elements ``start .. start + n`` of ``dst``, those from ``lo`` to ``hi`` fill whole lines."""
+    lanes = LINE // dst.itemsize
+    lo = line_offset(dst, start)
+    return lo, lo + (n - lo) // lanes * lanes
 
 
 @intrinsic

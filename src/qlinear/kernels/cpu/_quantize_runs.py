@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from qlinear.kernels.cpu._encode import float_code
-from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, line_offset, quantize_float_line, quantize_line
+from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, line_span, quantize_float_line, quantize_line
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
 
@@ -111,8 +111,7 @@ def _integer_lines(x, j, dst, w, n, s, z, qmin, qmax, mask):
     layouts, which then spilled).
     """
     lanes = LINE // dst.itemsize
-    lo = line_offset(dst, w)
-    hi = lo + (n - lo) // lanes * lanes
+    lo, hi = line_span(dst, w, n)
     for q in range(lo):
         dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
     for q in range(lo, hi, lanes):
@@ -125,8 +124,7 @@ def _integer_lines(x, j, dst, w, n, s, z, qmin, qmax, mask):
 def _float_lines(x, j, dst, w, n, s, z, has_zp, nan_to_zp, cap, k):
     """One long run of float codes, as :func:`_integer_lines` does for integers."""
     lanes = LINE // dst.itemsize
-    lo = line_offset(dst, w)
-    hi = lo + (n - lo) // lanes * lanes
+    lo, hi = line_span(dst, w, n)
     for q in range(lo):
         dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, cap, k)
     for q in range(lo, hi, lanes):
