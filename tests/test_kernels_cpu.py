@@ -430,6 +430,57 @@ def test_cpu_streaming_stores_match_reference(name, monkeypatch):
                 _assert_same(got, values)
 
 
+@pytest.mark.parametrize("name", ["uint8", "int8", "uint16", "int16", "float8e4m3fn", "float8e5m2", "float4e2m1"])
+def test_cpu_streamed_lines_of_several_scales_match_reference(name, monkeypatch):
+    # Where the scale of element j is scale[(j // period) % count] (blocks on
+    # the last axis, rows of per-axis layouts), streamed lines may span two
+    # (DequantizeLinear) or three (QuantizeLinear) scales, split at any lane
+    # by where the output starts. Periods from a quarter line up, ragged
+    # blocks (not periodic) and outputs at every offset within a line.
+    from qlinear.kernels.cpu import _lines
+
+    monkeypatch.setattr(_lines, "STREAM_MIN_BYTES", 0)
+    t = element_type(name)
+    rng = np.random.default_rng(100 + QUANTIZED.index(name))
+    layouts = [((9, 192), 1, b) for b in (16, 32, 48, 64, 96, 40)] + [((4, 17, 40), 1, 0), ((33, 17), 0, 0)]
+    for shape, axis, block in layouts:
+        n = int(np.prod(shape))
+        x = _values(shape, rng)
+        scale, zp = _params(name, shape, axis, block, rng)
+        kw = dict(axis=axis, block_size=block)
+        want = qlinear.quantize_linear(x, scale, zp, backend="reference", **kw)
+        values = qlinear.dequantize_linear(want, scale, zp, backend="reference", **kw)
+        backing = np.zeros(n * t.dtype.itemsize + 128, np.uint8)
+        fbacking = np.zeros(n * 4 + 128, np.uint8)
+        for offset in range(0, 64, 4 * t.dtype.itemsize):  # bytes past a line's start
+            start = -backing.ctypes.data % 64 + offset
+            out = backing[start : start + n * t.dtype.itemsize].view(t.dtype).reshape(shape)
+            _assert_same(qlinear.quantize_linear(x, scale, zp, out=out, backend="cpu", **kw), want)
+            fstart = -fbacking.ctypes.data % 64 + offset
+            fout = fbacking[fstart : fstart + 4 * n].view(np.float32).reshape(shape)
+            _assert_same(qlinear.dequantize_linear(want, scale, zp, out=fout, backend="cpu", **kw), values)
+
+
+def test_scale_periods_of_each_granularity():
+    from qlinear.kernels.cpu._params import scale_period
+    from qlinear.spec import Granularity
+
+    per_tensor, rows, middle, last = (
+        Granularity("per_tensor"),
+        Granularity("per_axis", 0),
+        Granularity("per_axis", 1),
+        Granularity("per_axis", 2),
+    )
+    assert scale_period(per_tensor, (4, 6), (), 16) == (24, 1)
+    assert scale_period(rows, (4, 64), (4,), 16) == (64, 4)
+    assert scale_period(middle, (2, 3, 32), (3,), 16) == (32, 3)
+    assert scale_period(last, (2, 3, 32), (32,), 1) == (0, 0)  # the scale steps with the element
+    assert scale_period(Granularity("blocked", 1, 32), (3, 64), (3, 2), 16) == (32, 6)
+    assert scale_period(Granularity("blocked", 1, 48), (3, 64), (3, 2), 16) == (0, 0)  # a ragged last block
+    assert scale_period(Granularity("blocked", 0, 32), (64, 3), (2, 3), 16) == (0, 0)  # blocks across rows
+    assert scale_period(Granularity("blocked", 1, 8), (3, 64), (3, 8), 16) == (0, 0)  # shorter than asked
+
+
 def test_streaming_starts_at_the_last_level_cache():
     from qlinear.kernels.cpu import _lines
 

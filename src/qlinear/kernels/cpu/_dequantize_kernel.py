@@ -18,8 +18,10 @@ from numba import njit, prange
 
 from qlinear.kernels.cpu._dequantize_runs import (
     crumb_runs,
+    float_period_lines,
     float_runs,
     int32_runs,
+    integer_period_lines,
     integer_runs,
     nibble_runs,
     packed_runs,
@@ -34,7 +36,9 @@ __all__ = ["dequantize_kernel"]
 # Slots of the integer parameter array ``p``; MANT .. FINITE describe a
 # small float type for its decoding by bit arithmetic (MANT 0 otherwise).
 # FINITE: the type has neither infinity nor NaN. STREAM: whole lines of
-# float32 output by streaming stores (_lines).
+# float32 output by streaming stores (_lines). PERIOD, COUNT: the scale of
+# element j is scale[(j // PERIOD) % COUNT] (PERIOD 0: not so simple), which
+# lets 8/16-bit and float8 codes stream whole lines whatever the runs' lengths.
 (
     P_READ,
     P_BITS,
@@ -47,8 +51,10 @@ __all__ = ["dequantize_kernel"]
     P_NEG_ZERO_NAN,
     P_FINITE,
     P_STREAM,
-) = range(11)
-P_LEN = 11
+    P_PERIOD,
+    P_COUNT,
+) = range(13)
+P_LEN = 13
 # How x is read (P_READ): bytes through the table, integers of 8 bits or
 # more, float8 bytes, packed integers, packed floats.
 READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
@@ -61,6 +67,8 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
     """Elements ``start .. end``: float32 results straight into ``out32``, 16-bit ones a tile at a time."""
     read, bits, sign, wide = p[P_READ], p[P_BITS], p[P_SIGN_BIT], p[P_WIDE_OUT]
     stream = p[P_STREAM] != 0 and not wide
+    period, count = p[P_PERIOD], p[P_COUNT]
+    periodic = stream and period > 0
     fmt = (p[P_MANT], p[P_EXP_OFF], sign, p[P_MAX_BITS], p[P_INF_BITS], p[P_NEG_ZERO_NAN])
     tile = np.empty(TILE if wide else 0, np.float32)
     dst = tile if wide else out32
@@ -69,12 +77,18 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
         stop, d0 = min(end, j + piece), j if wide else 0
         if read == READ_TABLE:
             table_runs(x8, j, stop, table, scale, zp, dst, d0, lay)
+        elif read == READ_INTEGER and bits == 8 and periodic:
+            integer_period_lines(x8, sign, j, stop, period, count, scale, zp, dst)
         elif read == READ_INTEGER and bits == 8:
             integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay, stream)
+        elif read == READ_INTEGER and bits == 16 and periodic:
+            integer_period_lines(x16, sign, j, stop, period, count, scale, zp, dst)
         elif read == READ_INTEGER and bits == 16:
             integer_runs(x16, sign, j, stop, scale, zp, dst, d0, lay, stream)
         elif read == READ_INTEGER:
             int32_runs(x32, j, stop, scale, zi, dst, d0, lay)
+        elif read == READ_FLOAT and periodic:
+            float_period_lines(x8, fmt, j, stop, period, count, scale, zp, dst)
         elif read == READ_FLOAT:
             float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay, stream)
         elif bits == 4 and (read == READ_PACKED_INTEGER or p[P_FINITE]):

@@ -34,11 +34,21 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, dequantize_float8_line, dequantize_line, line_span
+from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, dequantize_float8_line, dequantize_line, line_scales, line_span
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate
 
-__all__ = ["table_runs", "integer_runs", "int32_runs", "float_runs", "nibble_runs", "crumb_runs", "packed_runs"]
+__all__ = [
+    "table_runs",
+    "integer_runs",
+    "integer_period_lines",
+    "int32_runs",
+    "float_runs",
+    "float_period_lines",
+    "nibble_runs",
+    "crumb_runs",
+    "packed_runs",
+]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _U = np.uint64
@@ -163,7 +173,7 @@ def _integer_lines(x, sign, j, dst, dj, n, s, z):
     for k in range(lo):
         dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
     for k in range(lo, hi, lanes):
-        dequantize_line(x, j + k, sign, dst, dj + k, s, z)
+        dequantize_line(x, j + k, sign, dst, dj + k, s, z, s, z, lanes)
     for k in range(hi, n):
         dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
 
@@ -176,9 +186,62 @@ def _float_lines(x, f32, j, dst, dj, n, s, z):
     for k in range(lo):
         dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
     for k in range(lo, hi, lanes):
-        dequantize_float8_line(x, j + k, f32, dst, dj + k, s, z)
+        dequantize_float8_line(x, j + k, f32, dst, dj + k, s, z, s, z, lanes)
     for k in range(hi, n):
         dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
+
+
+@_jit
+def _period_scale(j, period, count):
+    """Index of the scale of flat element ``j`` in a periodic layout (:func:`._params.scale_period`)."""
+    return (j // period) % count
+
+
+@_jit
+def integer_period_lines(x, sign, start, end, period, count, scale, zp, dst):
+    """:func:`integer_runs`' ``dst[j]`` for a periodic layout, in whole lines by streaming stores.
+
+    The scale of element ``j`` is ``scale[(j // period) % count]``, with
+    ``period`` at least a line of float32. Each line is one
+    :func:`._lines.dequantize_line` with the one or two scales it spans
+    (:func:`._lines.line_scales`),
+    whatever the alignment of the periods: rows and blocks of 32 then
+    stream as long runs do. Elements before the first whole line and after
+    the last are written one at a time.
+    """
+    sign = np.int32(sign)
+    lanes = LINE // dst.itemsize
+    lo, hi = line_span(dst, start, end - start)
+    for j in range(start, start + lo):
+        k = _period_scale(j, period, count)
+        dst[j] = (_signed(x[j], sign) - zp[k]) * scale[k]
+    k = _period_scale(start + lo, period, count)
+    off = (start + lo) % period
+    for j in range(start + lo, start + hi, lanes):
+        splits, ks, k, off = line_scales(k, off, period, count, lanes)
+        dequantize_line(x, j, sign, dst, j, scale[ks[0]], zp[ks[0]], scale[ks[1]], zp[ks[1]], splits[0])
+    for j in range(start + hi, end):
+        k = _period_scale(j, period, count)
+        dst[j] = (_signed(x[j], sign) - zp[k]) * scale[k]
+
+
+@_jit
+def float_period_lines(x, fmt, start, end, period, count, scale, zp, dst):
+    """:func:`float_runs`' ``dst[j]`` for a periodic layout, as :func:`integer_period_lines` does."""
+    f32 = _format(fmt)
+    lanes = LINE // dst.itemsize
+    lo, hi = line_span(dst, start, end - start)
+    for j in range(start, start + lo):
+        k = _period_scale(j, period, count)
+        dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]
+    k = _period_scale(start + lo, period, count)
+    off = (start + lo) % period
+    for j in range(start + lo, start + hi, lanes):
+        splits, ks, k, off = line_scales(k, off, period, count, lanes)
+        dequantize_float8_line(x, j, f32, dst, j, scale[ks[0]], zp[ks[0]], scale[ks[1]], zp[ks[1]], splits[0])
+    for j in range(start + hi, end):
+        k = _period_scale(j, period, count)
+        dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]
 
 
 @_jit

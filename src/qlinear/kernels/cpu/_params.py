@@ -21,6 +21,7 @@ from qlinear.spec import Granularity
 
 __all__ = [
     "layout",
+    "scale_period",
     "float_encoding",
     "decode_table",
     "precision_code",
@@ -101,6 +102,28 @@ def layout(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...],
             so, sb, si = (nb, 1, 0) if i == 1 else (nb * i, i, 1)
     run = i if si else b * i
     return np.array([n, d, i, b, so, sb, si, chunk_elements(n, threads), run < _SHORT_RUN], dtype=np.int64)
+
+
+def scale_period(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...], at_least: int) -> tuple[int, int]:
+    """``(period, count)`` such that flat element ``j`` of ``x`` has scale ``(j // period) % count``.
+
+    ``(0, 0)`` where no such pair exists (the scale steps with the
+    element: per-axis on the last axis, blocks across a non-last axis; a
+    ragged last block on the last axis) or where the period is shorter than
+    ``at_least`` elements.
+    """
+    n = math.prod(shape)
+    if g.kind == "per_tensor":
+        period, count = n, 1
+    else:
+        d, i = shape[g.axis], math.prod(shape[g.axis + 1 :])
+        if g.kind == "per_axis" and i > 1:
+            period, count = i, d
+        elif g.kind == "blocked" and i == 1 and d % g.block_size == 0:
+            period, count = g.block_size, n // g.block_size
+        else:
+            return 0, 0
+    return (period, count) if period >= at_least else (0, 0)
 
 
 def _encoding(
