@@ -433,10 +433,11 @@ def test_cpu_streaming_stores_match_reference(name, monkeypatch):
 @pytest.mark.parametrize("name", ["uint8", "int8", "uint16", "int16", "float8e4m3fn", "float8e5m2", "float4e2m1"])
 def test_cpu_streamed_lines_of_several_scales_match_reference(name, monkeypatch):
     # Where the scale of element j is scale[(j // period) % count] (blocks on
-    # the last axis, rows of per-axis layouts), streamed lines may span two
-    # (DequantizeLinear) or three (QuantizeLinear) scales, split at any lane
-    # by where the output starts. Periods from a quarter line up, ragged
-    # blocks (not periodic) and outputs at every offset within a line.
+    # the last axis, rows of per-axis layouts), DequantizeLinear streams
+    # lines of float32 that may span two scales, split at any lane by where
+    # the output starts. Periods from a line up, ragged blocks (not
+    # periodic), outputs at every offset within a line; QuantizeLinear on the
+    # same layouts and outputs.
     from qlinear.kernels.cpu import _lines
 
     monkeypatch.setattr(_lines, "STREAM_MIN_BYTES", 0)

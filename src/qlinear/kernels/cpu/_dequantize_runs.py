@@ -20,6 +20,13 @@ would cost more than the run.
   float8 is. A run's codes before its first whole byte and after its last
   are read one at a time, through the table.
 - :func:`packed_runs`: any packed codes one at a time (6-bit floats).
+- :func:`integer_period_lines`, :func:`float_period_lines`: the integer and
+  float8 reads of calls that stream their output, where the layout is
+  periodic (the scale of element ``j`` is ``scale[(j // period) % count]``:
+  per tensor, per-axis rows, blocks along the last axis). They write line
+  by line, each line with the one or two scales it spans, so blocks of 32
+  and rows of 1024 stream as long runs do; a run walk streams only runs
+  that cover whole lines.
 
 Below 32 bits an integer code and its zero point are exact in float32, and
 so is their difference; float codes and zero points are exact in float32 and
@@ -218,8 +225,8 @@ def integer_period_lines(x, sign, start, end, period, count, scale, zp, dst):
     k = _period_scale(start + lo, period, count)
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
-        splits, ks, k, off = line_scales(k, off, period, count, lanes)
-        dequantize_line(x, j, sign, dst, j, scale[ks[0]], zp[ks[0]], scale[ks[1]], zp[ks[1]], splits[0])
+        split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
+        dequantize_line(x, j, sign, dst, j, scale[k0], zp[k0], scale[k1], zp[k1], split)
     for j in range(start + hi, end):
         k = _period_scale(j, period, count)
         dst[j] = (_signed(x[j], sign) - zp[k]) * scale[k]
@@ -237,8 +244,8 @@ def float_period_lines(x, fmt, start, end, period, count, scale, zp, dst):
     k = _period_scale(start + lo, period, count)
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
-        splits, ks, k, off = line_scales(k, off, period, count, lanes)
-        dequantize_float8_line(x, j, f32, dst, j, scale[ks[0]], zp[ks[0]], scale[ks[1]], zp[ks[1]], splits[0])
+        split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
+        dequantize_float8_line(x, j, f32, dst, j, scale[k0], zp[k0], scale[k1], zp[k1], split)
     for j in range(start + hi, end):
         k = _period_scale(j, period, count)
         dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]

@@ -28,23 +28,13 @@ from numba import njit, prange
 from qlinear.kernels.cpu._encode import K_NAN, K_NEG, K_OVF_AT, K_PMIN, K_POS, K_STEP, K_UNIT
 from qlinear.kernels.cpu._lines import store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, MIN_CHUNK, PREC_F32
-from qlinear.kernels.cpu._quantize_runs import (
-    float_period_lines,
-    float_runs,
-    integer_period_lines,
-    integer_runs,
-    integer_zero_point,
-    pack,
-)
+from qlinear.kernels.cpu._quantize_runs import float_runs, integer_runs, integer_zero_point, pack
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
 
 __all__ = ["quantize_kernel"]
 
 # Slots of the integer parameter array ``p``.
-# STREAM: whole lines of output by streaming stores (_lines). PERIOD, COUNT:
-# the scale of element j is scale[(j // PERIOD) % COUNT] (PERIOD 0: not so
-# simple), which lets one-code-a-slot outputs stream whole lines whatever the
-# runs' lengths.
+# STREAM: whole lines of output by streaming stores (_lines).
 (
     P_DIRECT,
     P_FLOAT_OUT,
@@ -59,10 +49,8 @@ __all__ = ["quantize_kernel"]
     P_PACKED_BITS,
     P_ZP_SIGN,
     P_STREAM,
-    P_PERIOD,
-    P_COUNT,
-) = range(15)
-P_LEN = 15
+) = range(13)
+P_LEN = 13
 # Slots of the float parameter array ``f``.
 F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
 F_LEN = 3
@@ -175,23 +163,7 @@ def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_pr
 @_jit
 def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec, stream):
     """One code a slot: elements ``start .. end`` into ``dst[start - d0:]``, by the loop that fits the call."""
-    periodic = stream and p[P_PERIOD] > 0
-    if p[P_DIRECT] and not p[P_FLOAT_OUT] and periodic:
-        integer_period_lines(
-            x,
-            start,
-            end,
-            p[P_PERIOD],
-            p[P_COUNT],
-            scale,
-            zp,
-            dst,
-            np.float32(p[P_QMIN]),
-            np.float32(p[P_QMAX]),
-            np.int32(p[P_MASK]),
-            np.float32(p[P_ZP_SIGN]),
-        )
-    elif p[P_DIRECT] and not p[P_FLOAT_OUT]:
+    if p[P_DIRECT] and not p[P_FLOAT_OUT]:
         integer_runs(
             x,
             start,
@@ -211,11 +183,7 @@ def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec
         # A clamp to the limit and the overflow clamp are one clamp of |v|.
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
         k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS])
-        has_zp, nan_to_zp = p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0
-        if periodic:
-            float_period_lines(x, start, end, p[P_PERIOD], p[P_COUNT], scale, zp, ztab, dst, has_zp, nan_to_zp, cap, k)
-        else:
-            float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, cap, k, stream)
+        float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k, stream)
     else:
         _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec)
 

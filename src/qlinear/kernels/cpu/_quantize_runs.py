@@ -31,11 +31,11 @@ import numpy as np
 from numba import njit
 
 from qlinear.kernels.cpu._encode import float_code
-from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, line_scales, line_span, quantize_float_line, quantize_line
+from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, line_span, quantize_float_line, quantize_line
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
 
-__all__ = ["float_runs", "float_period_lines", "integer_runs", "integer_period_lines", "integer_zero_point", "pack"]
+__all__ = ["float_runs", "integer_runs", "integer_zero_point", "pack"]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _U = np.uint64
@@ -115,7 +115,7 @@ def _integer_lines(x, j, dst, w, n, s, z, qmin, qmax, mask):
     for q in range(lo):
         dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
     for q in range(lo, hi, lanes):
-        quantize_line(x, j + q, dst, w + q, (s, s, s), (z, z, z), (lanes, lanes), qmin, qmax, mask)
+        quantize_line(x, j + q, dst, w + q, s, z, qmin, qmax, mask)
     for q in range(hi, n):
         dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
 
@@ -128,72 +128,9 @@ def _float_lines(x, j, dst, w, n, s, z, has_zp, nan_to_zp, cap, k):
     for q in range(lo):
         dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, cap, k)
     for q in range(lo, hi, lanes):
-        quantize_float_line(x, j + q, dst, w + q, (s, s, s), (z, z, z), (lanes, lanes), has_zp, nan_to_zp, cap, k)
+        quantize_float_line(x, j + q, dst, w + q, s, z, has_zp, nan_to_zp, cap, k)
     for q in range(hi, n):
         dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, cap, k)
-
-
-@_jit
-def _period_scale(j, period, count):
-    """Index of the scale of flat element ``j`` in a periodic layout (:func:`._params.scale_period`)."""
-    return (j // period) % count
-
-
-@_jit
-def integer_period_lines(x, start, end, period, count, scale, zp, dst, qmin, qmax, mask, sign):
-    """:func:`integer_runs`' codes for a periodic layout, in whole lines by streaming stores.
-
-    The scale of element ``j`` is ``scale[(j // period) % count]``, with
-    ``period`` at least half a line of codes. Each line is one
-    :func:`._lines.quantize_line` with the (up to three) scales it spans
-    (:func:`._lines.line_scales`), whatever the alignment of the periods:
-    rows and blocks of 32 then stream as long runs do. Elements before the
-    first whole line and after the last are written one at a time.
-    """
-    lanes = LINE // dst.itemsize
-    lo, hi = line_span(dst, start, end - start)
-    for j in range(start, start + lo):
-        k = _period_scale(j, period, count)
-        dst[j] = integer_code(np.float32(x[j]) / scale[k], integer_zero_point(zp[k], sign), qmin, qmax, mask)
-    k = _period_scale(start + lo, period, count)
-    off = (start + lo) % period
-    for j in range(start + lo, start + hi, lanes):
-        splits, ks, k, off = line_scales(k, off, period, count, lanes)
-        if splits[0] == lanes:
-            # One scale: constant splits, so LLVM drops the lane selects.
-            s0, z0 = scale[ks[0]], integer_zero_point(zp[ks[0]], sign)
-            quantize_line(x, j, dst, j, (s0, s0, s0), (z0, z0, z0), (lanes, lanes), qmin, qmax, mask)
-        else:
-            s = (scale[ks[0]], scale[ks[1]], scale[ks[2]])
-            z = (integer_zero_point(zp[ks[0]], sign), integer_zero_point(zp[ks[1]], sign), integer_zero_point(zp[ks[2]], sign))
-            quantize_line(x, j, dst, j, s, z, splits, qmin, qmax, mask)
-    for j in range(start + hi, end):
-        k = _period_scale(j, period, count)
-        dst[j] = integer_code(np.float32(x[j]) / scale[k], integer_zero_point(zp[k], sign), qmin, qmax, mask)
-
-
-@_jit
-def float_period_lines(x, start, end, period, count, scale, zp, ztab, dst, has_zp, nan_to_zp, cap, k):
-    """:func:`float_runs`' codes for a periodic layout, as :func:`integer_period_lines` does."""
-    lanes = LINE // dst.itemsize
-    lo, hi = line_span(dst, start, end - start)
-    for j in range(start, start + lo):
-        m = _period_scale(j, period, count)
-        dst[j] = float_code(np.float32(x[j]) / scale[m], ztab[zp[m]], has_zp, nan_to_zp, cap, k)
-    m = _period_scale(start + lo, period, count)
-    off = (start + lo) % period
-    for j in range(start + lo, start + hi, lanes):
-        splits, ms, m, off = line_scales(m, off, period, count, lanes)
-        if splits[0] == lanes:
-            s0, z0 = scale[ms[0]], ztab[zp[ms[0]]]
-            quantize_float_line(x, j, dst, j, (s0, s0, s0), (z0, z0, z0), (lanes, lanes), has_zp, nan_to_zp, cap, k)
-        else:
-            s = (scale[ms[0]], scale[ms[1]], scale[ms[2]])
-            z = (ztab[zp[ms[0]]], ztab[zp[ms[1]]], ztab[zp[ms[2]]])
-            quantize_float_line(x, j, dst, j, s, z, splits, has_zp, nan_to_zp, cap, k)
-    for j in range(start + hi, end):
-        m = _period_scale(j, period, count)
-        dst[j] = float_code(np.float32(x[j]) / scale[m], ztab[zp[m]], has_zp, nan_to_zp, cap, k)
 
 
 @_jit
