@@ -462,6 +462,38 @@ def test_cpu_streamed_lines_of_several_scales_match_reference(name, monkeypatch)
             _assert_same(qlinear.dequantize_linear(want, scale, zp, out=fout, backend="cpu", **kw), values)
 
 
+@pytest.mark.parametrize("name", ["int4", "uint4", "float4e2m1", "int2", "uint2", "float6e2m3"])
+def test_cpu_streamed_packed_lines_match_reference(name, monkeypatch):
+    # DequantizeLinear of packed 4/2-bit codes streams lines of 16 values
+    # (8 or 4 bytes of codes) where the layout is periodic with short
+    # periods (blocks) and the lines start on a byte; elsewhere (odd output
+    # offsets, steps, long periods, 6-bit codes) it reads by runs. Every
+    # offset within a line, periods of a line and more, a ragged block and
+    # per-axis rows.
+    from qlinear.kernels.cpu import _lines
+
+    monkeypatch.setattr(_lines, "STREAM_MIN_BYTES", 0)
+    rng = np.random.default_rng(200 + QUANTIZED.index(name))
+    layouts = [((9, 192), 1, b) for b in (16, 32, 48, 40)] + [((), 0, 0), ((4, 17, 40), 1, 0), ((33, 17), 0, 0), ((6, 64), 1, 0)]
+    for shape, axis, block in layouts:
+        shape = shape or (1731,)
+        n = int(np.prod(shape))
+        x = _values(shape, rng)
+        scale, zp = _params(name, shape, axis, block, rng)
+        if not shape[1:] and not block:
+            scale, zp = scale.reshape(-1)[0], zp.reshape(-1)[0]
+        kw = dict(axis=axis, block_size=block)
+        codes = qlinear.quantize_linear(x, scale, zp, packed=True, backend="reference", **kw)
+        unpacked = qlinear.quantize_linear(x, scale, zp, backend="reference", **kw)
+        values = qlinear.dequantize_linear(unpacked, scale, zp, backend="reference", **kw)
+        fbacking = np.zeros(n * 4 + 128, np.uint8)
+        for offset in range(0, 64, 4):  # bytes past a line's start
+            fstart = -fbacking.ctypes.data % 64 + offset
+            fout = fbacking[fstart : fstart + 4 * n].view(np.float32).reshape(shape)
+            got = qlinear.dequantize_linear(codes, scale, zp, packed_dtype=name, shape=shape, out=fout, backend="cpu", **kw)
+            _assert_same(got, values)
+
+
 def test_scale_periods_of_each_granularity():
     from qlinear.kernels.cpu._params import scale_period
     from qlinear.spec import Granularity

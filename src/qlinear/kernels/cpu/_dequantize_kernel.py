@@ -24,6 +24,8 @@ from qlinear.kernels.cpu._dequantize_runs import (
     integer_period_lines,
     integer_runs,
     nibble_runs,
+    packed_lines_fit,
+    packed_period_lines,
     packed_runs,
     table_runs,
 )
@@ -59,6 +61,11 @@ P_LEN = 13
 # more, float8 bytes, packed integers, packed floats.
 READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
 
+# Packed codes stream line by line only on periods up to this long (blocks):
+# there a line beats a run's loop, which pays for every short run; longer
+# runs of packed codes measured faster by their own loops than by lines.
+PACKED_LINES_LONGEST_PERIOD = 256
+
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 
@@ -69,6 +76,8 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
     stream = p[P_STREAM] != 0 and not wide
     period, count = p[P_PERIOD], p[P_COUNT]
     periodic = stream and period > 0
+    # Packed codes read a whole byte at a time: 4-bit integers and float4e2m1, 2-bit integers.
+    whole_bytes = (bits == 4 and (read == READ_PACKED_INTEGER or p[P_FINITE] != 0)) or (bits == 2 and read == READ_PACKED_INTEGER)
     fmt = (p[P_MANT], p[P_EXP_OFF], sign, p[P_MAX_BITS], p[P_INF_BITS], p[P_NEG_ZERO_NAN])
     tile = np.empty(TILE if wide else 0, np.float32)
     dst = tile if wide else out32
@@ -91,9 +100,11 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
             float_period_lines(x8, fmt, j, stop, period, count, scale, zp, dst)
         elif read == READ_FLOAT:
             float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay, stream)
-        elif bits == 4 and (read == READ_PACKED_INTEGER or p[P_FINITE]):
+        elif periodic and period <= PACKED_LINES_LONGEST_PERIOD and whole_bytes and packed_lines_fit(dst, j, bits):
+            packed_period_lines(x8, bits, sign, fmt, j, stop, period, count, table, scale, zp, dst)
+        elif bits == 4 and whole_bytes:
             nibble_runs(x8, sign, fmt, j, stop, table, scale, zp, dst, d0, lay)
-        elif bits == 2 and read == READ_PACKED_INTEGER:
+        elif bits == 2 and whole_bytes:
             crumb_runs(x8, sign, j, stop, table, scale, zp, dst, d0, lay)
         else:
             packed_runs(x8, bits, j, stop, table, scale, zp, dst, d0, lay)

@@ -20,13 +20,15 @@ would cost more than the run.
   float8 is. A run's codes before its first whole byte and after its last
   are read one at a time, through the table.
 - :func:`packed_runs`: any packed codes one at a time (6-bit floats).
-- :func:`integer_period_lines`, :func:`float_period_lines`: the integer and
-  float8 reads of calls that stream their output, where the layout is
+- :func:`integer_period_lines`, :func:`float_period_lines`,
+  :func:`packed_period_lines`: the integer, float8 and packed 4/2-bit
+  reads of calls that stream their output, where the layout is
   periodic (the scale of element ``j`` is ``scale[(j // period) % count]``:
   per tensor, per-axis rows, blocks along the last axis). They write line
   by line, each line with the one or two scales it spans, so blocks of 32
   and rows of 1024 stream as long runs do; a run walk streams only runs
-  that cover whole lines.
+  that cover whole lines. Packed codes take lines on blocks only
+  (``_dequantize_kernel.PACKED_LINES_LONGEST_PERIOD``).
 
 Below 32 bits an integer code and its zero point are exact in float32, and
 so is their difference; float codes and zero points are exact in float32 and
@@ -41,7 +43,18 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, dequantize_float8_line, dequantize_line, line_scales, line_span
+from qlinear.kernels.cpu._lines import (
+    LINE,
+    STREAM_MIN_RUN,
+    dequantize_crumb_line,
+    dequantize_float4_line,
+    dequantize_float8_line,
+    dequantize_line,
+    dequantize_nibble_line,
+    line_offset,
+    line_scales,
+    line_span,
+)
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate
 
@@ -54,6 +67,8 @@ __all__ = [
     "float_period_lines",
     "nibble_runs",
     "crumb_runs",
+    "packed_lines_fit",
+    "packed_period_lines",
     "packed_runs",
 ]
 
@@ -226,7 +241,7 @@ def integer_period_lines(x, sign, start, end, period, count, scale, zp, dst):
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
         split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
-        dequantize_line(x, j, sign, dst, j, scale[k0], zp[k0], scale[k1], zp[k1], split)
+        dequantize_line(x, j, sign, dst, j, scale[_U(k0)], zp[_U(k0)], scale[_U(k1)], zp[_U(k1)], split)
     for j in range(start + hi, end):
         k = _period_scale(j, period, count)
         dst[j] = (_signed(x[j], sign) - zp[k]) * scale[k]
@@ -245,10 +260,45 @@ def float_period_lines(x, fmt, start, end, period, count, scale, zp, dst):
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
         split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
-        dequantize_float8_line(x, j, f32, dst, j, scale[k0], zp[k0], scale[k1], zp[k1], split)
+        dequantize_float8_line(x, j, f32, dst, j, scale[_U(k0)], zp[_U(k0)], scale[_U(k1)], zp[_U(k1)], split)
     for j in range(start + hi, end):
         k = _period_scale(j, period, count)
         dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]
+
+
+@_jit
+def packed_lines_fit(dst, start, bits):
+    """Whether the whole lines of ``dst`` from element ``start`` begin on a byte of ``bits``-bit codes."""
+    return (start + line_offset(dst, start)) % (8 // bits) == 0
+
+
+@_jit
+def packed_period_lines(x, bits, sign, fmt, start, end, period, count, table, scale, zp, dst):
+    """:func:`nibble_runs`' and :func:`crumb_runs`' ``dst[j]`` for a periodic layout, in whole lines by streaming stores.
+
+    As :func:`integer_period_lines`, a line of 16 codes (8 or 4 bytes of
+    ``x``) at a time: 4-bit integers, float4e2m1 (``fmt[0]`` above 0) or
+    2-bit integers. The caller checks :func:`packed_lines_fit`. Elements
+    before the first whole line and after the last go through ``table``.
+    """
+    sign, f32, small_float = np.int32(sign), _format(fmt), fmt[0] > 0
+    lanes, per_byte, mask = LINE // dst.itemsize, 8 // bits, (1 << bits) - 1
+    lo, hi = line_span(dst, start, end - start)
+    for t in range(lo + end - start - hi):
+        j = start + t if t < lo else start + hi + t - lo
+        k = _period_scale(j, period, count)
+        dst[j] = (table[(x[j // per_byte] >> (j % per_byte * bits)) & mask] - zp[k]) * scale[k]
+    k = _period_scale(start + lo, period, count)
+    off = (start + lo) % period
+    for j in range(start + lo, start + hi, lanes):
+        split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
+        s0, z0, s1, z1, byte = scale[_U(k0)], zp[_U(k0)], scale[_U(k1)], zp[_U(k1)], j // per_byte
+        if bits == 2:
+            dequantize_crumb_line(x, byte, sign, f32, dst, j, s0, z0, s1, z1, split)
+        elif small_float:
+            dequantize_float4_line(x, byte, sign, f32, dst, j, s0, z0, s1, z1, split)
+        else:
+            dequantize_nibble_line(x, byte, sign, f32, dst, j, s0, z0, s1, z1, split)
 
 
 @_jit

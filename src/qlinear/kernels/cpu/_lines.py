@@ -45,8 +45,11 @@ from numba.extending import intrinsic
 __all__ = [
     "LINE",
     "STREAM_MIN_RUN",
+    "dequantize_crumb_line",
+    "dequantize_float4_line",
     "dequantize_float8_line",
     "dequantize_line",
+    "dequantize_nibble_line",
     "last_level_cache_bytes",
     "line_offset",
     "line_scales",
@@ -239,12 +242,59 @@ def dequantize_line(typingctx, x, xj, sign, dst, dj, s, z, s1, z1, split):
         )
         sign_v = _splat(builder, sign_, i32)
         v = builder.sub(builder.xor(builder.zext(raw, i32), sign_v), sign_v)
-        s_, z_ = _split_splat(builder, s0, s1_, split_, f32), _split_splat(builder, z0, z1_, split_, f32)
-        value = builder.fmul(builder.fsub(builder.sitofp(v, f32), z_), s_)
-        _store_line(builder, value, _data(context, builder, signature.args[3], ds), dj_)
+        _scaled_line(
+            builder, builder.sitofp(v, f32), s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_
+        )
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _small_float_values(builder, c, fmt, lanes, specials):
+    """float32 values of the small-float codes ``c`` (int32 lanes), :func:`._dequantize_runs._float_value` step for step.
+
+    ``fmt`` is that function's int32 format tuple. Without ``specials``
+    (float4e2m1: neither infinity nor NaN), :func:`._dequantize_runs._finite_value`.
+    """
+    f32 = ir.VectorType(ir.FloatType(), lanes)
+    i32 = ir.VectorType(ir.IntType(32), lanes)
+    mult, exp_off, sign_bit, max_bits, inf_bits, neg_zero_nan = (builder.extract_value(fmt, k) for k in range(6))
+
+    def splat_i(v):
+        return _splat(builder, v, i32)
+
+    def as_float(bits):
+        return builder.bitcast(bits, f32)
+
+    sign_v = splat_i(sign_bit)
+    magnitude = builder.and_(c, builder.sub(sign_v, splat_i(ir.Constant(ir.IntType(32), 1))))
+    f = as_float(builder.add(builder.mul(magnitude, splat_i(mult)), splat_i(exp_off)))
+    half_smallest = as_float(splat_i(exp_off))
+    two = ir.Constant(f32, [2.0] * lanes)
+    subnormal = builder.fcmp_ordered("<", f, builder.fmul(two, half_smallest))
+    f = builder.select(subnormal, builder.fmul(two, builder.fsub(f, half_smallest)), f)
+    if specials:
+        nan = as_float(ir.Constant(i32, [0x7FC00000] * lanes))
+        inf = ir.Constant(f32, [float("inf")] * lanes)
+        special = builder.select(builder.fcmp_ordered("==", f, as_float(splat_i(inf_bits))), inf, nan)
+        f = builder.select(builder.fcmp_ordered(">", f, as_float(splat_i(max_bits))), special, f)
+        negative_zero = builder.and_(
+            builder.icmp_signed("!=", splat_i(neg_zero_nan), ir.Constant(i32, [0] * lanes)), builder.icmp_signed("==", c, sign_v)
+        )
+        f = builder.select(negative_zero, nan, f)
+    negative = builder.icmp_signed("!=", builder.and_(c, sign_v), ir.Constant(i32, [0] * lanes))
+    return builder.select(negative, builder.fneg(f), f)
+
+
+def _scaled_line(builder, values, s0, z0, s1, z1, split, dst_data, dj):
+    """Store ``(values - z) * s`` (two scales split at lane ``split``) as a streamed line at ``dst_data[dj]``."""
+    f32 = values.type
+    s, z = _split_splat(builder, s0, s1, split, f32), _split_splat(builder, z0, z1, split, f32)
+    _store_line(builder, builder.fmul(builder.fsub(values, z), s), dst_data, dj)
+
+
+_F = types.float32
+_FORMAT = types.UniTuple(types.int32, 6)
 
 
 @intrinsic
@@ -259,46 +309,74 @@ def dequantize_float8_line(typingctx, x, xj, fmt, dst, dj, s, z, s1, z1, split):
     if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth != 8:
         return None
     lanes = LINE // 4
-    f = types.float32
-    sig = types.void(x, types.intp, types.UniTuple(types.int32, 6), dst, types.intp, f, f, f, f, types.intp)
+    sig = types.void(x, types.intp, _FORMAT, dst, types.intp, _F, _F, _F, _F, types.intp)
 
     def codegen(context, builder, signature, args):
         xs, xj_, fmt_, ds, dj_, s0, z0, s1_, z1_, split_ = args
-        f32 = ir.VectorType(ir.FloatType(), lanes)
-        i32 = ir.VectorType(ir.IntType(32), lanes)
-        mult, exp_off, sign_bit, max_bits, inf_bits, neg_zero_nan = (builder.extract_value(fmt_, k) for k in range(6))
-
-        def splat_i(v):
-            return _splat(builder, v, i32)
-
-        def as_float(bits):
-            return builder.bitcast(bits, f32)
-
         raw = _load(builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(8), lanes))
-        c = builder.zext(raw, i32)
-        sign_v = splat_i(sign_bit)
-        magnitude = builder.and_(c, builder.sub(sign_v, splat_i(ir.Constant(ir.IntType(32), 1))))
-        f = as_float(builder.add(builder.mul(magnitude, splat_i(mult)), splat_i(exp_off)))
-        half_smallest = as_float(splat_i(exp_off))
-        two = ir.Constant(f32, [2.0] * lanes)
-        subnormal = builder.fcmp_ordered("<", f, builder.fmul(two, half_smallest))
-        f = builder.select(subnormal, builder.fmul(two, builder.fsub(f, half_smallest)), f)
-        nan = as_float(ir.Constant(i32, [0x7FC00000] * lanes))
-        inf = ir.Constant(f32, [float("inf")] * lanes)
-        special = builder.select(builder.fcmp_ordered("==", f, as_float(splat_i(inf_bits))), inf, nan)
-        f = builder.select(builder.fcmp_ordered(">", f, as_float(splat_i(max_bits))), special, f)
-        negative_zero = builder.and_(
-            builder.icmp_signed("!=", splat_i(neg_zero_nan), ir.Constant(i32, [0] * lanes)), builder.icmp_signed("==", c, sign_v)
-        )
-        f = builder.select(negative_zero, nan, f)
-        negative = builder.icmp_signed("!=", builder.and_(c, sign_v), ir.Constant(i32, [0] * lanes))
-        f = builder.select(negative, builder.fneg(f), f)
-        s_, z_ = _split_splat(builder, s0, s1_, split_, f32), _split_splat(builder, z0, z1_, split_, f32)
-        value = builder.fmul(builder.fsub(f, z_), s_)
-        _store_line(builder, value, _data(context, builder, signature.args[3], ds), dj_)
+        c = builder.zext(raw, ir.VectorType(ir.IntType(32), lanes))
+        f = _small_float_values(builder, c, fmt_, lanes, specials=True)
+        _scaled_line(builder, f, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _packed_line(x, dst, bits, small_float):
+    """Signature and code of a line of 16 float32 from packed ``bits``-bit codes (see :func:`dequantize_nibble_line`)."""
+    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth != 8:
+        return None
+    lanes = LINE // 4
+    per_byte = 8 // bits
+    sig = types.void(x, types.intp, types.int32, _FORMAT, dst, types.intp, _F, _F, _F, _F, types.intp)
+
+    def codegen(context, builder, signature, args):
+        xs, byte, sign_, fmt_, ds, dj_, s0, z0, s1_, z1_, split_ = args
+        i32 = ir.VectorType(ir.IntType(32), lanes)
+        raw = _load(
+            builder, _data(context, builder, signature.args[0], xs), byte, ir.VectorType(ir.IntType(8), lanes // per_byte)
+        )
+        # Each byte into the lanes of its codes, shifted down to each code's place: code q is bits q*bits.. of its byte.
+        spread = builder.shuffle_vector(
+            raw,
+            ir.Constant(raw.type, ir.Undefined),
+            ir.Constant(ir.VectorType(ir.IntType(32), lanes), [q // per_byte for q in range(lanes)]),
+        )
+        shifts = ir.Constant(i32, [bits * (q % per_byte) for q in range(lanes)])
+        c = builder.and_(builder.lshr(builder.zext(spread, i32), shifts), ir.Constant(i32, [(1 << bits) - 1] * lanes))
+        if small_float:
+            values = _small_float_values(builder, c, fmt_, lanes, specials=False)
+        else:
+            sign_v = _splat(builder, sign_, i32)
+            values = builder.sitofp(builder.sub(builder.xor(c, sign_v), sign_v), ir.VectorType(ir.FloatType(), lanes))
+        _scaled_line(builder, values, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[4], ds), dj_)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def dequantize_nibble_line(typingctx, x, byte, sign, fmt, dst, dj, s, z, s1, z1, split):
+    """``dst[dj:]``'s line (16 float32) from the packed 4-bit integers in bytes ``x[byte:byte + 8]``.
+
+    Each byte's low nibble first; signed by ``sign`` (8 for int4, 0 for
+    uint4) as :func:`dequantize_line` does, then ``(v - z) * s`` with two
+    scales split at lane ``split``. ``fmt`` is unused (the float4 line's).
+    ``dst + dj`` must be 64-byte aligned.
+    """
+    return _packed_line(x, dst, 4, small_float=False)
+
+
+@intrinsic
+def dequantize_float4_line(typingctx, x, byte, sign, fmt, dst, dj, s, z, s1, z1, split):
+    """As :func:`dequantize_nibble_line`, for float4e2m1 codes decoded by :func:`._dequantize_runs._finite_value` (``fmt``)."""
+    return _packed_line(x, dst, 4, small_float=True)
+
+
+@intrinsic
+def dequantize_crumb_line(typingctx, x, byte, sign, fmt, dst, dj, s, z, s1, z1, split):
+    """As :func:`dequantize_nibble_line`, for packed 2-bit integers in bytes ``x[byte:byte + 4]`` (``sign`` 2 for int2)."""
+    return _packed_line(x, dst, 2, small_float=False)
 
 
 @intrinsic
