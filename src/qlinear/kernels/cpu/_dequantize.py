@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from qlinear.dtypes import ElementType
-from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, float_encoding, layout, scale_period
+from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, float_encoding, layout, scale_period, scale_rows
 from qlinear.spec import DequantizePlan
 
 __all__ = ["dequantize"]
@@ -112,6 +112,8 @@ def dequantize(
     outs = (_EMPTY_F32, values.view(np.uint16)) if wide is not None else (values, _EMPTY16)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes, values)
-    p[kernel.P_PERIOD], p[kernel.P_COUNT] = scale_period(plan.granularity, plan.x_shape, scale.shape, LINE // values.itemsize)
+    lanes = LINE // values.itemsize
+    p[kernel.P_PERIOD], p[kernel.P_COUNT] = scale_period(plan.granularity, plan.x_shape, scale.shape, lanes)
+    p[kernel.P_ROW], p[kernel.P_ROW_BLOCK] = scale_rows(plan.granularity, plan.x_shape, scale.shape, lanes)
     kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p, e_out, submul)
     return out

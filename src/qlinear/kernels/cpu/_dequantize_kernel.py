@@ -19,9 +19,11 @@ from numba import njit, prange
 from qlinear.kernels.cpu._dequantize_runs import (
     crumb_runs,
     float_period_lines,
+    float_row_lines,
     float_runs,
     int32_runs,
     integer_period_lines,
+    integer_row_lines,
     integer_runs,
     nibble_runs,
     packed_lines_fit,
@@ -41,6 +43,9 @@ __all__ = ["dequantize_kernel"]
 # float32 output by streaming stores (_lines). PERIOD, COUNT: the scale of
 # element j is scale[(j // PERIOD) % COUNT] (PERIOD 0: not so simple), which
 # lets 8/16-bit and float8 codes stream whole lines whatever the runs' lengths.
+# ROW, ROW_BLOCK: the scale of element j is scale[(j // ROW // ROW_BLOCK) * ROW
+# + j % ROW] (ROW 0: not so), scales that step along rows, streamed a line of
+# 16 scales at a time.
 (
     P_READ,
     P_BITS,
@@ -55,8 +60,10 @@ __all__ = ["dequantize_kernel"]
     P_STREAM,
     P_PERIOD,
     P_COUNT,
-) = range(13)
-P_LEN = 13
+    P_ROW,
+    P_ROW_BLOCK,
+) = range(15)
+P_LEN = 15
 # How x is read (P_READ): bytes through the table, integers of 8 bits or
 # more, float8 bytes, packed integers, packed floats.
 READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
@@ -76,6 +83,8 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
     stream = p[P_STREAM] != 0 and not wide
     period, count = p[P_PERIOD], p[P_COUNT]
     periodic = stream and period > 0
+    row, row_block = p[P_ROW], p[P_ROW_BLOCK]
+    rowwise = stream and row > 0
     # Packed codes read a whole byte at a time: 4-bit integers and float4e2m1, 2-bit integers.
     whole_bytes = (bits == 4 and (read == READ_PACKED_INTEGER or p[P_FINITE] != 0)) or (bits == 2 and read == READ_PACKED_INTEGER)
     fmt = (p[P_MANT], p[P_EXP_OFF], sign, p[P_MAX_BITS], p[P_INF_BITS], p[P_NEG_ZERO_NAN])
@@ -88,16 +97,22 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
             table_runs(x8, j, stop, table, scale, zp, dst, d0, lay)
         elif read == READ_INTEGER and bits == 8 and periodic:
             integer_period_lines(x8, sign, j, stop, period, count, scale, zp, dst)
+        elif read == READ_INTEGER and bits == 8 and rowwise:
+            integer_row_lines(x8, sign, j, stop, row, row_block, scale, zp, dst)
         elif read == READ_INTEGER and bits == 8:
             integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay, stream)
         elif read == READ_INTEGER and bits == 16 and periodic:
             integer_period_lines(x16, sign, j, stop, period, count, scale, zp, dst)
+        elif read == READ_INTEGER and bits == 16 and rowwise:
+            integer_row_lines(x16, sign, j, stop, row, row_block, scale, zp, dst)
         elif read == READ_INTEGER and bits == 16:
             integer_runs(x16, sign, j, stop, scale, zp, dst, d0, lay, stream)
         elif read == READ_INTEGER:
             int32_runs(x32, j, stop, scale, zi, dst, d0, lay)
         elif read == READ_FLOAT and periodic:
             float_period_lines(x8, fmt, j, stop, period, count, scale, zp, dst)
+        elif read == READ_FLOAT and rowwise:
+            float_row_lines(x8, fmt, j, stop, row, row_block, scale, zp, dst)
         elif read == READ_FLOAT:
             float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay, stream)
         elif periodic and period <= PACKED_LINES_LONGEST_PERIOD and whole_bytes and packed_lines_fit(dst, j, bits):

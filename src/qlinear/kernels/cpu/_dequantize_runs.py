@@ -49,8 +49,10 @@ from qlinear.kernels.cpu._lines import (
     dequantize_crumb_line,
     dequantize_float4_line,
     dequantize_float8_line,
+    dequantize_float8_stepping_line,
     dequantize_line,
     dequantize_nibble_line,
+    dequantize_stepping_line,
     line_offset,
     line_scales,
     line_span,
@@ -65,6 +67,8 @@ __all__ = [
     "int32_runs",
     "float_runs",
     "float_period_lines",
+    "integer_row_lines",
+    "float_row_lines",
     "nibble_runs",
     "crumb_runs",
     "packed_lines_fit",
@@ -264,6 +268,77 @@ def float_period_lines(x, fmt, start, end, period, count, scale, zp, dst):
     for j in range(start + hi, end):
         k = _period_scale(j, period, count)
         dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]
+
+
+@_jit
+def _row_scale(j, row, block):
+    """Index of the scale of flat element ``j`` in a stepping layout (:func:`._params.scale_rows`)."""
+    r = j // row
+    return (r // block) * row + (j - r * row)
+
+
+@_jit
+def integer_row_lines(x, sign, start, end, row, block, scale, zp, dst):
+    """:func:`integer_runs`' ``dst[j]`` where the scale steps with the element along rows, by streamed lines.
+
+    The scale of element ``j`` is ``scale[(j // row // block) * row + j %
+    row]`` (per-axis on the last axis, blocks across rows). A line inside a
+    row is one :func:`._lines.dequantize_stepping_line`, its 16 scales and
+    zero points loaded as vectors; the line that crosses a row's end (one
+    in ``row / 16``) and the elements before the first whole line and after
+    the last are written one at a time.
+    """
+    sign = np.int32(sign)
+    lanes = LINE // dst.itemsize
+    lo, hi = line_span(dst, start, end - start)
+    for t in range(lo + end - start - hi):
+        j = start + t if t < lo else start + hi + t - lo
+        k = _row_scale(j, row, block)
+        dst[j] = (_signed(x[j], sign) - zp[k]) * scale[k]
+    # Row r = j // row, i = j % row; base: the first scale of row r, kept without dividing.
+    r = (start + lo) // row
+    i, rb = start + lo - r * row, r % block
+    base = (r // block) * row
+    for j in range(start + lo, start + hi, lanes):
+        if i + lanes <= row:
+            dequantize_stepping_line(x, j, sign, dst, j, scale, zp, base + i)
+        else:
+            for q in range(lanes):
+                k = _row_scale(j + q, row, block)
+                dst[j + q] = (_signed(x[j + q], sign) - zp[k]) * scale[k]
+        i += lanes
+        if i >= row:
+            i, rb = i - row, rb + 1
+            if rb == block:
+                rb, base = 0, base + row
+
+
+@_jit
+def float_row_lines(x, fmt, start, end, row, block, scale, zp, dst):
+    """:func:`float_runs`' ``dst[j]`` where the scale steps with the element along rows, as :func:`integer_row_lines` does."""
+    f32 = _format(fmt)
+    lanes = LINE // dst.itemsize
+    lo, hi = line_span(dst, start, end - start)
+    for t in range(lo + end - start - hi):
+        j = start + t if t < lo else start + hi + t - lo
+        k = _row_scale(j, row, block)
+        dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]
+    # Row r = j // row, i = j % row; base: the first scale of row r, kept without dividing.
+    r = (start + lo) // row
+    i, rb = start + lo - r * row, r % block
+    base = (r // block) * row
+    for j in range(start + lo, start + hi, lanes):
+        if i + lanes <= row:
+            dequantize_float8_stepping_line(x, j, f32, dst, j, scale, zp, base + i)
+        else:
+            for q in range(lanes):
+                k = _row_scale(j + q, row, block)
+                dst[j + q] = (_float_value(np.int32(x[j + q]), f32) - zp[k]) * scale[k]
+        i += lanes
+        if i >= row:
+            i, rb = i - row, rb + 1
+            if rb == block:
+                rb, base = 0, base + row
 
 
 @_jit
