@@ -18,17 +18,15 @@ from numba import njit, prange
 
 from qlinear.kernels.cpu._dequantize_runs import (
     crumb_runs,
-    float_period_lines,
-    float_row_lines,
     float_runs,
     int32_runs,
-    integer_period_lines,
-    integer_row_lines,
     integer_runs,
     nibble_runs,
     packed_lines_fit,
     packed_period_lines,
     packed_runs,
+    period_lines,
+    row_lines,
     table_runs,
 )
 from qlinear.kernels.cpu._lines import store_fence
@@ -85,6 +83,8 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
     periodic = stream and period > 0
     row, row_block = p[P_ROW], p[P_ROW_BLOCK]
     rowwise = stream and row > 0
+    # 8/16-bit integers and float8 stream line by line where the layout allows.
+    lines = (read == READ_INTEGER and bits <= 16) or read == READ_FLOAT
     # Packed codes read a whole byte at a time: 4-bit integers and float4e2m1, 2-bit integers.
     whole_bytes = (bits == 4 and (read == READ_PACKED_INTEGER or p[P_FINITE] != 0)) or (bits == 2 and read == READ_PACKED_INTEGER)
     fmt = (p[P_MANT], p[P_EXP_OFF], sign, p[P_MAX_BITS], p[P_INF_BITS], p[P_NEG_ZERO_NAN])
@@ -95,24 +95,20 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
         stop, d0 = min(end, j + piece), j if wide else 0
         if read == READ_TABLE:
             table_runs(x8, j, stop, table, scale, zp, dst, d0, lay)
-        elif read == READ_INTEGER and bits == 8 and periodic:
-            integer_period_lines(x8, sign, j, stop, period, count, scale, zp, dst)
-        elif read == READ_INTEGER and bits == 8 and rowwise:
-            integer_row_lines(x8, sign, j, stop, row, row_block, scale, zp, dst)
+        elif lines and periodic and bits == 16:
+            period_lines(x16, sign, fmt, j, stop, period, count, scale, zp, dst)
+        elif lines and periodic:
+            period_lines(x8, sign, fmt, j, stop, period, count, scale, zp, dst)
+        elif lines and rowwise and bits == 16:
+            row_lines(x16, sign, fmt, j, stop, row, row_block, scale, zp, dst)
+        elif lines and rowwise:
+            row_lines(x8, sign, fmt, j, stop, row, row_block, scale, zp, dst)
         elif read == READ_INTEGER and bits == 8:
             integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay, stream)
-        elif read == READ_INTEGER and bits == 16 and periodic:
-            integer_period_lines(x16, sign, j, stop, period, count, scale, zp, dst)
-        elif read == READ_INTEGER and bits == 16 and rowwise:
-            integer_row_lines(x16, sign, j, stop, row, row_block, scale, zp, dst)
         elif read == READ_INTEGER and bits == 16:
             integer_runs(x16, sign, j, stop, scale, zp, dst, d0, lay, stream)
         elif read == READ_INTEGER:
             int32_runs(x32, j, stop, scale, zi, dst, d0, lay)
-        elif read == READ_FLOAT and periodic:
-            float_period_lines(x8, fmt, j, stop, period, count, scale, zp, dst)
-        elif read == READ_FLOAT and rowwise:
-            float_row_lines(x8, fmt, j, stop, row, row_block, scale, zp, dst)
         elif read == READ_FLOAT:
             float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay, stream)
         elif periodic and period <= PACKED_LINES_LONGEST_PERIOD and whole_bytes and packed_lines_fit(dst, j, bits):

@@ -20,14 +20,16 @@ would cost more than the run.
   float8 is. A run's codes before its first whole byte and after its last
   are read one at a time, through the table.
 - :func:`packed_runs`: any packed codes one at a time (6-bit floats).
-- :func:`integer_period_lines`, :func:`float_period_lines`,
-  :func:`packed_period_lines`: the integer, float8 and packed 4/2-bit
-  reads of calls that stream their output, where the layout is
-  periodic (the scale of element ``j`` is ``scale[(j // period) % count]``:
-  per tensor, per-axis rows, blocks along the last axis). They write line
-  by line, each line with the one or two scales it spans, so blocks of 32
-  and rows of 1024 stream as long runs do; a run walk streams only runs
-  that cover whole lines. Packed codes take lines on blocks only
+- :func:`period_lines`, :func:`packed_period_lines`: the integer and
+  float8 reads, and packed 4/2-bit ones, of calls that stream their
+  output, where the layout is periodic (the scale of element ``j`` is
+  ``scale[(j // period) % count]``: per tensor, per-axis rows, blocks along
+  the last axis). They write line by line, each line with the one or two
+  scales it spans, so blocks of 32 and rows of 1024 stream as long runs
+  do; a run walk streams only runs that cover whole lines.
+- :func:`row_lines`: the same reads where the scale steps with the
+  element along rows (per-axis on the last axis, blocks across rows),
+  each line's 16 scales loaded as a vector. Packed codes take lines on blocks only
   (``_dequantize_kernel.PACKED_LINES_LONGEST_PERIOD``).
 
 Below 32 bits an integer code and its zero point are exact in float32, and
@@ -63,12 +65,10 @@ from qlinear.kernels.cpu._tiles import locate
 __all__ = [
     "table_runs",
     "integer_runs",
-    "integer_period_lines",
     "int32_runs",
     "float_runs",
-    "float_period_lines",
-    "integer_row_lines",
-    "float_row_lines",
+    "period_lines",
+    "row_lines",
     "nibble_runs",
     "crumb_runs",
     "packed_lines_fit",
@@ -224,50 +224,41 @@ def _period_scale(j, period, count):
 
 
 @_jit
-def integer_period_lines(x, sign, start, end, period, count, scale, zp, dst):
-    """:func:`integer_runs`' ``dst[j]`` for a periodic layout, in whole lines by streaming stores.
-
-    The scale of element ``j`` is ``scale[(j // period) % count]``, with
-    ``period`` at least a line of float32. Each line is one
-    :func:`._lines.dequantize_line` with the one or two scales it spans
-    (:func:`._lines.line_scales`),
-    whatever the alignment of the periods: rows and blocks of 32 then
-    stream as long runs do. Elements before the first whole line and after
-    the last are written one at a time.
-    """
-    sign = np.int32(sign)
-    lanes = LINE // dst.itemsize
-    lo, hi = line_span(dst, start, end - start)
-    for j in range(start, start + lo):
-        k = _period_scale(j, period, count)
-        dst[j] = (_signed(x[j], sign) - zp[k]) * scale[k]
-    k = _period_scale(start + lo, period, count)
-    off = (start + lo) % period
-    for j in range(start + lo, start + hi, lanes):
-        split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
-        dequantize_line(x, j, sign, dst, j, scale[_U(k0)], zp[_U(k0)], scale[_U(k1)], zp[_U(k1)], split)
-    for j in range(start + hi, end):
-        k = _period_scale(j, period, count)
-        dst[j] = (_signed(x[j], sign) - zp[k]) * scale[k]
+def _code_value(x, j, sign, f32, small_float):
+    """float32 value of code ``x[j]``: a float8 code (``small_float``, format ``f32``) or an integer signed by ``sign``."""
+    return _float_value(np.int32(x[j]), f32) if small_float else _signed(x[j], sign)
 
 
 @_jit
-def float_period_lines(x, fmt, start, end, period, count, scale, zp, dst):
-    """:func:`float_runs`' ``dst[j]`` for a periodic layout, as :func:`integer_period_lines` does."""
-    f32 = _format(fmt)
+def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
+    """:func:`integer_runs`' or :func:`float_runs`' ``dst[j]`` for a periodic layout, in whole lines by streaming stores.
+
+    Float8 codes where ``fmt[0]`` (mantissa bits) is above 0, else 8/16-bit
+    integers signed by ``sign``. The scale of element ``j`` is
+    ``scale[(j // period) % count]``, with ``period`` at least a line of
+    float32. Each line is one :func:`._lines.dequantize_line` (or
+    :func:`._lines.dequantize_float8_line`) with the one or two scales it
+    spans (:func:`._lines.line_scales`), whatever the alignment of the
+    periods: rows and blocks of 32 then stream as long runs do. Elements
+    before the first whole line and after the last are written one at a
+    time.
+    """
+    sign, f32, small_float = np.int32(sign), _format(fmt), fmt[0] > 0
     lanes = LINE // dst.itemsize
     lo, hi = line_span(dst, start, end - start)
-    for j in range(start, start + lo):
+    for t in range(lo + end - start - hi):
+        j = start + t if t < lo else start + hi + t - lo
         k = _period_scale(j, period, count)
-        dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]
+        dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
     k = _period_scale(start + lo, period, count)
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
         split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
-        dequantize_float8_line(x, j, f32, dst, j, scale[_U(k0)], zp[_U(k0)], scale[_U(k1)], zp[_U(k1)], split)
-    for j in range(start + hi, end):
-        k = _period_scale(j, period, count)
-        dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]
+        s0, z0, s1, z1 = scale[_U(k0)], zp[_U(k0)], scale[_U(k1)], zp[_U(k1)]
+        if small_float:
+            dequantize_float8_line(x, j, f32, dst, j, s0, z0, s1, z1, split)
+        else:
+            dequantize_line(x, j, sign, dst, j, s0, z0, s1, z1, split)
 
 
 @_jit
@@ -278,62 +269,38 @@ def _row_scale(j, row, block):
 
 
 @_jit
-def integer_row_lines(x, sign, start, end, row, block, scale, zp, dst):
-    """:func:`integer_runs`' ``dst[j]`` where the scale steps with the element along rows, by streamed lines.
+def row_lines(x, sign, fmt, start, end, row, block, scale, zp, dst):
+    """:func:`period_lines` where the scale steps with the element along rows.
 
     The scale of element ``j`` is ``scale[(j // row // block) * row + j %
     row]`` (per-axis on the last axis, blocks across rows). A line inside a
-    row is one :func:`._lines.dequantize_stepping_line`, its 16 scales and
-    zero points loaded as vectors; the line that crosses a row's end (one
-    in ``row / 16``) and the elements before the first whole line and after
-    the last are written one at a time.
+    row is one :func:`._lines.dequantize_stepping_line` (or its float8
+    twin), its 16 scales and zero points loaded as vectors; the line that
+    crosses a row's end (one in ``row / 16``) and the elements before the
+    first whole line and after the last are written one at a time.
     """
-    sign = np.int32(sign)
+    sign, f32, small_float = np.int32(sign), _format(fmt), fmt[0] > 0
     lanes = LINE // dst.itemsize
     lo, hi = line_span(dst, start, end - start)
     for t in range(lo + end - start - hi):
         j = start + t if t < lo else start + hi + t - lo
         k = _row_scale(j, row, block)
-        dst[j] = (_signed(x[j], sign) - zp[k]) * scale[k]
+        dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
     # Row r = j // row, i = j % row; base: the first scale of row r, kept without dividing.
     r = (start + lo) // row
     i, rb = start + lo - r * row, r % block
     base = (r // block) * row
     for j in range(start + lo, start + hi, lanes):
-        if i + lanes <= row:
-            dequantize_stepping_line(x, j, sign, dst, j, scale, zp, base + i)
-        else:
+        if i + lanes > row:
+            # The first `split` lanes end row r; the rest start the next row, whose scales start at `after`.
+            split, after = row - i, base + row if rb + 1 == block else base
             for q in range(lanes):
-                k = _row_scale(j + q, row, block)
-                dst[j + q] = (_signed(x[j + q], sign) - zp[k]) * scale[k]
-        i += lanes
-        if i >= row:
-            i, rb = i - row, rb + 1
-            if rb == block:
-                rb, base = 0, base + row
-
-
-@_jit
-def float_row_lines(x, fmt, start, end, row, block, scale, zp, dst):
-    """:func:`float_runs`' ``dst[j]`` where the scale steps with the element along rows, as :func:`integer_row_lines` does."""
-    f32 = _format(fmt)
-    lanes = LINE // dst.itemsize
-    lo, hi = line_span(dst, start, end - start)
-    for t in range(lo + end - start - hi):
-        j = start + t if t < lo else start + hi + t - lo
-        k = _row_scale(j, row, block)
-        dst[j] = (_float_value(np.int32(x[j]), f32) - zp[k]) * scale[k]
-    # Row r = j // row, i = j % row; base: the first scale of row r, kept without dividing.
-    r = (start + lo) // row
-    i, rb = start + lo - r * row, r % block
-    base = (r // block) * row
-    for j in range(start + lo, start + hi, lanes):
-        if i + lanes <= row:
+                k = base + i + q if q < split else after + q - split
+                dst[j + q] = (_code_value(x, j + q, sign, f32, small_float) - zp[k]) * scale[k]
+        elif small_float:
             dequantize_float8_stepping_line(x, j, f32, dst, j, scale, zp, base + i)
         else:
-            for q in range(lanes):
-                k = _row_scale(j + q, row, block)
-                dst[j + q] = (_float_value(np.int32(x[j + q]), f32) - zp[k]) * scale[k]
+            dequantize_stepping_line(x, j, sign, dst, j, scale, zp, base + i)
         i += lanes
         if i >= row:
             i, rb = i - row, rb + 1

@@ -308,15 +308,22 @@ def dequantize_float8_line(typingctx, x, xj, fmt, dst, dj, s, z, s1, z1, split):
     and ``z1``, as in :func:`dequantize_line`. ``dst + dj`` must be 64-byte
     aligned.
     """
-    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth != 8:
+    # 16-bit codes type-check too, and read as their low bytes: one walker
+    # serves 8/16-bit integers and float8, and takes this line for float8 only.
+    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth not in (8, 16):
         return None
     lanes = LINE // 4
     sig = types.void(x, types.intp, _FORMAT, dst, types.intp, _F, _F, _F, _F, types.intp)
 
     def codegen(context, builder, signature, args):
         xs, xj_, fmt_, ds, dj_, s0, z0, s1_, z1_, split_ = args
-        raw = _load(builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(8), lanes))
-        c = builder.zext(raw, ir.VectorType(ir.IntType(32), lanes))
+        raw = _load(
+            builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(x.dtype.bitwidth), lanes)
+        )
+        c = builder.and_(
+            builder.zext(raw, ir.VectorType(ir.IntType(32), lanes)),
+            ir.Constant(ir.VectorType(ir.IntType(32), lanes), [255] * lanes),
+        )
         f = _small_float_values(builder, c, fmt_, lanes, specials=True)
         _scaled_line(builder, f, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_)
         return context.get_dummy_value()
@@ -342,6 +349,8 @@ def _stepping_line(x, dst, scale, zp, bits, small_float):
         )
         c = builder.zext(raw, i32)
         if small_float:
+            # 16-bit codes only type-check (see dequantize_float8_line); float8 codes are bytes.
+            c = builder.and_(c, ir.Constant(i32, [255] * lanes))
             values = _small_float_values(builder, c, extra_, lanes, specials=True)
         else:
             sign_v = _splat(builder, extra_, i32)
@@ -368,7 +377,7 @@ def dequantize_stepping_line(typingctx, x, xj, sign, dst, dj, scale, zp, si):
 @intrinsic
 def dequantize_float8_stepping_line(typingctx, x, xj, fmt, dst, dj, scale, zp, si):
     """As :func:`dequantize_stepping_line`, for float8 codes decoded as :func:`dequantize_float8_line` does."""
-    return _stepping_line(x, dst, scale, zp, (8,), small_float=True)
+    return _stepping_line(x, dst, scale, zp, (8, 16), small_float=True)
 
 
 def _packed_line(x, dst, bits, small_float):
