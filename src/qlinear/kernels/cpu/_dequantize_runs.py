@@ -230,6 +230,26 @@ def _code_value(x, j, sign, f32, small_float):
 
 
 @_jit
+def _row_scale(j, row, block):
+    """Index of the scale of flat element ``j`` in a stepping layout (:func:`._params.scale_rows`)."""
+    r = j // row
+    return (r // block) * row + (j - r * row)
+
+
+@_jit
+def _edges(x, sign, f32, small_float, start, end, lo, hi, a, b, rows, scale, zp, dst):
+    """The elements of ``start .. end`` outside its whole lines ``lo .. hi``, one at a time.
+
+    Scales as :func:`_row_scale` (``rows``, with ``row, block = a, b``) or
+    :func:`_period_scale` (``period, count = a, b``) find them.
+    """
+    for t in range(lo + end - start - hi):
+        j = start + t if t < lo else start + hi + t - lo
+        k = _row_scale(j, a, b) if rows else _period_scale(j, a, b)
+        dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
+
+
+@_jit
 def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
     """:func:`integer_runs`' or :func:`float_runs`' ``dst[j]`` for a periodic layout, in whole lines by streaming stores.
 
@@ -246,10 +266,7 @@ def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
     sign, f32, small_float = np.int32(sign), _format(fmt), fmt[0] > 0
     lanes = LINE // dst.itemsize
     lo, hi = line_span(dst, start, end - start)
-    for t in range(lo + end - start - hi):
-        j = start + t if t < lo else start + hi + t - lo
-        k = _period_scale(j, period, count)
-        dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
+    _edges(x, sign, f32, small_float, start, end, lo, hi, period, count, False, scale, zp, dst)
     k = _period_scale(start + lo, period, count)
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
@@ -259,13 +276,6 @@ def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
             dequantize_float8_line(x, j, f32, dst, j, s0, z0, s1, z1, split)
         else:
             dequantize_line(x, j, sign, dst, j, s0, z0, s1, z1, split)
-
-
-@_jit
-def _row_scale(j, row, block):
-    """Index of the scale of flat element ``j`` in a stepping layout (:func:`._params.scale_rows`)."""
-    r = j // row
-    return (r // block) * row + (j - r * row)
 
 
 @_jit
@@ -282,10 +292,7 @@ def row_lines(x, sign, fmt, start, end, row, block, scale, zp, dst):
     sign, f32, small_float = np.int32(sign), _format(fmt), fmt[0] > 0
     lanes = LINE // dst.itemsize
     lo, hi = line_span(dst, start, end - start)
-    for t in range(lo + end - start - hi):
-        j = start + t if t < lo else start + hi + t - lo
-        k = _row_scale(j, row, block)
-        dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
+    _edges(x, sign, f32, small_float, start, end, lo, hi, row, block, True, scale, zp, dst)
     # Row r = j // row, i = j % row; base: the first scale of row r, kept without dividing.
     r = (start + lo) // row
     i, rb = start + lo - r * row, r % block
