@@ -435,7 +435,8 @@ def test_cpu_streamed_lines_of_several_scales_match_reference(name, monkeypatch)
     # Where the scale of element j is scale[(j // period) % count] (blocks on
     # the last axis, rows of per-axis layouts), DequantizeLinear streams
     # lines of float32 that may span two scales, split at any lane by where
-    # the output starts; where scales step along rows, lines of 16 scales. Periods from a line up, ragged blocks (not
+    # the output starts. Scales that step along rows (per-axis on the last
+    # axis, blocks across rows) go by runs. Periods from a line up, ragged blocks (not
     # periodic), outputs at every offset within a line; QuantizeLinear on the
     # same layouts and outputs.
     from qlinear.kernels.cpu import _lines
@@ -444,8 +445,7 @@ def test_cpu_streamed_lines_of_several_scales_match_reference(name, monkeypatch)
     t = element_type(name)
     rng = np.random.default_rng(100 + QUANTIZED.index(name))
     periodic = [((9, 192), 1, b) for b in (16, 32, 48, 64, 96, 40)] + [((4, 17, 40), 1, 0), ((33, 17), 0, 0)]
-    # Scales that step along rows: per-axis on the last axis, blocks across
-    # rows (with and without a ragged last block, rows shorter than a line).
+    # Scales that step along rows, for QuantizeLinear and DequantizeLinear alike.
     stepping = [
         ((9, 192), 1, 0),
         ((4, 5, 40), 2, 0),
@@ -522,20 +522,6 @@ def test_scale_periods_of_each_granularity():
     assert scale_period(Granularity("blocked", 1, 48), (3, 64), (3, 2), 16) == (0, 0)  # a ragged last block
     assert scale_period(Granularity("blocked", 0, 32), (64, 3), (2, 3), 16) == (0, 0)  # blocks across rows
     assert scale_period(Granularity("blocked", 1, 8), (3, 64), (3, 8), 16) == (0, 0)  # shorter than asked
-
-
-def test_scale_rows_of_each_granularity():
-    from qlinear.kernels.cpu._params import scale_rows
-    from qlinear.spec import Granularity
-
-    assert scale_rows(Granularity("per_axis", 1), (3, 64), (64,), 16) == (64, 192)  # one row of scales for all rows
-    assert scale_rows(Granularity("blocked", 0, 32), (64, 40), (2, 40), 16) == (40, 32)
-    assert scale_rows(Granularity("blocked", 1, 16), (3, 64, 20), (3, 4, 20), 16) == (20, 16)
-    assert scale_rows(Granularity("blocked", 1, 16), (3, 70, 20), (3, 5, 20), 16) == (0, 0)  # ragged, rows of several outer
-    assert scale_rows(Granularity("blocked", 0, 16), (70, 20), (5, 20), 16) == (20, 16)  # ragged, one outer
-    assert scale_rows(Granularity("blocked", 0, 16), (64, 10), (4, 10), 16) == (0, 0)  # rows shorter than a line
-    assert scale_rows(Granularity("per_axis", 0), (64, 10), (64,), 1) == (0, 0)  # one scale a row
-    assert scale_rows(Granularity("per_tensor"), (64, 10), (), 1) == (0, 0)
 
 
 def test_streaming_starts_at_the_last_level_cache():

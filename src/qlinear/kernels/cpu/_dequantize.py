@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from qlinear.dtypes import ElementType
-from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, float_encoding, layout, scale_period, scale_rows
+from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, float_encoding, layout, scale_period
 from qlinear.spec import DequantizePlan
 
 __all__ = ["dequantize"]
@@ -114,6 +114,5 @@ def dequantize(
     p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes, values)
     lanes = LINE // values.itemsize
     p[kernel.P_PERIOD], p[kernel.P_COUNT] = scale_period(plan.granularity, plan.x_shape, scale.shape, lanes)
-    p[kernel.P_ROW], p[kernel.P_ROW_BLOCK] = scale_rows(plan.granularity, plan.x_shape, scale.shape, lanes)
     kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p, e_out, submul)
     return out

@@ -26,7 +26,6 @@ from qlinear.kernels.cpu._dequantize_runs import (
     packed_period_lines,
     packed_runs,
     period_lines,
-    row_lines,
     table_runs,
 )
 from qlinear.kernels.cpu._lines import store_fence
@@ -41,9 +40,6 @@ __all__ = ["dequantize_kernel"]
 # float32 output by streaming stores (_lines). PERIOD, COUNT: the scale of
 # element j is scale[(j // PERIOD) % COUNT] (PERIOD 0: not so simple), which
 # lets 8/16-bit and float8 codes stream whole lines whatever the runs' lengths.
-# ROW, ROW_BLOCK: the scale of element j is scale[(j // ROW // ROW_BLOCK) * ROW
-# + j % ROW] (ROW 0: not so), scales that step along rows, streamed a line of
-# 16 scales at a time.
 (
     P_READ,
     P_BITS,
@@ -58,10 +54,8 @@ __all__ = ["dequantize_kernel"]
     P_STREAM,
     P_PERIOD,
     P_COUNT,
-    P_ROW,
-    P_ROW_BLOCK,
-) = range(15)
-P_LEN = 15
+) = range(13)
+P_LEN = 13
 # How x is read (P_READ): bytes through the table, integers of 8 bits or
 # more, float8 bytes, packed integers, packed floats.
 READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
@@ -81,8 +75,6 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
     stream = p[P_STREAM] != 0 and not wide
     period, count = p[P_PERIOD], p[P_COUNT]
     periodic = stream and period > 0
-    row, row_block = p[P_ROW], p[P_ROW_BLOCK]
-    rowwise = stream and row > 0
     # 8/16-bit integers and float8 stream line by line where the layout allows.
     lines = (read == READ_INTEGER and bits <= 16) or read == READ_FLOAT
     # Packed codes read a whole byte at a time: 4-bit integers and float4e2m1, 2-bit integers.
@@ -99,10 +91,6 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
             period_lines(x16, sign, fmt, j, stop, period, count, scale, zp, dst)
         elif lines and periodic:
             period_lines(x8, sign, fmt, j, stop, period, count, scale, zp, dst)
-        elif lines and rowwise and bits == 16:
-            row_lines(x16, sign, fmt, j, stop, row, row_block, scale, zp, dst)
-        elif lines and rowwise:
-            row_lines(x8, sign, fmt, j, stop, row, row_block, scale, zp, dst)
         elif read == READ_INTEGER and bits == 8:
             integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay, stream)
         elif read == READ_INTEGER and bits == 16:

@@ -26,11 +26,11 @@ would cost more than the run.
   ``scale[(j // period) % count]``: per tensor, per-axis rows, blocks along
   the last axis). They write line by line, each line with the one or two
   scales it spans, so blocks of 32 and rows of 1024 stream as long runs
-  do; a run walk streams only runs that cover whole lines.
-- :func:`row_lines`: the same reads where the scale steps with the
-  element along rows (per-axis on the last axis, blocks across rows),
-  each line's 16 scales loaded as a vector. Packed codes take lines on blocks only
-  (``_dequantize_kernel.PACKED_LINES_LONGEST_PERIOD``).
+  do; a run walk streams only runs that cover whole lines. Packed codes
+  take lines on blocks only (``_dequantize_kernel.PACKED_LINES_LONGEST_PERIOD``).
+  Scales that step with the element (per-axis on the last axis, blocks
+  across rows) go by runs: lines of 16 scales loaded as vectors measured
+  slower there (float8 by a fifth).
 
 Below 32 bits an integer code and its zero point are exact in float32, and
 so is their difference; float codes and zero points are exact in float32 and
@@ -51,10 +51,8 @@ from qlinear.kernels.cpu._lines import (
     dequantize_crumb_line,
     dequantize_float4_line,
     dequantize_float8_line,
-    dequantize_float8_stepping_line,
     dequantize_line,
     dequantize_nibble_line,
-    dequantize_stepping_line,
     line_offset,
     line_scales,
     line_span,
@@ -68,7 +66,6 @@ __all__ = [
     "int32_runs",
     "float_runs",
     "period_lines",
-    "row_lines",
     "nibble_runs",
     "crumb_runs",
     "packed_lines_fit",
@@ -230,26 +227,6 @@ def _code_value(x, j, sign, f32, small_float):
 
 
 @_jit
-def _row_scale(j, row, block):
-    """Index of the scale of flat element ``j`` in a stepping layout (:func:`._params.scale_rows`)."""
-    r = j // row
-    return (r // block) * row + (j - r * row)
-
-
-@_jit
-def _edges(x, sign, f32, small_float, start, end, lo, hi, a, b, rows, scale, zp, dst):
-    """The elements of ``start .. end`` outside its whole lines ``lo .. hi``, one at a time.
-
-    Scales as :func:`_row_scale` (``rows``, with ``row, block = a, b``) or
-    :func:`_period_scale` (``period, count = a, b``) find them.
-    """
-    for t in range(lo + end - start - hi):
-        j = start + t if t < lo else start + hi + t - lo
-        k = _row_scale(j, a, b) if rows else _period_scale(j, a, b)
-        dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
-
-
-@_jit
 def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
     """:func:`integer_runs`' or :func:`float_runs`' ``dst[j]`` for a periodic layout, in whole lines by streaming stores.
 
@@ -266,7 +243,11 @@ def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
     sign, f32, small_float = np.int32(sign), _format(fmt), fmt[0] > 0
     lanes = LINE // dst.itemsize
     lo, hi = line_span(dst, start, end - start)
-    _edges(x, sign, f32, small_float, start, end, lo, hi, period, count, False, scale, zp, dst)
+    for t in range(lo + end - start - hi):
+        # The elements before the first whole line and after the last.
+        j = start + t if t < lo else start + hi + t - lo
+        k = _period_scale(j, period, count)
+        dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
     k = _period_scale(start + lo, period, count)
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
@@ -276,43 +257,6 @@ def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
             dequantize_float8_line(x, j, f32, dst, j, s0, z0, s1, z1, split)
         else:
             dequantize_line(x, j, sign, dst, j, s0, z0, s1, z1, split)
-
-
-@_jit
-def row_lines(x, sign, fmt, start, end, row, block, scale, zp, dst):
-    """:func:`period_lines` where the scale steps with the element along rows.
-
-    The scale of element ``j`` is ``scale[(j // row // block) * row + j %
-    row]`` (per-axis on the last axis, blocks across rows). A line inside a
-    row is one :func:`._lines.dequantize_stepping_line` (or its float8
-    twin), its 16 scales and zero points loaded as vectors; the line that
-    crosses a row's end (one in ``row / 16``) and the elements before the
-    first whole line and after the last are written one at a time.
-    """
-    sign, f32, small_float = np.int32(sign), _format(fmt), fmt[0] > 0
-    lanes = LINE // dst.itemsize
-    lo, hi = line_span(dst, start, end - start)
-    _edges(x, sign, f32, small_float, start, end, lo, hi, row, block, True, scale, zp, dst)
-    # Row r = j // row, i = j % row; base: the first scale of row r, kept without dividing.
-    r = (start + lo) // row
-    i, rb = start + lo - r * row, r % block
-    base = (r // block) * row
-    for j in range(start + lo, start + hi, lanes):
-        if i + lanes > row:
-            # The first `split` lanes end row r; the rest start the next row, whose scales start at `after`.
-            split, after = row - i, base + row if rb + 1 == block else base
-            for q in range(lanes):
-                k = base + i + q if q < split else after + q - split
-                dst[j + q] = (_code_value(x, j + q, sign, f32, small_float) - zp[k]) * scale[k]
-        elif small_float:
-            dequantize_float8_stepping_line(x, j, f32, dst, j, scale, zp, base + i)
-        else:
-            dequantize_stepping_line(x, j, sign, dst, j, scale, zp, base + i)
-        i += lanes
-        if i >= row:
-            i, rb = i - row, rb + 1
-            if rb == block:
-                rb, base = 0, base + row
 
 
 @_jit

@@ -48,9 +48,7 @@ __all__ = [
     "dequantize_crumb_line",
     "dequantize_float4_line",
     "dequantize_float8_line",
-    "dequantize_float8_stepping_line",
     "dequantize_line",
-    "dequantize_stepping_line",
     "dequantize_nibble_line",
     "last_level_cache_bytes",
     "line_offset",
@@ -329,55 +327,6 @@ def dequantize_float8_line(typingctx, x, xj, fmt, dst, dj, s, z, s1, z1, split):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-def _stepping_line(x, dst, scale, zp, bits, small_float):
-    """Signature and code of a line of 16 float32 whose scales step with the element (see :func:`dequantize_stepping_line`)."""
-    arrays = (x, dst, scale, zp)
-    if not all(isinstance(a, types.Array) for a in arrays) or x.dtype.bitwidth not in bits:
-        return None
-    lanes = LINE // 4
-    extra = _FORMAT if small_float else types.int32
-    sig = types.void(x, types.intp, extra, dst, types.intp, scale, zp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        xs, xj_, extra_, ds, dj_, scales, zps, si = args
-        f32 = ir.VectorType(ir.FloatType(), lanes)
-        i32 = ir.VectorType(ir.IntType(32), lanes)
-        raw = _load(
-            builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(x.dtype.bitwidth), lanes)
-        )
-        c = builder.zext(raw, i32)
-        if small_float:
-            # 16-bit codes only type-check (see dequantize_float8_line); float8 codes are bytes.
-            c = builder.and_(c, ir.Constant(i32, [255] * lanes))
-            values = _small_float_values(builder, c, extra_, lanes, specials=True)
-        else:
-            sign_v = _splat(builder, extra_, i32)
-            values = builder.sitofp(builder.sub(builder.xor(c, sign_v), sign_v), f32)
-        s = _load(builder, _data(context, builder, signature.args[5], scales), si, f32)
-        z = _load(builder, _data(context, builder, signature.args[6], zps), si, f32)
-        _store_line(builder, builder.fmul(builder.fsub(values, z), s), _data(context, builder, signature.args[3], ds), dj_)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def dequantize_stepping_line(typingctx, x, xj, sign, dst, dj, scale, zp, si):
-    """``dst[dj:]``'s line (16 float32) = (signed(x[xj:], sign) - zp[si:]) * scale[si:], for 8- or 16-bit codes.
-
-    As :func:`dequantize_line`, with a scale and zero point for each lane:
-    the 16 from ``si`` on (per-axis on the last axis, blocks across rows).
-    ``dst + dj`` must be 64-byte aligned.
-    """
-    return _stepping_line(x, dst, scale, zp, (8, 16), small_float=False)
-
-
-@intrinsic
-def dequantize_float8_stepping_line(typingctx, x, xj, fmt, dst, dj, scale, zp, si):
-    """As :func:`dequantize_stepping_line`, for float8 codes decoded as :func:`dequantize_float8_line` does."""
-    return _stepping_line(x, dst, scale, zp, (8, 16), small_float=True)
 
 
 def _packed_line(x, dst, bits, small_float):

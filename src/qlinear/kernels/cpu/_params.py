@@ -22,7 +22,6 @@ from qlinear.spec import Granularity
 __all__ = [
     "layout",
     "scale_period",
-    "scale_rows",
     "float_encoding",
     "decode_table",
     "precision_code",
@@ -125,28 +124,6 @@ def scale_period(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int,
         else:
             return 0, 0
     return (period, count) if period >= at_least else (0, 0)
-
-
-def scale_rows(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...], at_least: int) -> tuple[int, int]:
-    """``(row, block)`` such that flat element ``j`` of ``x`` has scale ``(j // row // block) * row + j % row``.
-
-    That is, scales that step with the element along rows of ``row``
-    elements, one row of scales for ``block`` rows: per-axis on the last
-    axis (every row the same scales) and blocks along an axis that is not
-    the last. ``(0, 0)`` where the layout is not so, or rows are shorter
-    than ``at_least`` elements.
-    """
-    n = math.prod(shape)
-    if g.kind == "per_tensor":
-        return 0, 0
-    outer, d, i = math.prod(shape[: g.axis]), shape[g.axis], math.prod(shape[g.axis + 1 :])
-    if g.kind == "per_axis" and i == 1:
-        row, block = d, max(n, 1)
-    elif g.kind == "blocked" and i > 1 and (outer == 1 or d % g.block_size == 0):
-        row, block = i, g.block_size
-    else:
-        return 0, 0
-    return (row, block) if row >= at_least else (0, 0)
 
 
 def _encoding(
