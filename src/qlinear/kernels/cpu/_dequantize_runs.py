@@ -56,6 +56,7 @@ from qlinear.kernels.cpu._lines import (
     line_offset,
     line_scales,
     line_span,
+    period_scale,
 )
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate
@@ -215,12 +216,6 @@ def _float_lines(x, f32, j, dst, dj, n, s, z):
 
 
 @_jit
-def _period_scale(j, period, count):
-    """Index of the scale of flat element ``j`` in a periodic layout (:func:`._params.scale_period`)."""
-    return (j // period) % count
-
-
-@_jit
 def _code_value(x, j, sign, f32, small_float):
     """float32 value of code ``x[j]``: a float8 code (``small_float``, format ``f32``) or an integer signed by ``sign``."""
     return _float_value(np.int32(x[j]), f32) if small_float else _signed(x[j], sign)
@@ -246,12 +241,13 @@ def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
     for t in range(lo + end - start - hi):
         # The elements before the first whole line and after the last.
         j = start + t if t < lo else start + hi + t - lo
-        k = _period_scale(j, period, count)
+        k = period_scale(j, period, count)
         dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
-    k = _period_scale(start + lo, period, count)
+    k = period_scale(start + lo, period, count)
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
-        split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
+        splits, ks, k, off = line_scales(k, off, period, count, lanes)
+        split, k0, k1 = splits[0], ks[0], ks[1]  # a period is at least a line: two scales at most
         s0, z0, s1, z1 = scale[_U(k0)], zp[_U(k0)], scale[_U(k1)], zp[_U(k1)]
         if small_float:
             dequantize_float8_line(x, j, f32, dst, j, s0, z0, s1, z1, split)
@@ -279,12 +275,13 @@ def packed_period_lines(x, bits, sign, fmt, start, end, period, count, table, sc
     lo, hi = line_span(dst, start, end - start)
     for t in range(lo + end - start - hi):
         j = start + t if t < lo else start + hi + t - lo
-        k = _period_scale(j, period, count)
+        k = period_scale(j, period, count)
         dst[j] = (table[(x[j // per_byte] >> (j % per_byte * bits)) & mask] - zp[k]) * scale[k]
-    k = _period_scale(start + lo, period, count)
+    k = period_scale(start + lo, period, count)
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
-        split, k0, k1, k, off = line_scales(k, off, period, count, lanes)
+        splits, ks, k, off = line_scales(k, off, period, count, lanes)
+        split, k0, k1 = splits[0], ks[0], ks[1]
         s0, z0, s1, z1, byte = scale[_U(k0)], zp[_U(k0)], scale[_U(k1)], zp[_U(k1)], j // per_byte
         if bits == 2:
             dequantize_crumb_line(x, byte, sign, f32, dst, j, s0, z0, s1, z1, split)

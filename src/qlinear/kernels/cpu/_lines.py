@@ -22,11 +22,12 @@ intrinsics, they are inlined with no call: a call that passes arrays costs
 numba's atomic reference counting, and every atomic instruction waits for
 all loads in flight.
 
-Where the scale of element ``j`` is ``scale[(j // period) % count]``, the
-DequantizeLinear lines take two scales and a lane where the second starts
-(:func:`line_scales` walks them), so a line may span the end of a block or
-a row. QuantizeLinear's lines keep one scale: lines of three scales (64
-codes over blocks of 32) were measured no faster than ordinary stores.
+Where the scale of element ``j`` is ``scale[(j // period) % count]``, a
+line may span the end of a block or a row: DequantizeLinear's lines take
+two scales and the lane where the second starts, QuantizeLinear's of
+integer codes three (64 codes over blocks of 32) and two lanes;
+:func:`line_scales` walks them. Float codes keep lines of one scale: their
+lines of three measured no faster on blocks.
 
 :func:`store_fence` ends a task's streaming: non-temporal stores are not
 ordered with later ones until a fence.
@@ -54,6 +55,7 @@ __all__ = [
     "line_offset",
     "line_scales",
     "line_span",
+    "period_scale",
     "quantize_float_line",
     "quantize_line",
     "store_fence",
@@ -106,14 +108,26 @@ def _splat(builder, value, vector_type):
     )
 
 
-def _split_splat(builder, first, second, split, vector_type):
-    """A vector of ``first`` in lanes below the int ``split`` and ``second`` from there on."""
+def _lane_select(builder, split, below, above):
+    """Lanes of vector ``below`` under the int ``split``, those of vector ``above`` from there on."""
     # Lane numbers compared as int32: as wide as the float lanes, one mask a vector register.
-    lanes = vector_type.count
+    lanes = below.type.count
     index_type = ir.VectorType(ir.IntType(32), lanes)
     split32 = builder.trunc(split, ir.IntType(32)) if split.type.width > 32 else split
     under = builder.icmp_signed("<", ir.Constant(index_type, list(range(lanes))), _splat(builder, split32, index_type))
-    return builder.select(under, _splat(builder, first, vector_type), _splat(builder, second, vector_type))
+    return builder.select(under, below, above)
+
+
+def _split_splat(builder, first, second, split, vector_type):
+    """A vector of ``first`` in lanes below the int ``split`` and ``second`` from there on."""
+    return _lane_select(builder, split, _splat(builder, first, vector_type), _splat(builder, second, vector_type))
+
+
+def _three_splat(builder, values, splits, vector_type):
+    """A vector of ``values[0]`` below lane ``splits[0]``, ``values[1]`` below ``splits[1]``, ``values[2]`` after."""
+    v0, v1, v2 = (_splat(builder, builder.extract_value(values, n), vector_type) for n in range(3))
+    split1, split2 = (builder.extract_value(splits, n) for n in range(2))
+    return _lane_select(builder, split1, v0, _lane_select(builder, split2, v1, v2))
 
 
 def _store_line(builder, value, array_data, index):
@@ -159,19 +173,30 @@ def line_span(dst, start, n):
 
 
 @njit(cache=True, nogil=True)
+def period_scale(j, period, count):
+    """Index of the scale of flat element ``j`` in a periodic layout (:func:`._params.scale_period`)."""
+    return (j // period) % count
+
+
+@njit(cache=True, nogil=True)
 def line_scales(k, off, period, count, lanes):
     """The scales of the line at position ``off`` of period ``k`` of a periodic layout.
 
     In a periodic layout the scale of element ``j`` is ``(j // period) %
-    count``. Returns ``(split, k0, k1, k, off)``: lanes below ``split`` take
-    scale ``k0``, the rest ``k1``; then where the next line starts. A line
-    meets at most two periods, since ``period >= lanes``.
+    count``. Returns ``(splits, ks, k, off)``: lanes below ``splits[0]`` take
+    scale ``ks[0]``, those below ``splits[1]`` ``ks[1]``, the rest
+    ``ks[2]``; then where the next line starts. A line meets at most three
+    periods, since ``period >= lanes / 2``.
     """
     first = period - off
     if first > lanes:
-        return lanes, k, k, k, off + lanes
+        return (lanes, lanes), (k, k, k), k, off + lanes
     k1 = k + 1 if k + 1 < count else 0
-    return first, k, k1, k1, lanes - first
+    rest = lanes - first
+    if rest < period:
+        return (first, lanes), (k, k1, k1), k1, rest
+    k2 = k1 + 1 if k1 + 1 < count else 0
+    return (first, first + period), (k, k1, k2), k2, rest - period
 
 
 @intrinsic
@@ -185,31 +210,40 @@ def store_fence(typingctx):
     return types.void(), codegen
 
 
+# The scales (and zero points) of a quantized line: up to three, lanes
+# below splits[0] take the first, below splits[1] the second, the rest the
+# third. A line of one scale passes it three times and splits (lanes, lanes).
+_THREE = types.UniTuple(types.float32, 3)
+_SPLITS = types.UniTuple(types.intp, 2)
+
+
 @intrinsic
-def quantize_line(typingctx, x, xj, dst, dj, s, z, qmin, qmax, mask):
+def quantize_line(typingctx, x, xj, dst, dj, s, z, splits, qmin, qmax, mask):
     """``dst[dj:]``'s line (64 bytes of 8- or 16-bit codes) = integer_code(x[xj:] / s, z, qmin, qmax, mask).
 
-    ``dst + dj`` must be 64-byte aligned. ``x`` is float32 or int32 (converted
-    to float32 first, as ``np.float32`` does).
+    ``s`` and ``z`` are three scales and zero points split at lanes
+    ``splits`` (:data:`_THREE`). ``dst + dj`` must be 64-byte aligned. ``x``
+    is float32 or int32 (converted to float32 first, as ``np.float32`` does).
     """
     if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or dst.dtype.bitwidth not in (8, 16):
         return None
     lanes = LINE * 8 // dst.dtype.bitwidth
     x_is_int = isinstance(x.dtype, types.Integer)
-    sig = types.void(x, types.intp, dst, types.intp, types.float32, types.float32, types.float32, types.float32, types.int32)
+    sig = types.void(x, types.intp, dst, types.intp, _THREE, _THREE, _SPLITS, types.float32, types.float32, types.int32)
 
     def codegen(context, builder, signature, args):
-        xs, xj_, ds, dj_, s_, z_, lo, hi, mask_ = args
+        xs, xj_, ds, dj_, s_, z_, splits_, lo, hi, mask_ = args
         f32 = ir.VectorType(ir.FloatType(), lanes)
         i32 = ir.VectorType(ir.IntType(32), lanes)
         xdata = _data(context, builder, signature.args[0], xs)
         raw = _load(builder, xdata, xj_, i32 if x_is_int else f32)
         v = builder.sitofp(raw, f32) if x_is_int else raw
-        q = builder.fdiv(v, _splat(builder, s_, f32))
+        q = builder.fdiv(v, _three_splat(builder, s_, splits_, f32))
         rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), f"llvm.rint.v{lanes}f32")
         r = builder.call(rint, [q])
         r = builder.select(builder.fcmp_unordered("uno", r, r), ir.Constant(f32, [0.0] * lanes), r)  # NaN -> 0
-        v = _clamp(builder, builder.fadd(r, _splat(builder, z_, f32)), _splat(builder, lo, f32), _splat(builder, hi, f32))
+        z = _three_splat(builder, z_, splits_, f32)
+        v = _clamp(builder, builder.fadd(r, z), _splat(builder, lo, f32), _splat(builder, hi, f32))
         codes = builder.and_(builder.fptosi(v, i32), _splat(builder, mask_, i32))
         out = builder.trunc(codes, ir.VectorType(ir.IntType(dst.dtype.bitwidth), lanes))
         _store_line(builder, out, _data(context, builder, signature.args[2], ds), dj_)

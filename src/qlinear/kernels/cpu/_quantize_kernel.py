@@ -28,13 +28,21 @@ from numba import njit, prange
 from qlinear.kernels.cpu._encode import K_NAN, K_NEG, K_OVF_AT, K_PMIN, K_POS, K_STEP, K_UNIT
 from qlinear.kernels.cpu._lines import store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, MIN_CHUNK, PREC_F32
-from qlinear.kernels.cpu._quantize_runs import float_runs, integer_runs, integer_zero_point, pack
+from qlinear.kernels.cpu._quantize_runs import (
+    float_runs,
+    integer_period_lines,
+    integer_runs,
+    integer_zero_point,
+    pack,
+)
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
 
 __all__ = ["quantize_kernel"]
 
 # Slots of the integer parameter array ``p``.
-# STREAM: whole lines of output by streaming stores (_lines).
+# STREAM: whole lines of output by streaming stores (_lines). PERIOD, COUNT:
+# the scale of element j is scale[(j // PERIOD) % COUNT] (PERIOD 0: not so
+# simple), which lets integer codes stream whole lines over blocks.
 (
     P_DIRECT,
     P_FLOAT_OUT,
@@ -49,8 +57,10 @@ __all__ = ["quantize_kernel"]
     P_PACKED_BITS,
     P_ZP_SIGN,
     P_STREAM,
-) = range(13)
-P_LEN = 13
+    P_PERIOD,
+    P_COUNT,
+) = range(15)
+P_LEN = 15
 # Slots of the float parameter array ``f``.
 F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
 F_LEN = 3
@@ -163,7 +173,23 @@ def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_pr
 @_jit
 def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec, stream):
     """One code a slot: elements ``start .. end`` into ``dst[start - d0:]``, by the loop that fits the call."""
-    if p[P_DIRECT] and not p[P_FLOAT_OUT]:
+    periodic = stream and p[P_PERIOD] > 0
+    if p[P_DIRECT] and not p[P_FLOAT_OUT] and periodic:
+        integer_period_lines(
+            x,
+            start,
+            end,
+            p[P_PERIOD],
+            p[P_COUNT],
+            scale,
+            zp,
+            dst,
+            np.float32(p[P_QMIN]),
+            np.float32(p[P_QMAX]),
+            np.int32(p[P_MASK]),
+            np.float32(p[P_ZP_SIGN]),
+        )
+    elif p[P_DIRECT] and not p[P_FLOAT_OUT]:
         integer_runs(
             x,
             start,

@@ -31,11 +31,19 @@ import numpy as np
 from numba import njit
 
 from qlinear.kernels.cpu._encode import float_code
-from qlinear.kernels.cpu._lines import LINE, STREAM_MIN_RUN, line_span, quantize_float_line, quantize_line
+from qlinear.kernels.cpu._lines import (
+    LINE,
+    STREAM_MIN_RUN,
+    line_scales,
+    line_span,
+    period_scale,
+    quantize_float_line,
+    quantize_line,
+)
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
 
-__all__ = ["float_runs", "integer_runs", "integer_zero_point", "pack"]
+__all__ = ["float_runs", "integer_runs", "integer_period_lines", "integer_zero_point", "pack"]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _U = np.uint64
@@ -115,7 +123,7 @@ def _integer_lines(x, j, dst, w, n, s, z, qmin, qmax, mask):
     for q in range(lo):
         dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
     for q in range(lo, hi, lanes):
-        quantize_line(x, j + q, dst, w + q, s, z, qmin, qmax, mask)
+        quantize_line(x, j + q, dst, w + q, (s, s, s), (z, z, z), (lanes, lanes), qmin, qmax, mask)
     for q in range(hi, n):
         dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
 
@@ -131,6 +139,43 @@ def _float_lines(x, j, dst, w, n, s, z, has_zp, nan_to_zp, cap, k):
         quantize_float_line(x, j + q, dst, w + q, s, z, has_zp, nan_to_zp, cap, k)
     for q in range(hi, n):
         dst[_U(w + q)] = float_code(np.float32(x[_U(j + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+
+
+@_jit
+def integer_period_lines(x, start, end, period, count, scale, zp, dst, qmin, qmax, mask, sign):
+    """:func:`integer_runs`' codes for a periodic layout, in whole lines by streaming stores.
+
+    The scale of element ``j`` is ``scale[(j // period) % count]``, with
+    ``period`` at least half a line of codes. Each line is one
+    :func:`._lines.quantize_line` with the (up to three) scales it spans
+    (:func:`._lines.line_scales`), whatever the alignment of the periods:
+    rows and blocks of 32 then stream as long runs do. Elements before the
+    first whole line and after the last are written one at a time.
+    """
+    lanes = LINE // dst.itemsize
+    lo, hi = line_span(dst, start, end - start)
+    for j in range(start, start + lo):
+        k = period_scale(j, period, count)
+        dst[j] = integer_code(np.float32(x[j]) / scale[k], integer_zero_point(zp[k], sign), qmin, qmax, mask)
+    k = period_scale(start + lo, period, count)
+    off = (start + lo) % period
+    for j in range(start + lo, start + hi, lanes):
+        splits, ks, k, off = line_scales(k, off, period, count, lanes)
+        if splits[0] == lanes:
+            # One scale: constant splits, so LLVM drops the lane selects.
+            s0, z0 = scale[_U(ks[0])], integer_zero_point(zp[_U(ks[0])], sign)
+            quantize_line(x, j, dst, j, (s0, s0, s0), (z0, z0, z0), (lanes, lanes), qmin, qmax, mask)
+        else:
+            s = (scale[_U(ks[0])], scale[_U(ks[1])], scale[_U(ks[2])])
+            z = (
+                integer_zero_point(zp[_U(ks[0])], sign),
+                integer_zero_point(zp[_U(ks[1])], sign),
+                integer_zero_point(zp[_U(ks[2])], sign),
+            )
+            quantize_line(x, j, dst, j, s, z, splits, qmin, qmax, mask)
+    for j in range(start + hi, end):
+        k = period_scale(j, period, count)
+        dst[j] = integer_code(np.float32(x[j]) / scale[k], integer_zero_point(zp[k], sign), qmin, qmax, mask)
 
 
 @_jit
