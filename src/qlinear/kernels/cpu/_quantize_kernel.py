@@ -173,38 +173,12 @@ def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_pr
 @_jit
 def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec, stream):
     """One code a slot: elements ``start .. end`` into ``dst[start - d0:]``, by the loop that fits the call."""
-    periodic = stream and p[P_PERIOD] > 0
-    if p[P_DIRECT] and not p[P_FLOAT_OUT] and periodic:
-        integer_period_lines(
-            x,
-            start,
-            end,
-            p[P_PERIOD],
-            p[P_COUNT],
-            scale,
-            zp,
-            dst,
-            np.float32(p[P_QMIN]),
-            np.float32(p[P_QMAX]),
-            np.int32(p[P_MASK]),
-            np.float32(p[P_ZP_SIGN]),
-        )
-    elif p[P_DIRECT] and not p[P_FLOAT_OUT]:
-        integer_runs(
-            x,
-            start,
-            end,
-            scale,
-            zp,
-            dst,
-            d0,
-            lay,
-            np.float32(p[P_QMIN]),
-            np.float32(p[P_QMAX]),
-            np.int32(p[P_MASK]),
-            np.float32(p[P_ZP_SIGN]),
-            stream,
-        )
+    if p[P_DIRECT] and not p[P_FLOAT_OUT]:
+        qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
+        if stream and p[P_PERIOD] > 0:
+            integer_period_lines(x, start, end, p[P_PERIOD], p[P_COUNT], scale, zp, dst, qmin, qmax, mask, sign)
+        else:
+            integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign, stream)
     elif p[P_DIRECT]:
         # A clamp to the limit and the overflow clamp are one clamp of |v|.
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
