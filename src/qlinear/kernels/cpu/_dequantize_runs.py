@@ -265,7 +265,7 @@ def packed_lines_fit(dst, start, bits):
 def packed_period_lines(x, bits, sign, fmt, start, end, period, count, table, scale, zp, dst):
     """:func:`nibble_runs`' and :func:`crumb_runs`' ``dst[j]`` for a periodic layout, in whole lines by streaming stores.
 
-    As :func:`integer_period_lines`, a line of 16 codes (8 or 4 bytes of
+    As :func:`period_lines`, a line of 16 codes (8 or 4 bytes of
     ``x``) at a time: 4-bit integers, float4e2m1 (``fmt[0]`` above 0) or
     2-bit integers. The caller checks :func:`packed_lines_fit`. Elements
     before the first whole line and after the last go through ``table``.

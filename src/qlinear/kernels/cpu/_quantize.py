@@ -22,9 +22,9 @@ from qlinear.spec import QuantizePlan
 
 __all__ = ["quantize"]
 
-# float16/bfloat16 x reaches the kernel as its bits; the kernel decodes them.
 # Quantized blocks at most this long stream by lines of several scales.
 _LONGEST_STREAMED_PERIOD = 256
+# float16/bfloat16 x reaches the kernel as its bits; the kernel decodes them.
 _WIDE_INPUTS = {np.dtype(np.float16): PREC_F16, np.dtype(ml_dtypes.bfloat16): PREC_BF16}
 # Integer zero points are decoded arithmetically; the kernel still takes a table.
 _NO_TABLE = np.zeros(256, np.float32)

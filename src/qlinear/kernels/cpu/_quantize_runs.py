@@ -19,6 +19,10 @@ before has been found; found one by one (through :func:`next_run`, or by
 counting), finding the next block was the slowest link at 32 elements a
 block.
 
+Calls that stream their output to integer codes over blocks (of up to 256)
+along the last axis go line by line instead (:func:`integer_period_lines`):
+each 64-byte line of codes with the up to three scales it spans.
+
 Zero points arrive as their codes (the output's own bytes or 16-bit words,
 never copied): integers are sign-extended in float32, ``z - 2 * sign`` when
 ``z >= sign`` (``sign`` 0 for unsigned types); float codes are looked up in a
@@ -149,8 +153,9 @@ def integer_period_lines(x, start, end, period, count, scale, zp, dst, qmin, qma
     ``period`` at least half a line of codes. Each line is one
     :func:`._lines.quantize_line` with the (up to three) scales it spans
     (:func:`._lines.line_scales`), whatever the alignment of the periods:
-    rows and blocks of 32 then stream as long runs do. Elements before the
-    first whole line and after the last are written one at a time.
+    blocks of 32 then stream as long runs do (the caller keeps longer
+    periods to runs). Elements before the first whole line and after the
+    last are written one at a time.
     """
     lanes = LINE // dst.itemsize
     lo, hi = line_span(dst, start, end - start)
