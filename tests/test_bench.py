@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qlinear.bench import _startup, run_benchmark
+from qlinear.bench import _startup, run_benchmark, run_store_pairs
 from qlinear.cli import main
 
 
@@ -106,3 +106,18 @@ def test_bench_startup_command_writes_json(tmp_path, capsys, monkeypatch):
             "cold compile, first DQ": 4.0,
         }
     )
+
+
+def test_store_pairs_time_both_ways_and_restore_the_threshold(tmp_path, capsys):
+    from qlinear.kernels.cpu import _lines
+
+    report = run_store_pairs(size=8192, threads=1, pairs=3, types=("uint8", "int4"), granularities=("blocked 32 last",))
+    assert [(r["op"], r["type"]) for r in report["rows"]] == [("Q", "uint8"), ("DQ", "uint8"), ("Q", "int4"), ("DQ", "int4")]
+    for r in report["rows"]:
+        assert r["streamed_s"] > 0 and r["plain_s"] > 0 and r["ratio_q1"] <= r["ratio"] <= r["ratio_q3"]
+    assert _lines.STREAM_MIN_BYTES is None
+    path = tmp_path / "stores.json"
+    args = ["bench", "--stores", "--size", "4096", "--threads", "1", "--repeats", "2", "--types", "int8"]
+    assert main([*args, "--granularities", "per-tensor", "--json", str(path)]) == 0
+    assert "streamed/plain" in capsys.readouterr().out
+    assert [r["op"] for r in json.loads(path.read_text())["rows"]] == ["Q", "DQ"]

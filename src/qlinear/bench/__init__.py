@@ -18,9 +18,10 @@ from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs
 from qlinear.bench._measure import best_time, copy_bandwidth, peak_extra_bytes
 from qlinear.bench._others import ort_runner, reference_runner
 from qlinear.bench._startup import run_startup, startup_table
+from qlinear.bench._stores import run_store_pairs
 from qlinear.ops import dequantize_linear, quantize_linear
 
-__all__ = ["GRANULARITIES", "TYPES", "run_benchmark", "run_startup", "startup_table"]
+__all__ = ["GRANULARITIES", "TYPES", "run_benchmark", "run_startup", "run_store_pairs", "startup_table"]
 
 
 def _qlinear_calls(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> tuple[Callable[[], Any], ...]:

@@ -7,7 +7,9 @@ node with the same number of intra-op threads (a Q+DQ pair where it cannot
 pass the type to numpy, marked *), onnx.reference, and the bandwidth floor:
 bytes read and written divided by the bandwidth of a parallel copy on the
 same threads. Ratios are times: qlinear/ORT below 1 means qlinear is faster.
-With ``--startup``, start-up and compile times in fresh processes instead.
+With ``--startup``, start-up and compile times in fresh processes instead;
+with ``--stores``, qlinear's streaming stores against its ordinary ones, in
+pairs (for judging a change to the kernels on a noisy machine).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from qlinear.bench import GRANULARITIES, TYPES, run_benchmark, run_startup, startup_table
+from qlinear.bench import GRANULARITIES, TYPES, run_benchmark, run_startup, run_store_pairs, startup_table
 
 __all__ = ["add_arguments", "run"]
 
@@ -32,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats",
         type=int,
         default=5,
-        help="timed calls per case, best kept; with --startup, fresh processes per step, median kept (default 5)",
+        help=(
+            "timed calls per case, best kept; with --startup, fresh processes per step, median kept; "
+            "with --stores, pairs per case, 20 or more for a few percent (default 5)"
+        ),
     )
     parser.add_argument("--reference", action="store_true", help="also time onnx.reference (slow: seconds per case at 16M)")
     parser.add_argument(
@@ -50,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--startup",
         action="store_true",
         help="instead, time import, first calls and cold compiles in fresh processes (--repeats of each)",
+    )
+    parser.add_argument(
+        "--stores",
+        action="store_true",
+        help="instead, time qlinear with streaming stores against ordinary ones, in pairs (--repeats pairs a case)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the measurements as JSON to PATH")
 
@@ -79,10 +89,47 @@ def _run_startup(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _run_stores(args: argparse.Namespace, console: Console) -> int:
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("store pairs", total=None)
+        report = run_store_pairs(
+            size=args.size,
+            threads=args.threads,
+            pairs=args.repeats,
+            types=tuple(args.types),
+            granularities=tuple(args.granularities),
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    table = Table(
+        title=f"streaming stores over ordinary ones, {report['size']:,} elements, {report['threads']} threads, "
+        f"{report['pairs']} pairs a case"
+    )
+    for column in ("op", "type", "granularity", "streamed ms", "plain ms", "streamed/plain", "quartiles"):
+        table.add_column(column, justify="left" if column in ("op", "type", "granularity") else "right")
+    for row in report["rows"]:
+        table.add_row(
+            row["op"],
+            row["type"] + (" (packed)" if row["packed"] else ""),
+            row["granularity"],
+            _ms(row["streamed_s"]),
+            _ms(row["plain_s"]),
+            f"{row['ratio']:.3f}",
+            f"{row['ratio_q1']:.3f}-{row['ratio_q3']:.3f}",
+        )
+    console.print(table)
+    console.print(
+        "Times: medians over the pairs; streamed/plain: the median of each pair's own ratio (below 1: streaming is faster)."
+    )
+    _write_json(report, args.json)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(width=150)  # the table is wide; a narrower terminal wraps lines rather than cells
     if args.startup:
         return _run_startup(args, console)
+    if args.stores:
+        return _run_stores(args, console)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmark", total=None)
         report = run_benchmark(

@@ -1,0 +1,105 @@
+"""Streaming stores against ordinary ones, timed in pairs.
+
+On a shared machine a single timing moves by 20-40% from one minute to the
+next, more than the difference between two ways of writing the output. So
+each case is timed as pairs: the two ways back to back (their order
+alternating from pair to pair), each the best of a few calls, and the
+pair's ratio kept. The median of those ratios holds to a few percent where
+the times themselves do not. Streaming is switched through
+:data:`qlinear.kernels.cpu._lines.STREAM_MIN_BYTES` (0: always, where the
+layout allows; a size no call reaches: never) and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from qlinear.bench._cases import GRANULARITIES, TYPES, cases, inputs
+from qlinear.bench._measure import SETTLE_S
+
+__all__ = ["run_store_pairs"]
+
+# Calls timed for each side of a pair, the fastest kept.
+_CALLS = 3
+_NEVER = 1 << 62
+
+
+def _best(fn: Callable[[], object]) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(_CALLS):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _paired(fn: Callable[[], object], pairs: int) -> dict[str, float]:
+    """Median times of ``fn`` with streaming and ordinary stores, and the quartiles of their paired ratio."""
+    from qlinear.kernels.cpu import _lines
+
+    saved = _lines.STREAM_MIN_BYTES
+    streamed, plain, ratios = [], [], []
+    try:
+        for k in range(pairs):
+            times = {}
+            for mode in ("streamed", "plain") if k % 2 == 0 else ("plain", "streamed"):
+                _lines.STREAM_MIN_BYTES = 0 if mode == "streamed" else _NEVER
+                times[mode] = _best(fn)
+            streamed.append(times["streamed"])
+            plain.append(times["plain"])
+            ratios.append(times["streamed"] / times["plain"])
+    finally:
+        _lines.STREAM_MIN_BYTES = saved
+    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return {
+        "streamed_s": statistics.median(streamed),
+        "plain_s": statistics.median(plain),
+        "ratio": median,
+        "ratio_q1": q1,
+        "ratio_q3": q3,
+    }
+
+
+def run_store_pairs(
+    *,
+    size: int,
+    threads: int,
+    pairs: int,
+    types: tuple[str, ...] = TYPES,
+    granularities: tuple[str, ...] = tuple(GRANULARITIES),
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Streamed over ordinary stores for every case, as ``pairs`` paired timings each.
+
+    Returns ``{"size", "threads", "pairs", "rows"}``; each row has ``op``,
+    ``type``, ``granularity``, ``packed``, the median ``streamed_s`` and
+    ``plain_s``, and the median ``ratio`` (streamed over plain) of the pairs
+    with its quartiles ``ratio_q1`` and ``ratio_q3``. Cases whose layout
+    never streams (packed QuantizeLinear, scales that step along rows)
+    measure about 1.
+    """
+    import numba
+
+    from qlinear.bench import _qlinear_calls
+
+    numba.set_num_threads(threads)
+    todo = cases(types, granularities)
+    rows = []
+    calls: dict[tuple[str, str], tuple[Callable[[], object], ...]] = {}
+    for done, case in enumerate(todo):
+        key = (case.type_name, case.granularity)
+        if key not in calls:
+            calls.clear()  # one case's inputs at a time
+            x, scale, zp = inputs(case, size)
+            calls[key] = _qlinear_calls(case, x, scale, zp)[:2]
+        run_q, run_dq = calls[key]
+        time.sleep(SETTLE_S)
+        measured = _paired(run_q if case.op == "Q" else run_dq, pairs)
+        rows.append({"op": case.op, "type": case.type_name, "granularity": case.granularity, "packed": case.packed, **measured})
+        if progress is not None:
+            progress(done + 1, len(todo))
+    return {"size": size, "threads": threads, "pairs": pairs, "rows": rows}
