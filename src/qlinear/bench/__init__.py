@@ -58,10 +58,13 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Measure every case; times in seconds, memory in bytes.
 
-    Returns ``{"size", "threads", "copy_bandwidth", "rows"}``; each row has
-    ``op``, ``type``, ``granularity``, ``qlinear_s``, ``ort_s``, ``ort_mode``
-    (``"node"``, ``"Q+DQ pair"`` or why it is missing), ``reference_s``,
-    ``floor_s``, ``bytes_moved``, ``peak_extra_bytes`` and ``output_bytes``.
+    Returns ``{"size", "threads", "copy_bandwidth", "copy_bandwidth_range",
+    "rows"}``; each row has ``op``, ``type``, ``granularity``, ``qlinear_s``,
+    ``ort_s``, ``ort_mode`` (``"node"``, ``"Q+DQ pair"`` or why it is
+    missing), ``reference_s``, ``floor_s``, ``copy_bandwidth`` (measured
+    just before the row's type and granularity, for its floor),
+    ``bytes_moved``, ``peak_extra_bytes`` and ``output_bytes``; the
+    report's ``copy_bandwidth`` is the median of the rows' own.
     With a pair, ``qlinear_pair_s`` is qlinear's Q plus DQ time, the one to
     hold against ONNX Runtime's. qlinear writes into reused ``out=``
     buffers when timed and allocates its output when its memory is measured.
@@ -69,14 +72,18 @@ def run_benchmark(
     import numba
 
     numba.set_num_threads(threads)
-    bandwidth = copy_bandwidth(size * 4, repeats)
     rows = []
+    bandwidths = []
     todo = cases(types, granularities)
     by_input: dict[tuple[str, str], dict[str, Any]] = {}
     for done, case in enumerate(todo):
         key = (case.type_name, case.granularity)
         if key not in by_input:
+            by_input.clear()  # one type and granularity's inputs at a time
             x, scale, zp = inputs(case, size)
+            # The floor of these cases, measured next to them: a shared
+            # machine's bandwidth drifts by a third or more over a run.
+            bandwidths.append(copy_bandwidth(x.nbytes, repeats))
             run_q, run_dq, alloc_q, alloc_dq, q = _qlinear_calls(case, x, scale, zp)
             ort_q_case = Case("Q", case.type_name, case.granularity)
             ort_q, ort_mode = ort_runner(ort_q_case, x, q, scale, zp, threads)
@@ -119,7 +126,8 @@ def run_benchmark(
                 "qlinear_pair_s": shared["q_time"] + shared["dq_time"] if ort_mode == "Q+DQ pair" else None,
                 "reference_s": ref_s,
                 "bytes_moved": moved,
-                "floor_s": moved / bandwidth,
+                "floor_s": moved / bandwidths[-1],
+                "copy_bandwidth": bandwidths[-1],
                 "peak_extra_bytes": peak_extra_bytes(shared["allocating"][case.op]),
                 "output_bytes": out_bytes,
                 "scale_bytes": scale.nbytes + zp.nbytes,
@@ -127,4 +135,10 @@ def run_benchmark(
         )
         if progress is not None:
             progress(done + 1, len(todo))
-    return {"size": int(np.prod(shared["x"].shape)), "threads": threads, "copy_bandwidth": bandwidth, "rows": rows}
+    return {
+        "size": int(np.prod(shared["x"].shape)),
+        "threads": threads,
+        "copy_bandwidth": float(np.median(bandwidths)),
+        "copy_bandwidth_range": (min(bandwidths), max(bandwidths)),
+        "rows": rows,
+    }

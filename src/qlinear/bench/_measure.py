@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -32,12 +33,9 @@ def best_time(fn: Callable[[], object], repeats: int, settle_s: float = SETTLE_S
     return best
 
 
-def copy_bandwidth(nbytes: int, repeats: int) -> float:
-    """Bytes per second (read plus written) of a parallel copy on numba's threads.
-
-    The same threads the cpu kernels use, so the floor it gives is what
-    those threads can move at best.
-    """
+@functools.cache
+def _parallel_copy() -> Callable[[np.ndarray, np.ndarray], None]:
+    """A numba copy on the kernels' threads, compiled once a process."""
     from numba import njit, prange
 
     @njit(parallel=True, cache=False)
@@ -45,6 +43,16 @@ def copy_bandwidth(nbytes: int, repeats: int) -> float:
         for i in prange(src.size):
             dst[i] = src[i]
 
+    return copy
+
+
+def copy_bandwidth(nbytes: int, repeats: int) -> float:
+    """Bytes per second (read plus written) of a parallel copy on numba's threads.
+
+    The same threads the cpu kernels use, so the floor it gives is what
+    those threads can move at best.
+    """
+    copy = _parallel_copy()
     src = np.ones(nbytes // 8, np.float64)
     dst = np.empty_like(src)
     seconds = best_time(lambda: copy(src, dst), repeats)
