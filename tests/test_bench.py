@@ -28,10 +28,10 @@ def test_run_benchmark_reports_every_case():
     assert len(rows) == 8 and report["copy_bandwidth"] > 0
     for r in rows:
         assert r["qlinear_s"] > 0 and r["floor_s"] > 0 and r["reference_s"] > 0
-        # Each type and granularity's floor comes from a copy timed just before it.
-        assert r["floor_s"] == pytest.approx(r["bytes_moved"] / r["copy_bandwidth"])
+        # A copy is timed before each type and granularity; the floor takes their median.
+        assert r["floor_s"] == pytest.approx(r["bytes_moved"] / report["copy_bandwidth"])
         low, high = report["copy_bandwidth_range"]
-        assert low <= r["copy_bandwidth"] <= high
+        assert low <= r["copy_bandwidth"] <= high and low <= report["copy_bandwidth"] <= high
         assert r["ort_mode"] in ("node", "Q+DQ pair", "unsupported", "not installed")
         # An allocating call holds its output plus small scale copies and per-thread tiles.
         assert r["output_bytes"] <= r["peak_extra_bytes"] <= r["output_bytes"] + r["scale_bytes"] + 256 * 1024

@@ -61,10 +61,10 @@ def run_benchmark(
     Returns ``{"size", "threads", "copy_bandwidth", "copy_bandwidth_range",
     "rows"}``; each row has ``op``, ``type``, ``granularity``, ``qlinear_s``,
     ``ort_s``, ``ort_mode`` (``"node"``, ``"Q+DQ pair"`` or why it is
-    missing), ``reference_s``, ``floor_s``, ``copy_bandwidth`` (measured
-    just before the row's type and granularity, for its floor),
-    ``bytes_moved``, ``peak_extra_bytes`` and ``output_bytes``; the
-    report's ``copy_bandwidth`` is the median of the rows' own.
+    missing), ``reference_s``, ``floor_s``, ``copy_bandwidth`` (a copy
+    timed just before the row's type and granularity), ``bytes_moved``,
+    ``peak_extra_bytes`` and ``output_bytes``. The report's
+    ``copy_bandwidth``, the median of the rows' own, gives every floor.
     With a pair, ``qlinear_pair_s`` is qlinear's Q plus DQ time, the one to
     hold against ONNX Runtime's. qlinear writes into reused ``out=``
     buffers when timed and allocates its output when its memory is measured.
@@ -81,8 +81,10 @@ def run_benchmark(
         if key not in by_input:
             by_input.clear()  # one type and granularity's inputs at a time
             x, scale, zp = inputs(case, size)
-            # The floor of these cases, measured next to them: a shared
-            # machine's bandwidth drifts by a third or more over a run.
+            # A copy timed before each type and granularity: a shared
+            # machine's bandwidth drifts over a run, and a single copy can
+            # catch a fast moment or a slow one (20-97 GB/s seen in one
+            # run here). The floor takes their median.
             bandwidths.append(copy_bandwidth(x.nbytes, repeats))
             run_q, run_dq, alloc_q, alloc_dq, q = _qlinear_calls(case, x, scale, zp)
             ort_q_case = Case("Q", case.type_name, case.granularity)
@@ -126,7 +128,6 @@ def run_benchmark(
                 "qlinear_pair_s": shared["q_time"] + shared["dq_time"] if ort_mode == "Q+DQ pair" else None,
                 "reference_s": ref_s,
                 "bytes_moved": moved,
-                "floor_s": moved / bandwidths[-1],
                 "copy_bandwidth": bandwidths[-1],
                 "peak_extra_bytes": peak_extra_bytes(shared["allocating"][case.op]),
                 "output_bytes": out_bytes,
@@ -135,10 +136,13 @@ def run_benchmark(
         )
         if progress is not None:
             progress(done + 1, len(todo))
+    bandwidth = float(np.median(bandwidths))
+    for row in rows:
+        row["floor_s"] = row["bytes_moved"] / bandwidth
     return {
         "size": int(np.prod(shared["x"].shape)),
         "threads": threads,
-        "copy_bandwidth": float(np.median(bandwidths)),
+        "copy_bandwidth": bandwidth,
         "copy_bandwidth_range": (min(bandwidths), max(bandwidths)),
         "rows": rows,
     }

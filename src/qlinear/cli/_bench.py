@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
     low, high = report["copy_bandwidth_range"]
     title = (
         f"qlinear cpu kernels, {report['size']:,} float32 elements, {report['threads']} threads; "
-        f"copy bandwidth {low / 1e9:.1f}-{high / 1e9:.1f} GB/s (measured before each type and granularity)"
+        f"floor at {report['copy_bandwidth'] / 1e9:.1f} GB/s, the median of copies timed before each type and "
+        f"granularity ({low / 1e9:.1f}-{high / 1e9:.1f})"
     )
     table = Table(title=title)
     for column in (
