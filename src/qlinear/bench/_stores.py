@@ -18,23 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from qlinear.bench._cases import GRANULARITIES, TYPES, cases, inputs
-from qlinear.bench._measure import SETTLE_S
+from qlinear.bench._measure import SETTLE_S, best_time
 
 __all__ = ["run_store_pairs"]
 
 # Calls timed for each side of a pair, the fastest kept.
 _CALLS = 3
 _NEVER = 1 << 62
-
-
-def _best(fn: Callable[[], object]) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(_CALLS):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _paired(fn: Callable[[], object], pairs: int) -> dict[str, float]:
@@ -48,7 +38,7 @@ def _paired(fn: Callable[[], object], pairs: int) -> dict[str, float]:
             times = {}
             for mode in ("streamed", "plain") if k % 2 == 0 else ("plain", "streamed"):
                 _lines.STREAM_MIN_BYTES = 0 if mode == "streamed" else _NEVER
-                times[mode] = _best(fn)
+                times[mode] = best_time(fn, _CALLS, settle_s=0)
             streamed.append(times["streamed"])
             plain.append(times["plain"])
             ratios.append(times["streamed"] / times["plain"])

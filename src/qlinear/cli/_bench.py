@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -89,17 +91,18 @@ def _run_startup(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _run_stores(args: argparse.Namespace, console: Console) -> int:
+def _with_progress(console: Console, label: str, measure: Callable[..., dict], **kwargs: Any) -> dict:
+    """``measure(**kwargs, progress=...)`` under a transient progress bar."""
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("store pairs", total=None)
-        report = run_store_pairs(
-            size=args.size,
-            threads=args.threads,
-            pairs=args.repeats,
-            types=tuple(args.types),
-            granularities=tuple(args.granularities),
-            progress=lambda done, total: progress.update(task, completed=done, total=total),
-        )
+        task = progress.add_task(label, total=None)
+        return measure(**kwargs, progress=lambda done, total: progress.update(task, completed=done, total=total))
+
+
+def _run_stores(args: argparse.Namespace, console: Console) -> int:
+    cases = dict(types=tuple(args.types), granularities=tuple(args.granularities))
+    report = _with_progress(
+        console, "store pairs", run_store_pairs, size=args.size, threads=args.threads, pairs=args.repeats, **cases
+    )
     table = Table(
         title=f"streaming stores over ordinary ones, {report['size']:,} elements, {report['threads']} threads, "
         f"{report['pairs']} pairs a case"
@@ -130,17 +133,17 @@ def run(args: argparse.Namespace) -> int:
         return _run_startup(args, console)
     if args.stores:
         return _run_stores(args, console)
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("benchmark", total=None)
-        report = run_benchmark(
-            size=args.size,
-            threads=args.threads,
-            repeats=args.repeats,
-            reference=args.reference,
-            types=tuple(args.types),
-            granularities=tuple(args.granularities),
-            progress=lambda done, total: progress.update(task, completed=done, total=total),
-        )
+    cases = dict(types=tuple(args.types), granularities=tuple(args.granularities))
+    report = _with_progress(
+        console,
+        "benchmark",
+        run_benchmark,
+        size=args.size,
+        threads=args.threads,
+        repeats=args.repeats,
+        reference=args.reference,
+        **cases,
+    )
     low, high = report["copy_bandwidth_range"]
     title = (
         f"qlinear cpu kernels, {report['size']:,} float32 elements, {report['threads']} threads; "

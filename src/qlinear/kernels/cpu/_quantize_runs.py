@@ -146,6 +146,14 @@ def _float_lines(x, j, dst, w, n, s, z, has_zp, nan_to_zp, cap, k):
 
 
 @_jit
+def _wrap(k, count):
+    """``k % count`` for ``k`` a few periods past ``count`` at most, without dividing."""
+    while k >= count:
+        k -= count
+    return k
+
+
+@_jit
 def integer_period_lines(x, start, end, period, count, scale, zp, dst, qmin, qmax, mask, sign):
     """:func:`integer_runs`' codes for a periodic layout, in whole lines by streaming stores.
 
@@ -164,20 +172,33 @@ def integer_period_lines(x, start, end, period, count, scale, zp, dst, qmin, qma
         dst[j] = integer_code(np.float32(x[j]) / scale[k], integer_zero_point(zp[k], sign), qmin, qmax, mask)
     k = period_scale(start + lo, period, count)
     off = (start + lo) % period
-    for j in range(start + lo, start + hi, lanes):
-        splits, ks, k, off = line_scales(k, off, period, count, lanes)
-        if splits[0] == lanes:
-            # One scale: constant splits, so LLVM drops the lane selects.
-            s0, z0 = scale[_U(ks[0])], integer_zero_point(zp[_U(ks[0])], sign)
-            quantize_line(x, j, dst, j, (s0, s0, s0), (z0, z0, z0), (lanes, lanes), qmin, qmax, mask)
-        else:
-            s = (scale[_U(ks[0])], scale[_U(ks[1])], scale[_U(ks[2])])
-            z = (
-                integer_zero_point(zp[_U(ks[0])], sign),
-                integer_zero_point(zp[_U(ks[1])], sign),
-                integer_zero_point(zp[_U(ks[2])], sign),
-            )
+    if lanes % period == 0:
+        # Periods that divide a line split every line at the same lanes, the
+        # scales moving on by lanes // period a line: splits found once stay
+        # constant through the loop, and LLVM makes the lane masks once.
+        splits, ks, _, _ = line_scales(k, off, period, count, lanes)
+        k0, k1, k2 = ks
+        step = lanes // period
+        for j in range(start + lo, start + hi, lanes):
+            s = (scale[_U(k0)], scale[_U(k1)], scale[_U(k2)])
+            z = (integer_zero_point(zp[_U(k0)], sign), integer_zero_point(zp[_U(k1)], sign), integer_zero_point(zp[_U(k2)], sign))
             quantize_line(x, j, dst, j, s, z, splits, qmin, qmax, mask)
+            k0, k1, k2 = _wrap(k0 + step, count), _wrap(k1 + step, count), _wrap(k2 + step, count)
+    else:
+        for j in range(start + lo, start + hi, lanes):
+            splits, ks, k, off = line_scales(k, off, period, count, lanes)
+            if splits[0] == lanes:
+                # One scale: constant splits, so LLVM drops the lane selects.
+                s0, z0 = scale[_U(ks[0])], integer_zero_point(zp[_U(ks[0])], sign)
+                quantize_line(x, j, dst, j, (s0, s0, s0), (z0, z0, z0), (lanes, lanes), qmin, qmax, mask)
+            else:
+                s = (scale[_U(ks[0])], scale[_U(ks[1])], scale[_U(ks[2])])
+                z = (
+                    integer_zero_point(zp[_U(ks[0])], sign),
+                    integer_zero_point(zp[_U(ks[1])], sign),
+                    integer_zero_point(zp[_U(ks[2])], sign),
+                )
+                quantize_line(x, j, dst, j, s, z, splits, qmin, qmax, mask)
     for j in range(start + hi, end):
         k = period_scale(j, period, count)
         dst[j] = integer_code(np.float32(x[j]) / scale[k], integer_zero_point(zp[k], sign), qmin, qmax, mask)
