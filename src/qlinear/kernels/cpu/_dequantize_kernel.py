@@ -28,7 +28,7 @@ from qlinear.kernels.cpu._dequantize_runs import (
     period_lines,
     table_runs,
 )
-from qlinear.kernels.cpu._lines import store_fence
+from qlinear.kernels.cpu._lines import LONGEST_BLOCK_PERIOD, store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_N
 from qlinear.kernels.cpu._tiles import TILE, encode
 
@@ -60,11 +60,6 @@ P_LEN = 13
 # more, float8 bytes, packed integers, packed floats.
 READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
 
-# Packed codes stream line by line only on periods up to this long (blocks):
-# there a line beats a run's loop, which pays for every short run; longer
-# runs of packed codes measured faster by their own loops than by lines.
-PACKED_LINES_LONGEST_PERIOD = 256
-
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 
@@ -92,14 +87,14 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
         elif lines and periodic:
             period_lines(x8, sign, fmt, j, stop, period, count, scale, zp, dst)
         elif read == READ_INTEGER and bits == 8:
-            integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay, stream)
+            integer_runs(x8, sign, j, stop, scale, zp, dst, d0, lay)
         elif read == READ_INTEGER and bits == 16:
-            integer_runs(x16, sign, j, stop, scale, zp, dst, d0, lay, stream)
+            integer_runs(x16, sign, j, stop, scale, zp, dst, d0, lay)
         elif read == READ_INTEGER:
             int32_runs(x32, j, stop, scale, zi, dst, d0, lay)
         elif read == READ_FLOAT:
-            float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay, stream)
-        elif periodic and period <= PACKED_LINES_LONGEST_PERIOD and whole_bytes and packed_lines_fit(dst, j, bits):
+            float_runs(x8, fmt, j, stop, scale, zp, dst, d0, lay)
+        elif periodic and period <= LONGEST_BLOCK_PERIOD and whole_bytes and packed_lines_fit(dst, j, bits):
             packed_period_lines(x8, bits, sign, fmt, j, stop, period, count, table, scale, zp, dst)
         elif bits == 4 and whole_bytes:
             nibble_runs(x8, sign, fmt, j, stop, table, scale, zp, dst, d0, lay)

@@ -25,9 +25,11 @@ would cost more than the run.
   output, where the layout is periodic (the scale of element ``j`` is
   ``scale[(j // period) % count]``: per tensor, per-axis rows, blocks along
   the last axis). They write line by line, each line with the one or two
-  scales it spans, so blocks of 32 and rows of 1024 stream as long runs
-  do; a run walk streams only runs that cover whole lines. Packed codes
-  take lines on blocks only (``_dequantize_kernel.PACKED_LINES_LONGEST_PERIOD``).
+  scales it spans, so blocks of 32, rows of 1024 and whole tensors stream
+  alike; the run walks never stream (what they take, scales that step with
+  the element and ragged blocks, has no long runs of one scale but for
+  ragged blocks of thousands). Packed codes
+  take lines on blocks only (``_lines.LONGEST_BLOCK_PERIOD``).
   Scales that step with the element (per-axis on the last axis, blocks
   across rows) go by runs: lines of 16 scales loaded as vectors measured
   slower there (float8 by a fifth).
@@ -47,7 +49,6 @@ from numba.extending import intrinsic
 
 from qlinear.kernels.cpu._lines import (
     LINE,
-    STREAM_MIN_RUN,
     dequantize_crumb_line,
     dequantize_float4_line,
     dequantize_float8_line,
@@ -185,37 +186,6 @@ def _next_run(o, d, i, b, j, end, shape):
 
 
 @_jit
-def _integer_lines(x, sign, j, dst, dj, n, s, z):
-    """One long run of :func:`integer_runs`, whole 64-byte lines of ``dst`` by streaming stores.
-
-    A function of its own, called once a run, so the vector code of the
-    lines stays out of the run loops (inlined there, it slowed the short
-    runs of blocked layouts).
-    """
-    lanes = LINE // dst.itemsize
-    lo, hi = line_span(dst, dj, n)
-    for k in range(lo):
-        dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
-    for k in range(lo, hi, lanes):
-        dequantize_line(x, j + k, sign, dst, dj + k, s, z, s, z, lanes)
-    for k in range(hi, n):
-        dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
-
-
-@_jit
-def _float_lines(x, f32, j, dst, dj, n, s, z):
-    """One long run of :func:`float_runs`, as :func:`_integer_lines` does."""
-    lanes = LINE // dst.itemsize
-    lo, hi = line_span(dst, dj, n)
-    for k in range(lo):
-        dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
-    for k in range(lo, hi, lanes):
-        dequantize_float8_line(x, j + k, f32, dst, dj + k, s, z, s, z, lanes)
-    for k in range(hi, n):
-        dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
-
-
-@_jit
 def _code_value(x, j, sign, f32, small_float):
     """float32 value of code ``x[j]``: a float8 code (``small_float``, format ``f32``) or an integer signed by ``sign``."""
     return _float_value(np.int32(x[j]), f32) if small_float else _signed(x[j], sign)
@@ -310,12 +280,8 @@ def table_runs(x, start, end, table, scale, zp, dst, d0, lay):
 
 
 @_jit
-def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay, stream):
-    """``dst[j - d0]``: unsigned 8/16-bit ``x[j]``, signed by ``sign`` (its sign bit, 0 if unsigned).
-
-    With ``stream``, long runs of one scale write their whole 64-byte lines
-    of ``dst`` by :func:`._lines.dequantize_line` (streaming stores).
-    """
+def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: unsigned 8/16-bit ``x[j]``, signed by ``sign`` (its sign bit, 0 if unsigned)."""
     sign = np.int32(sign)
     o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
@@ -328,11 +294,8 @@ def integer_runs(x, sign, start, end, scale, zp, dst, d0, lay, stream):
                 dst[_U(dj + k)] = (v - zp[_U(si + k)]) * scale[_U(si + k)]
         else:
             s, z = scale[si], zp[si]
-            if stream and n >= STREAM_MIN_RUN:
-                _integer_lines(x, sign, j, dst, dj, n, s, z)
-            else:
-                for k in range(n):
-                    dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
+            for k in range(n):
+                dst[_U(dj + k)] = (_signed(x[_U(j + k)], sign) - z) * s
         j += n
 
 
@@ -351,12 +314,8 @@ def int32_runs(x, start, end, scale, zp, dst, d0, lay):
 
 
 @_jit
-def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay, stream):
-    """``dst[j - d0]``: float8 code ``x[j]`` decoded by :func:`_float_value`.
-
-    With ``stream``, long runs of one scale write their whole 64-byte lines
-    of ``dst`` by :func:`._lines.dequantize_float8_line` (streaming stores).
-    """
+def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: float8 code ``x[j]`` decoded by :func:`_float_value`."""
     f32 = _format(fmt)
     o, d, i, b, shape = *locate(start, lay), _shape(lay)
     j = start
@@ -368,11 +327,8 @@ def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay, stream):
                 dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - zp[_U(si + k)]) * scale[_U(si + k)]
         else:
             s, z = scale[si], zp[si]
-            if stream and n >= STREAM_MIN_RUN:
-                _float_lines(x, f32, j, dst, dj, n, s, z)
-            else:
-                for k in range(n):
-                    dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
+            for k in range(n):
+                dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
         j += n
 
 

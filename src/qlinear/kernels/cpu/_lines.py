@@ -16,7 +16,7 @@ output from registers and stores it aligned and non-temporal, with exactly
 the arithmetic of the element function it stands for
 (:func:`._quantize_runs.integer_code` for :func:`quantize_line`,
 :func:`._encode.float_code` for :func:`quantize_float_line`,
-:func:`._dequantize_runs.integer_runs`' for :func:`dequantize_line`,
+:func:`._dequantize_runs.integer_runs`' arithmetic for :func:`dequantize_line`,
 :func:`._dequantize_runs.float_runs`' for :func:`dequantize_float8_line`). Being
 intrinsics, they are inlined with no call: a call that passes arrays costs
 numba's atomic reference counting, and every atomic instruction waits for
@@ -45,6 +45,7 @@ from numba.extending import intrinsic
 
 __all__ = [
     "LINE",
+    "LONGEST_BLOCK_PERIOD",
     "STREAM_MIN_RUN",
     "dequantize_crumb_line",
     "dequantize_float4_line",
@@ -67,6 +68,11 @@ LINE = 64  # bytes of a cache line
 # either end go by ordinary stores and small loops, which made runs of 1024
 # (a row per scale) slower, not faster, unless the rows start on a line.
 STREAM_MIN_RUN = 4096
+# Lines that span several scales pay where the runs they replace are short
+# (blocks); on periods longer than this, runs measured as fast or faster for
+# QuantizeLinear (rows of 1024: 1.09-1.23x slower by lines) and for packed
+# DequantizeLinear (its byte loops over long runs).
+LONGEST_BLOCK_PERIOD = 256
 _FALLBACK_CACHE = 32 << 20
 # Calls that read and write at least this many bytes stream their output;
 # None: the size of the last-level cache. Tests lower it to reach the
@@ -269,19 +275,21 @@ def dequantize_line(typingctx, x, xj, sign, dst, dj, s, z, s1, z1, split):
 
     def codegen(context, builder, signature, args):
         xs, xj_, sign_, ds, dj_, s0, z0, s1_, z1_, split_ = args
-        f32 = ir.VectorType(ir.FloatType(), lanes)
         i32 = ir.VectorType(ir.IntType(32), lanes)
         raw = _load(
             builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(x.dtype.bitwidth), lanes)
         )
-        sign_v = _splat(builder, sign_, i32)
-        v = builder.sub(builder.xor(builder.zext(raw, i32), sign_v), sign_v)
-        _scaled_line(
-            builder, builder.sitofp(v, f32), s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_
-        )
+        values = _integer_values(builder, builder.zext(raw, i32), sign_, lanes)
+        _scaled_line(builder, values, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _integer_values(builder, c, sign, lanes):
+    """float32 values of the unsigned codes ``c`` (int32 lanes) whose sign bit is ``sign`` (0: unsigned): ``(c ^ sign) - sign``."""
+    sign_v = _splat(builder, sign, ir.VectorType(ir.IntType(32), lanes))
+    return builder.sitofp(builder.sub(builder.xor(c, sign_v), sign_v), ir.VectorType(ir.FloatType(), lanes))
 
 
 def _small_float_values(builder, c, fmt, lanes, specials):
@@ -388,8 +396,7 @@ def _packed_line(x, dst, bits, small_float):
         if small_float:
             values = _small_float_values(builder, c, fmt_, lanes, specials=False)
         else:
-            sign_v = _splat(builder, sign_, i32)
-            values = builder.sitofp(builder.sub(builder.xor(c, sign_v), sign_v), ir.VectorType(ir.FloatType(), lanes))
+            values = _integer_values(builder, c, sign_, lanes)
         _scaled_line(builder, values, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[4], ds), dj_)
         return context.get_dummy_value()
 

@@ -22,8 +22,6 @@ from qlinear.spec import QuantizePlan
 
 __all__ = ["quantize"]
 
-# Quantized blocks at most this long stream by lines of several scales.
-_LONGEST_STREAMED_PERIOD = 256
 # float16/bfloat16 x reaches the kernel as its bits; the kernel decodes them.
 _WIDE_INPUTS = {np.dtype(np.float16): PREC_F16, np.dtype(ml_dtypes.bfloat16): PREC_BF16}
 # Integer zero points are decoded arithmetically; the kernel still takes a table.
@@ -50,7 +48,7 @@ def quantize(
 
     from qlinear.kernels.cpu import _quantize_kernel as kernel
     from qlinear.kernels.cpu._encode import FLOAT_CODE_LEN, float_code_constants
-    from qlinear.kernels.cpu._lines import LINE, streams
+    from qlinear.kernels.cpu._lines import LINE, LONGEST_BLOCK_PERIOD, streams
 
     t = plan.output_type
     count = math.prod(plan.x_shape)
@@ -100,10 +98,10 @@ def quantize(
     codes = out.reshape(-1).view(code_dtype)
     p[kernel.P_STREAM] = streams(flat_x.nbytes + codes.nbytes, codes)
     # Blocks stream a line of codes at a time (a line meets at most three
-    # periods of at least half a line); longer periods do not: rows of 1024
-    # measured slower so than by runs, whose long ones stream by themselves.
+    # periods of at least half a line); longer periods go by runs, whose long
+    # ones stream by themselves.
     period, count = scale_period(plan.granularity, plan.x_shape, scale.shape, LINE // codes.itemsize // 2)
-    if period <= _LONGEST_STREAMED_PERIOD:
+    if period <= LONGEST_BLOCK_PERIOD:
         p[kernel.P_PERIOD], p[kernel.P_COUNT] = period, count
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
