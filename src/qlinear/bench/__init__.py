@@ -14,36 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs
+from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs, qlinear_calls
 from qlinear.bench._measure import best_time, copy_bandwidth, peak_extra_bytes
 from qlinear.bench._others import ort_runner, reference_runner
 from qlinear.bench._startup import run_startup, startup_table
 from qlinear.bench._stores import run_store_pairs
-from qlinear.ops import dequantize_linear, quantize_linear
+from qlinear.ops import quantize_linear
 
 __all__ = ["GRANULARITIES", "TYPES", "run_benchmark", "run_startup", "run_store_pairs", "startup_table"]
-
-
-def _qlinear_calls(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> tuple[Callable[[], Any], ...]:
-    """Q and DQ calls for ``case`` on the cpu backend (into reused buffers, then allocating), and DQ's input."""
-    kw = dict(axis=case.axis, block_size=case.block_size, backend="cpu")  # the kernels, however small the size
-    q = quantize_linear(x, scale, zp, packed=case.packed, **kw)
-    # Outputs go to reused buffers, as ONNX Runtime's arena reuses its memory:
-    # a fresh 64 MB array costs page faults that would dominate the timing.
-    q_out, dq_out = np.empty_like(q), np.empty_like(x)
-
-    def run_q():
-        return quantize_linear(x, scale, zp, packed=case.packed, out=q_out, **kw)
-
-    def run_dq(out=dq_out):
-        if case.packed:
-            return dequantize_linear(q, scale, zp, packed_dtype=case.type_name, shape=x.shape, out=out, **kw)
-        return dequantize_linear(q, scale, zp, out=out, **kw)
-
-    def allocating_q():
-        return quantize_linear(x, scale, zp, packed=case.packed, **kw)
-
-    return run_q, run_dq, allocating_q, lambda: run_dq(None), q
 
 
 def run_benchmark(
@@ -86,7 +64,7 @@ def run_benchmark(
             # catch a fast moment or a slow one (20-97 GB/s seen in one
             # run here). The floor takes their median.
             bandwidths.append(copy_bandwidth(x.nbytes, repeats))
-            run_q, run_dq, alloc_q, alloc_dq, q = _qlinear_calls(case, x, scale, zp)
+            run_q, run_dq, alloc_q, alloc_dq, q = qlinear_calls(case, x, scale, zp)
             ort_q_case = Case("Q", case.type_name, case.granularity)
             ort_q, ort_mode = ort_runner(ort_q_case, x, q, scale, zp, threads)
             unpacked = quantize_linear(x, scale, zp, axis=case.axis, block_size=case.block_size) if case.packed else q

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from qlinear.dtypes import ElementType, element_type
+from qlinear.ops import dequantize_linear, quantize_linear
 
-__all__ = ["Case", "GRANULARITIES", "TYPES", "cases", "inputs"]
+__all__ = ["Case", "GRANULARITIES", "TYPES", "cases", "inputs", "qlinear_calls"]
 
 TYPES = ("uint8", "int8", "int16", "uint4", "int4", "int2", "float8e4m3fn", "float8e5m2", "float4e2m1")
 # name -> (axis, block_size, per_tensor)
@@ -77,3 +80,25 @@ def inputs(case: Case, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     if t.name == "uint8":
         zp[...] = 128
     return x, np.asarray(scale), np.asarray(zp)
+
+
+def qlinear_calls(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> tuple[Callable[[], Any], ...]:
+    """Q and DQ calls for ``case`` on the cpu backend (into reused buffers, then allocating), and DQ's input."""
+    kw = dict(axis=case.axis, block_size=case.block_size, backend="cpu")  # the kernels, however small the size
+    q = quantize_linear(x, scale, zp, packed=case.packed, **kw)
+    # Outputs go to reused buffers, as ONNX Runtime's arena reuses its memory:
+    # a fresh 64 MB array costs page faults that would dominate the timing.
+    q_out, dq_out = np.empty_like(q), np.empty_like(x)
+
+    def run_q():
+        return quantize_linear(x, scale, zp, packed=case.packed, out=q_out, **kw)
+
+    def run_dq(out=dq_out):
+        if case.packed:
+            return dequantize_linear(q, scale, zp, packed_dtype=case.type_name, shape=x.shape, out=out, **kw)
+        return dequantize_linear(q, scale, zp, out=out, **kw)
+
+    def allocating_q():
+        return quantize_linear(x, scale, zp, packed=case.packed, **kw)
+
+    return run_q, run_dq, allocating_q, lambda: run_dq(None), q

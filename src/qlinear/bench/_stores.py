@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from qlinear.bench._cases import GRANULARITIES, TYPES, cases, inputs
+from qlinear.bench._cases import GRANULARITIES, TYPES, cases, inputs, qlinear_calls
 from qlinear.bench._measure import SETTLE_S, best_time
 
 __all__ = ["run_store_pairs"]
@@ -74,19 +74,14 @@ def run_store_pairs(
     """
     import numba
 
-    from qlinear.bench import _qlinear_calls
-
     numba.set_num_threads(threads)
     todo = cases(types, granularities)
     rows = []
-    calls: dict[tuple[str, str], tuple[Callable[[], object], ...]] = {}
+    current = None  # (type, granularity) whose calls run_q and run_dq are
     for done, case in enumerate(todo):
-        key = (case.type_name, case.granularity)
-        if key not in calls:
-            calls.clear()  # one case's inputs at a time
-            x, scale, zp = inputs(case, size)
-            calls[key] = _qlinear_calls(case, x, scale, zp)[:2]
-        run_q, run_dq = calls[key]
+        if current != (case.type_name, case.granularity):
+            current = (case.type_name, case.granularity)
+            run_q, run_dq = qlinear_calls(case, *inputs(case, size))[:2]
         time.sleep(SETTLE_S)
         measured = _paired(run_q if case.op == "Q" else run_dq, pairs)
         rows.append({"op": case.op, "type": case.type_name, "granularity": case.granularity, "packed": case.packed, **measured})
