@@ -12,6 +12,7 @@ download), then quantized four ways with qlinear.torch:
 Each is exported as a standard QDQ ONNX model, and the exported model's
 accuracy (run by ONNX Runtime) is printed beside the torch accuracy.
 
+    pip install -e '.[examples]'
     python examples/qat_digits.py --out /tmp/qat_digits
 """
 

@@ -504,6 +504,55 @@ def test_cpu_streamed_packed_lines_match_reference(name, monkeypatch):
             _assert_same(got, values)
 
 
+# Layouts whose runs all start on a byte and fill a line of packed bytes:
+# packed 2/4-bit codes go straight into their bytes there. Per tensor with
+# a last byte half full; rows, middle axes, the last axis, blocks with a
+# short last one, blocks across rows; several tasks each.
+BYTE_RUN_LAYOUTS = [
+    ((70001,), 0, 0),
+    ((80, 1024), 0, 0),
+    ((3, 40, 512), 1, 0),
+    ((70, 1024), 1, 0),
+    ((40, 1280), 1, 512),
+    ((96, 512), 0, 32),
+]
+
+
+@pytest.mark.parametrize("name", ["int4", "uint4", "int2", "uint2", "float4e2m1"])
+def test_cpu_packed_codes_straight_into_bytes(name):
+    from qlinear.kernels.cpu._params import packed_runs_fit
+    from qlinear.spec import Granularity
+
+    rng = np.random.default_rng(7 + QUANTIZED.index(name))
+    per_byte = 8 // element_type(name).bits
+    for shape, axis, block in BYTE_RUN_LAYOUTS:
+        kind = "per_tensor" if len(shape) == 1 else "blocked" if block else "per_axis"
+        assert packed_runs_fit(Granularity(kind, axis, block), shape, per_byte, 64 * per_byte)
+        x = _values(shape, rng)
+        scale, zp = _params(name, shape, axis, block, rng)
+        for z in (zp, None):
+            kw = dict(axis=axis, block_size=block, output_dtype=None if z is not None else name)
+            got, _ = _both(qlinear.quantize_linear, x, scale, z, packed=True, **kw)
+            want = qlinear.quantize_linear(x, scale, z, backend="reference", **kw)
+            np.testing.assert_array_equal(got, qlinear.pack(want))
+
+
+def test_packed_runs_fit_each_granularity():
+    from qlinear.kernels.cpu._params import packed_runs_fit
+    from qlinear.spec import Granularity
+
+    assert packed_runs_fit(Granularity("per_tensor"), (7, 3), 2, 128)  # one run, however short; its last byte half full
+    assert packed_runs_fit(Granularity("per_axis", 0), (4, 128), 2, 128)
+    assert not packed_runs_fit(Granularity("per_axis", 0), (4, 64), 2, 128)  # rows shorter than a line of bytes
+    assert not packed_runs_fit(Granularity("per_axis", 0), (4, 257), 2, 128)  # the second row starts inside a byte
+    assert packed_runs_fit(Granularity("per_axis", 1), (4, 256), 4, 256)  # the scale steps along rows of 256
+    assert not packed_runs_fit(Granularity("per_axis", 1), (4, 258), 4, 256)
+    assert packed_runs_fit(Granularity("blocked", 1, 128), (3, 320), 2, 64)  # blocks of 128, 128, 64
+    assert not packed_runs_fit(Granularity("blocked", 1, 128), (3, 320), 2, 128)  # the last block is shorter
+    assert not packed_runs_fit(Granularity("blocked", 1, 32), (3, 1024), 2, 128)  # blocks of 32 go through pieces
+    assert packed_runs_fit(Granularity("blocked", 0, 32), (64, 256), 4, 256)  # rows of stepping scales
+
+
 def test_scale_periods_of_each_granularity():
     from qlinear.kernels.cpu._params import scale_period
     from qlinear.spec import Granularity

@@ -153,6 +153,58 @@ def _clamp(builder, v, low, high):
     return builder.select(builder.fcmp_ordered("<", v, high), v, high)
 
 
+def _load_values(builder, x_data, xj, lanes, x_is_int):
+    """``lanes`` float32 values of ``x`` from element ``xj``: float32 as they are, int32 converted as ``np.float32`` does."""
+    f32 = ir.VectorType(ir.FloatType(), lanes)
+    raw = _load(builder, x_data, xj, ir.VectorType(ir.IntType(32), lanes) if x_is_int else f32)
+    return builder.sitofp(raw, f32) if x_is_int else raw
+
+
+def _rint(builder, v):
+    lanes = v.type.count
+    f32 = v.type
+    rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), f"llvm.rint.v{lanes}f32")
+    return builder.call(rint, [v])
+
+
+def _integer_codes(builder, v, s, z, lo, hi, mask):
+    """int32 lanes of :func:`._quantize_runs.integer_code` (``v / s`` with zero points ``z``, float32 vectors)."""
+    f32 = v.type
+    lanes = f32.count
+    r = _rint(builder, builder.fdiv(v, s))
+    r = builder.select(builder.fcmp_unordered("uno", r, r), ir.Constant(f32, [0.0] * lanes), r)  # NaN -> 0
+    v = _clamp(builder, builder.fadd(r, z), _splat(builder, lo, f32), _splat(builder, hi, f32))
+    i32 = ir.VectorType(ir.IntType(32), lanes)
+    return builder.and_(builder.fptosi(v, i32), _splat(builder, mask, i32))
+
+
+def _float_codes(builder, q, z, has_zp, nan_to_zp, cap, k):
+    """int32 lanes of :func:`._encode.float_code` of the quotients ``q`` with zero points ``z`` (float32 vectors), step for step."""
+    f32 = q.type
+    lanes = f32.count
+    i32 = ir.VectorType(ir.IntType(32), lanes)
+    i64 = ir.VectorType(ir.IntType(64), lanes)
+    pmin, unit, step, nan, neg, pos = (_splat(builder, builder.extract_value(k, n), f32) for n in range(6))
+    v = builder.fadd(q, builder.select(has_zp, z, ir.Constant(f32, [-0.0] * lanes)))
+    v = builder.select(
+        builder.and_(_splat(builder, nan_to_zp, ir.VectorType(ir.IntType(1), lanes)), builder.fcmp_unordered("!=", v, v)),
+        z,
+        v,
+    )
+    v_bits = builder.bitcast(v, i32)
+    a = builder.bitcast(builder.and_(v_bits, ir.Constant(i32, [0x7FFFFFFF] * lanes)), f32)
+    cap = _splat(builder, cap, f32)
+    a = builder.select(builder.fcmp_ordered("<", cap, a), cap, a)
+    exponent = builder.bitcast(builder.and_(builder.bitcast(a, i32), ir.Constant(i32, [0x7F800000] * lanes)), f32)
+    low = builder.bitcast(builder.select(builder.fcmp_ordered(">", exponent, pmin), exponent, pmin), i32)
+    scale_bits = builder.trunc(builder.sub(builder.fptosi(unit, i64), builder.sext(low, i64)), i32)
+    r = _rint(builder, builder.fmul(a, builder.bitcast(scale_bits, f32)))
+    code = builder.fadd(r, builder.fmul(builder.sitofp(low, f32), step))
+    code = builder.select(builder.fcmp_ordered("<", code, nan), code, nan)
+    signed = builder.icmp_signed("<", v_bits, ir.Constant(i32, [0] * lanes))
+    return builder.fptosi(builder.fadd(code, builder.select(signed, neg, pos)), i32)
+
+
 @intrinsic
 def line_offset(typingctx, array, index):
     """Elements from ``array[index]`` to the next 64-byte boundary (0 if it is on one)."""
@@ -240,17 +292,9 @@ def quantize_line(typingctx, x, xj, dst, dj, s, z, splits, qmin, qmax, mask):
     def codegen(context, builder, signature, args):
         xs, xj_, ds, dj_, s_, z_, splits_, lo, hi, mask_ = args
         f32 = ir.VectorType(ir.FloatType(), lanes)
-        i32 = ir.VectorType(ir.IntType(32), lanes)
-        xdata = _data(context, builder, signature.args[0], xs)
-        raw = _load(builder, xdata, xj_, i32 if x_is_int else f32)
-        v = builder.sitofp(raw, f32) if x_is_int else raw
-        q = builder.fdiv(v, _three_splat(builder, s_, splits_, f32))
-        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), f"llvm.rint.v{lanes}f32")
-        r = builder.call(rint, [q])
-        r = builder.select(builder.fcmp_unordered("uno", r, r), ir.Constant(f32, [0.0] * lanes), r)  # NaN -> 0
-        z = _three_splat(builder, z_, splits_, f32)
-        v = _clamp(builder, builder.fadd(r, z), _splat(builder, lo, f32), _splat(builder, hi, f32))
-        codes = builder.and_(builder.fptosi(v, i32), _splat(builder, mask_, i32))
+        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, lanes, x_is_int)
+        s, z = _three_splat(builder, s_, splits_, f32), _three_splat(builder, z_, splits_, f32)
+        codes = _integer_codes(builder, v, s, z, lo, hi, mask_)
         out = builder.trunc(codes, ir.VectorType(ir.IntType(dst.dtype.bitwidth), lanes))
         _store_line(builder, out, _data(context, builder, signature.args[2], ds), dj_)
         return context.get_dummy_value()
@@ -454,31 +498,9 @@ def quantize_float_line(typingctx, x, xj, dst, dj, s, z, has_zp, nan_to_zp, cap,
     def codegen(context, builder, signature, args):
         xs, xj_, ds, dj_, s_, z_, has_zp_, nan_to_zp_, cap_, k_ = args
         f32 = ir.VectorType(ir.FloatType(), lanes)
-        i32 = ir.VectorType(ir.IntType(32), lanes)
-        i64 = ir.VectorType(ir.IntType(64), lanes)
-        pmin, unit, step, nan, neg, pos = (_splat(builder, builder.extract_value(k_, n), f32) for n in range(6))
-        raw = _load(builder, _data(context, builder, signature.args[0], xs), xj_, i32 if x_is_int else f32)
-        q = builder.fdiv(builder.sitofp(raw, f32) if x_is_int else raw, _splat(builder, s_, f32))
-        z = _splat(builder, z_, f32)
-        v = builder.fadd(q, builder.select(has_zp_, z, ir.Constant(f32, [-0.0] * lanes)))
-        v = builder.select(
-            builder.and_(_splat(builder, nan_to_zp_, ir.VectorType(ir.IntType(1), lanes)), builder.fcmp_unordered("!=", v, v)),
-            z,
-            v,
-        )
-        v_bits = builder.bitcast(v, i32)
-        a = builder.bitcast(builder.and_(v_bits, ir.Constant(i32, [0x7FFFFFFF] * lanes)), f32)
-        cap = _splat(builder, cap_, f32)
-        a = builder.select(builder.fcmp_ordered("<", cap, a), cap, a)
-        exponent = builder.bitcast(builder.and_(builder.bitcast(a, i32), ir.Constant(i32, [0x7F800000] * lanes)), f32)
-        low = builder.bitcast(builder.select(builder.fcmp_ordered(">", exponent, pmin), exponent, pmin), i32)
-        scale_bits = builder.trunc(builder.sub(builder.fptosi(unit, i64), builder.sext(low, i64)), i32)
-        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), f"llvm.rint.v{lanes}f32")
-        r = builder.call(rint, [builder.fmul(a, builder.bitcast(scale_bits, f32))])
-        code = builder.fadd(r, builder.fmul(builder.sitofp(low, f32), step))
-        code = builder.select(builder.fcmp_ordered("<", code, nan), code, nan)
-        signed = builder.icmp_signed("<", v_bits, ir.Constant(i32, [0] * lanes))
-        code = builder.fptosi(builder.fadd(code, builder.select(signed, neg, pos)), i32)
+        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, lanes, x_is_int)
+        q = builder.fdiv(v, _splat(builder, s_, f32))
+        code = _float_codes(builder, q, _splat(builder, z_, f32), has_zp_, nan_to_zp_, cap_, k_)
         _store_line(
             builder, builder.trunc(code, ir.VectorType(ir.IntType(8), lanes)), _data(context, builder, signature.args[2], ds), dj_
         )

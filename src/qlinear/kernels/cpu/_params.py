@@ -22,6 +22,7 @@ from qlinear.spec import Granularity
 __all__ = [
     "layout",
     "scale_period",
+    "packed_runs_fit",
     "float_encoding",
     "decode_table",
     "precision_code",
@@ -102,6 +103,25 @@ def layout(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...],
             so, sb, si = (nb, 1, 0) if i == 1 else (nb * i, i, 1)
     run = i if si else b * i
     return np.array([n, d, i, b, so, sb, si, chunk_elements(n, threads), run < _SHORT_RUN], dtype=np.int64)
+
+
+def packed_runs_fit(g: Granularity, shape: tuple[int, ...], per_byte: int, shortest: int) -> bool:
+    """Whether every run (of one scale, or of scales stepping with the element) starts on a byte of ``per_byte`` codes and is ``shortest`` elements or longer.
+
+    Runs end where the scale's pattern does: per tensor, only at the end;
+    on a non-last axis, at multiples of the size of the axes after it; on
+    the last axis, at the ends of rows and (blocked) of blocks, the last
+    block of a row possibly shorter.
+    """
+    if g.kind == "per_tensor":
+        return True
+    d, i = shape[g.axis], math.prod(shape[g.axis + 1 :])
+    if i > 1:
+        return i % per_byte == 0 and i >= shortest
+    if g.kind != "blocked":
+        return d % per_byte == 0 and d >= shortest
+    last = d % g.block_size or g.block_size
+    return d % per_byte == 0 and g.block_size % per_byte == 0 and min(g.block_size, last) >= shortest
 
 
 def scale_period(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...], at_least: int) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from qlinear.kernels.cpu._params import (
     decode_table,
     float_encoding,
     layout,
+    packed_runs_fit,
     precision_code,
     scale_period,
 )
@@ -103,6 +104,12 @@ def quantize(
     period, count = scale_period(plan.granularity, plan.x_shape, scale.shape, LINE // codes.itemsize // 2)
     if period <= LONGEST_BLOCK_PERIOD:
         p[kernel.P_PERIOD], p[kernel.P_COUNT] = period, count
+    # 2/4-bit codes go straight into their bytes where every run starts on a
+    # byte and fills a line of them: shorter runs (blocks of 32 along the
+    # last axis, say) measured slower so than through pieces.
+    if packed and p[kernel.P_DIRECT] and t.bits in (2, 4):
+        per_byte = 8 // t.bits
+        p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
     return out

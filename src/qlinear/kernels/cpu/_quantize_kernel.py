@@ -15,9 +15,11 @@ holding every intermediate is exact: a float16 or bfloat16 quotient is the
 float32 quotient rounded once (float32 has more than twice their
 significand bits plus two, so that is the correctly rounded result).
 
-Packed 2/4/6-bit outputs are computed a piece of 16K elements at a time
-into a buffer of one code a byte, then packed (a piece owns whole bytes;
-runs inside it do not).
+Packed 2/4-bit outputs from float32 ``x`` go straight into their bytes
+where every run starts on a byte (:func:`._quantize_runs.packed_runs`).
+The rest, 6-bit codes among them, are computed a piece of 16K elements at
+a time into a buffer of one code a byte, then packed (a piece owns whole
+bytes; runs inside it do not).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from qlinear.kernels.cpu._quantize_runs import (
     integer_runs,
     integer_zero_point,
     pack,
+    packed_runs,
 )
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
 
@@ -43,6 +46,8 @@ __all__ = ["quantize_kernel"]
 # STREAM: whole lines of output by streaming stores (_lines). PERIOD, COUNT:
 # the scale of element j is scale[(j // PERIOD) % COUNT] (PERIOD 0: not so
 # simple), which lets integer codes stream whole lines over blocks.
+# BYTE_RUNS: every run of a packed 2/4-bit output starts on a byte, so the
+# codes go straight into their bytes (_quantize_runs.packed_runs).
 (
     P_DIRECT,
     P_FLOAT_OUT,
@@ -59,8 +64,9 @@ __all__ = ["quantize_kernel"]
     P_STREAM,
     P_PERIOD,
     P_COUNT,
-) = range(15)
-P_LEN = 15
+    P_BYTE_RUNS,
+) = range(16)
+P_LEN = 16
 # Slots of the float parameter array ``f``.
 F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
 F_LEN = 3
@@ -191,9 +197,15 @@ def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec
 @_jit
 def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
     bits = p[P_PACKED_BITS]
-    if bits:
-        # Packed outputs collect codes a piece at a time (a piece owns whole
-        # bytes, runs inside it do not), then pack them. Pieces of the
+    if bits and p[P_BYTE_RUNS]:
+        qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
+        cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
+        k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS])
+        float_args = (p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
+        packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, p[P_FLOAT_OUT] != 0, qmin, qmax, mask, sign, float_args)
+    elif bits:
+        # Other packed outputs collect codes a piece at a time (a piece owns
+        # whole bytes, runs inside it do not), then pack them. Pieces of the
         # smallest task size keep the buffer a small fraction of the output.
         piece = min(MIN_CHUNK, end - start)
         codes = np.empty(piece, out.dtype)

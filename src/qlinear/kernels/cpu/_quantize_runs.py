@@ -23,6 +23,11 @@ Calls that stream their output to integer codes over blocks (of up to 256)
 along the last axis go line by line instead (:func:`integer_period_lines`):
 each 64-byte line of codes with the up to three scales it spans.
 
+Packed 4-bit (int4, uint4, float4e2m1) and 2-bit integer codes go the
+same way straight into their bytes (:func:`packed_runs`), where every run
+starts on a byte: each byte's two or four codes computed together, with no
+buffer of codes in between.
+
 Zero points arrive as their codes (the output's own bytes or 16-bit words,
 never copied): integers are sign-extended in float32, ``z - 2 * sign`` when
 ``z >= sign`` (``sign`` 0 for unsigned types); float codes are looked up in a
@@ -47,7 +52,7 @@ from qlinear.kernels.cpu._lines import (
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
 
-__all__ = ["float_runs", "integer_runs", "integer_period_lines", "integer_zero_point", "pack"]
+__all__ = ["float_runs", "integer_runs", "integer_period_lines", "integer_zero_point", "pack", "packed_runs"]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _U = np.uint64
@@ -280,6 +285,110 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
                 else:
                     for q in range(n):
                         dst[_U(w + q)] = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+        j += runs * n
+
+
+@_jit
+def packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, float_out, qmin, qmax, mask, sign, float_args):
+    """Packed codes of ``x[start:end]`` straight into the bytes of ``out``; every run starts on a byte.
+
+    ``bits`` is 4 (integer codes, or float4e2m1 codes with ``float_out``)
+    or 2 (integer codes). Integer codes are :func:`integer_code`'s, float
+    codes :func:`float_code`'s with ``float_args`` (``has_zp, nan_to_zp,
+    cap, k``) and zero points looked up in ``ztab``. A run that ends
+    inside a byte (the last of the tensor) writes that byte alone.
+    Stepping runs decode their zero points into ``zvalues`` first, as in
+    :func:`integer_runs`.
+    """
+    has_zp, nan_to_zp, cap, k = float_args
+    per_byte = 8 // bits
+    zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
+    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    state = first_batch(start, lay)
+    j = start
+    while j < end:
+        n, si, step, runs, state = next_batch(j, end, lay, state)
+        whole = n // per_byte
+        for r in range(runs):
+            jr, sr = j + r * n, si + r * lay[L_SB]
+            o = jr // per_byte
+            if step:
+                if sr < z0 or sr + n > z1:
+                    for q in range(n):
+                        c = zp[_U(sr + q)]
+                        zvalues[_U(q)] = ztab[c] if float_out else integer_zero_point(c, sign)
+                    z0, z1 = sr, sr + n
+                zi = sr - z0
+                if float_out:
+                    for b in range(whole):
+                        q = 2 * b
+                        c0 = float_code(
+                            np.float32(x[_U(jr + q)]) / scale[_U(sr + q)], zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k
+                        )
+                        c1 = float_code(
+                            np.float32(x[_U(jr + q + 1)]) / scale[_U(sr + q + 1)],
+                            zvalues[_U(zi + q + 1)],
+                            has_zp,
+                            nan_to_zp,
+                            cap,
+                            k,
+                        )
+                        out[_U(o + b)] = c0 | (c1 << 4)
+                elif bits == 4:
+                    for b in range(whole):
+                        q = 2 * b
+                        c0 = integer_code(np.float32(x[_U(jr + q)]) / scale[_U(sr + q)], zvalues[_U(zi + q)], qmin, qmax, mask)
+                        c1 = integer_code(
+                            np.float32(x[_U(jr + q + 1)]) / scale[_U(sr + q + 1)], zvalues[_U(zi + q + 1)], qmin, qmax, mask
+                        )
+                        out[_U(o + b)] = c0 | (c1 << 4)
+                else:
+                    for b in range(whole):
+                        acc = np.int32(0)
+                        for lane in range(4):
+                            q = 4 * b + lane
+                            v = np.float32(x[_U(jr + q)]) / scale[_U(sr + q)]
+                            acc |= integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask) << (2 * lane)
+                        out[_U(o + b)] = acc
+                if n > whole * per_byte:
+                    acc = np.int32(0)
+                    for q in range(whole * per_byte, n):
+                        v = np.float32(x[jr + q]) / scale[sr + q]
+                        c = (
+                            float_code(v, zvalues[zi + q], has_zp, nan_to_zp, cap, k)
+                            if float_out
+                            else integer_code(v, zvalues[zi + q], qmin, qmax, mask)
+                        )
+                        acc |= c << (bits * (q - whole * per_byte))
+                    out[o + whole] = acc
+            else:
+                s = scale[sr]
+                z = ztab[zp[sr]] if float_out else integer_zero_point(zp[sr], sign)
+                if float_out:
+                    for b in range(whole):
+                        q = 2 * b
+                        c0 = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+                        c1 = float_code(np.float32(x[_U(jr + q + 1)]) / s, z, has_zp, nan_to_zp, cap, k)
+                        out[_U(o + b)] = c0 | (c1 << 4)
+                elif bits == 4:
+                    for b in range(whole):
+                        q = 2 * b
+                        c0 = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
+                        c1 = integer_code(np.float32(x[_U(jr + q + 1)]) / s, z, qmin, qmax, mask)
+                        out[_U(o + b)] = c0 | (c1 << 4)
+                else:
+                    for b in range(whole):
+                        acc = np.int32(0)
+                        for lane in range(4):
+                            acc |= integer_code(np.float32(x[_U(jr + 4 * b + lane)]) / s, z, qmin, qmax, mask) << (2 * lane)
+                        out[_U(o + b)] = acc
+                if n > whole * per_byte:
+                    acc = np.int32(0)
+                    for q in range(whole * per_byte, n):
+                        v = np.float32(x[jr + q]) / s
+                        c = float_code(v, z, has_zp, nan_to_zp, cap, k) if float_out else integer_code(v, z, qmin, qmax, mask)
+                        acc |= c << (bits * (q - whole * per_byte))
+                    out[o + whole] = acc
         j += runs * n
 
 
