@@ -504,12 +504,14 @@ def test_cpu_streamed_packed_lines_match_reference(name, monkeypatch):
             _assert_same(got, values)
 
 
-# Layouts whose runs all start on a byte and fill a line of packed bytes:
-# packed 2/4-bit codes go straight into their bytes there. Per tensor with
-# a last byte half full; rows, middle axes, the last axis, blocks with a
-# short last one, blocks across rows; several tasks each.
+# Layouts whose runs all start on a byte and fill a line of packed bytes,
+# or are blocks of 32: packed 2/4-bit codes go straight into their bytes
+# there. Per tensor with a last byte half full; rows, middle axes, the last
+# axis, blocks with a short last one, blocks of 32, blocks across rows;
+# several tasks each.
 BYTE_RUN_LAYOUTS = [
     ((70001,), 0, 0),
+    ((70, 1024), 1, 32),
     ((80, 1024), 0, 0),
     ((3, 40, 512), 1, 0),
     ((70, 1024), 1, 0),
@@ -527,7 +529,7 @@ def test_cpu_packed_codes_straight_into_bytes(name):
     per_byte = 8 // element_type(name).bits
     for shape, axis, block in BYTE_RUN_LAYOUTS:
         kind = "per_tensor" if len(shape) == 1 else "blocked" if block else "per_axis"
-        assert packed_runs_fit(Granularity(kind, axis, block), shape, per_byte, 64 * per_byte)
+        assert packed_runs_fit(Granularity(kind, axis, block), shape, per_byte, 64 * per_byte, 32)
         x = _values(shape, rng)
         scale, zp = _params(name, shape, axis, block, rng)
         for z in (zp, None):
@@ -549,7 +551,9 @@ def test_packed_runs_fit_each_granularity():
     assert not packed_runs_fit(Granularity("per_axis", 1), (4, 258), 4, 256)
     assert packed_runs_fit(Granularity("blocked", 1, 128), (3, 320), 2, 64)  # blocks of 128, 128, 64
     assert not packed_runs_fit(Granularity("blocked", 1, 128), (3, 320), 2, 128)  # the last block is shorter
-    assert not packed_runs_fit(Granularity("blocked", 1, 32), (3, 1024), 2, 128)  # blocks of 32 go through pieces
+    assert not packed_runs_fit(Granularity("blocked", 1, 32), (3, 1024), 2, 128)  # short blocks go through pieces
+    assert packed_runs_fit(Granularity("blocked", 1, 32), (3, 1024), 2, 128, 32)  # unless their length has a loop of its own
+    assert not packed_runs_fit(Granularity("blocked", 1, 32), (3, 1000), 2, 128, 32)  # a row's last block is 8
     assert packed_runs_fit(Granularity("blocked", 0, 32), (64, 256), 4, 256)  # rows of stepping scales
 
 

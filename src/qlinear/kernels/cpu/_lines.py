@@ -29,6 +29,10 @@ integer codes three (64 codes over blocks of 32) and two lanes;
 :func:`line_scales` walks them. Float codes keep lines of one scale: their
 lines of three measured no faster on blocks.
 
+Packed QuantizeLinear on blocks of 32 codes has vector functions here too
+(:func:`quantize_nibble_block` and its siblings), with ordinary stores:
+they compute a block's codes and pack them in registers.
+
 :func:`store_fence` ends a task's streaming: non-temporal stores are not
 ordered with later ones until a fence.
 """
@@ -44,6 +48,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = [
+    "BLOCK_CODES",
     "LINE",
     "LONGEST_BLOCK_PERIOD",
     "STREAM_MIN_RUN",
@@ -57,8 +62,11 @@ __all__ = [
     "line_scales",
     "line_span",
     "period_scale",
+    "quantize_crumb_block",
+    "quantize_float4_block",
     "quantize_float_line",
     "quantize_line",
+    "quantize_nibble_block",
     "store_fence",
     "streams",
 ]
@@ -504,6 +512,97 @@ def quantize_float_line(typingctx, x, xj, dst, dj, s, z, has_zp, nan_to_zp, cap,
         _store_line(
             builder, builder.trunc(code, ir.VectorType(ir.IntType(8), lanes)), _data(context, builder, signature.args[2], ds), dj_
         )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# Packed QuantizeLinear on blocks of 32 codes along the last axis: each
+# block's 16 (or 8) bytes computed as one vector, with one scale. A loop
+# over a block's bytes is shorter than LLVM's vector step, which leaves it
+# all to the scalar remainder.
+BLOCK_CODES = 32
+
+
+def _packed_bytes(builder, codes, bits):
+    """The int32 ``codes`` (each below ``2**bits``) packed into bytes, the first code in the lowest bits."""
+    per_byte = 8 // bits
+    nbytes = codes.type.count // per_byte
+    narrow = builder.trunc(codes, ir.VectorType(ir.IntType(8), codes.type.count))
+    packed = None
+    for place in range(per_byte):
+        part = builder.shuffle_vector(
+            narrow,
+            ir.Constant(narrow.type, ir.Undefined),
+            ir.Constant(ir.VectorType(ir.IntType(32), nbytes), [b * per_byte + place for b in range(nbytes)]),
+        )
+        if place:
+            part = builder.shl(part, ir.Constant(part.type, [bits * place] * nbytes))
+        packed = part if packed is None else builder.or_(packed, part)
+    return packed
+
+
+def _store_bytes(builder, value, array_data, index):
+    """Store the vector ``value`` at element ``index`` of an array's data (ordinary, unaligned)."""
+    builder.store(value, builder.bitcast(builder.gep(array_data, [index]), value.type.as_pointer()), align=1)
+
+
+def _block_fits(x, dst):
+    # 16-bit outputs type-check too: the kernel that calls these is compiled
+    # for every output width, and calls them for packed bytes only.
+    return isinstance(x, types.Array) and isinstance(dst, types.Array) and dst.dtype.bitwidth in (8, 16)
+
+
+def _integer_block(x, dst, bits):
+    if not _block_fits(x, dst):
+        return None
+    x_is_int = isinstance(x.dtype, types.Integer)
+    f = types.float32
+    sig = types.void(x, types.intp, f, f, dst, types.intp, f, f, types.int32)
+
+    def codegen(context, builder, signature, args):
+        xs, xj_, s_, z_, ds, byte, lo, hi, mask_ = args
+        f32 = ir.VectorType(ir.FloatType(), BLOCK_CODES)
+        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, BLOCK_CODES, x_is_int)
+        codes = _integer_codes(builder, v, _splat(builder, s_, f32), _splat(builder, z_, f32), lo, hi, mask_)
+        _store_bytes(builder, _packed_bytes(builder, codes, bits), _data(context, builder, signature.args[4], ds), byte)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def quantize_nibble_block(typingctx, x, xj, s, z, dst, byte, qmin, qmax, mask):
+    """``dst[byte:byte + 16]`` = the packed 4-bit integer codes of ``x[xj:xj + 32]`` (low nibble first).
+
+    Each code is :func:`._quantize_runs.integer_code` of ``x / s`` with zero
+    point ``z``; ``x`` is float32 or int32.
+    """
+    return _integer_block(x, dst, 4)
+
+
+@intrinsic
+def quantize_crumb_block(typingctx, x, xj, s, z, dst, byte, qmin, qmax, mask):
+    """As :func:`quantize_nibble_block`, into the 8 bytes of 32 packed 2-bit codes."""
+    return _integer_block(x, dst, 2)
+
+
+@intrinsic
+def quantize_float4_block(typingctx, x, xj, s, z, dst, byte, has_zp, nan_to_zp, cap, k):
+    """``dst[byte:byte + 16]`` = 32 packed float4e2m1 codes of ``x[xj:] / s``, :func:`._encode.float_code` step for step."""
+    if not _block_fits(x, dst):
+        return None
+    x_is_int = isinstance(x.dtype, types.Integer)
+    f = types.float32
+    sig = types.void(x, types.intp, f, f, dst, types.intp, types.boolean, types.boolean, f, types.UniTuple(f, 6))
+
+    def codegen(context, builder, signature, args):
+        xs, xj_, s_, z_, ds, byte, has_zp_, nan_to_zp_, cap_, k_ = args
+        f32 = ir.VectorType(ir.FloatType(), BLOCK_CODES)
+        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, BLOCK_CODES, x_is_int)
+        q = builder.fdiv(v, _splat(builder, s_, f32))
+        codes = _float_codes(builder, q, _splat(builder, z_, f32), has_zp_, nan_to_zp_, cap_, k_)
+        _store_bytes(builder, _packed_bytes(builder, codes, 4), _data(context, builder, signature.args[4], ds), byte)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -105,13 +105,14 @@ def layout(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...],
     return np.array([n, d, i, b, so, sb, si, chunk_elements(n, threads), run < _SHORT_RUN], dtype=np.int64)
 
 
-def packed_runs_fit(g: Granularity, shape: tuple[int, ...], per_byte: int, shortest: int) -> bool:
+def packed_runs_fit(g: Granularity, shape: tuple[int, ...], per_byte: int, shortest: int, exact: int = 0) -> bool:
     """Whether every run (of one scale, or of scales stepping with the element) starts on a byte of ``per_byte`` codes and is ``shortest`` elements or longer.
 
     Runs end where the scale's pattern does: per tensor, only at the end;
     on a non-last axis, at multiples of the size of the axes after it; on
     the last axis, at the ends of rows and (blocked) of blocks, the last
-    block of a row possibly shorter.
+    block of a row possibly shorter. Blocks along the last axis of exactly
+    ``exact`` codes fit too, however short.
     """
     if g.kind == "per_tensor":
         return True
@@ -121,7 +122,9 @@ def packed_runs_fit(g: Granularity, shape: tuple[int, ...], per_byte: int, short
     if g.kind != "blocked":
         return d % per_byte == 0 and d >= shortest
     last = d % g.block_size or g.block_size
-    return d % per_byte == 0 and g.block_size % per_byte == 0 and min(g.block_size, last) >= shortest
+    if d % per_byte or g.block_size % per_byte:
+        return False
+    return min(g.block_size, last) >= shortest or (g.block_size == exact and last == exact)
 
 
 def scale_period(g: Granularity, shape: tuple[int, ...], scale_shape: tuple[int, ...], at_least: int) -> tuple[int, int]:

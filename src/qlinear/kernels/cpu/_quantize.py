@@ -49,7 +49,7 @@ def quantize(
 
     from qlinear.kernels.cpu import _quantize_kernel as kernel
     from qlinear.kernels.cpu._encode import FLOAT_CODE_LEN, float_code_constants
-    from qlinear.kernels.cpu._lines import LINE, LONGEST_BLOCK_PERIOD, streams
+    from qlinear.kernels.cpu._lines import BLOCK_CODES, LINE, LONGEST_BLOCK_PERIOD, streams
 
     t = plan.output_type
     count = math.prod(plan.x_shape)
@@ -105,11 +105,11 @@ def quantize(
     if period <= LONGEST_BLOCK_PERIOD:
         p[kernel.P_PERIOD], p[kernel.P_COUNT] = period, count
     # 2/4-bit codes go straight into their bytes where every run starts on a
-    # byte and fills a line of them: shorter runs (blocks of 32 along the
-    # last axis, say) measured slower so than through pieces.
+    # byte and fills a line of them, or is a block of 32 (a loop of its own);
+    # other short runs measured slower so than through pieces.
     if packed and p[kernel.P_DIRECT] and t.bits in (2, 4):
         per_byte = 8 // t.bits
-        p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte)
+        p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte, BLOCK_CODES)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
     return out

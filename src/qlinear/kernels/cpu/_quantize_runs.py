@@ -26,7 +26,9 @@ each 64-byte line of codes with the up to three scales it spans.
 Packed 4-bit (int4, uint4, float4e2m1) and 2-bit integer codes go the
 same way straight into their bytes (:func:`packed_runs`), where every run
 starts on a byte: each byte's two or four codes computed together, with no
-buffer of codes in between.
+buffer of codes in between; blocks of 32 along the last axis, a row's at a
+time, by one vector function a block (:func:`._lines.quantize_nibble_block`
+and its siblings).
 
 Zero points arrive as their codes (the output's own bytes or 16-bit words,
 never copied): integers are sign-extended in float32, ``z - 2 * sign`` when
@@ -41,13 +43,17 @@ from numba import njit
 
 from qlinear.kernels.cpu._encode import float_code
 from qlinear.kernels.cpu._lines import (
+    BLOCK_CODES,
     LINE,
     STREAM_MIN_RUN,
     line_scales,
     line_span,
     period_scale,
+    quantize_crumb_block,
+    quantize_float4_block,
     quantize_float_line,
     quantize_line,
+    quantize_nibble_block,
 )
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
 from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
@@ -309,6 +315,28 @@ def packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, float_out, qmin,
     while j < end:
         n, si, step, runs, state = next_batch(j, end, lay, state)
         whole = n // per_byte
+        if n == BLOCK_CODES and not step:
+            # Blocks of 32, a row's at a time: each is shorter than the
+            # loops' vector step, so one vector function a block, in a loop
+            # of its own for each type.
+            sb = lay[L_SB]
+            if float_out:
+                for r in range(runs):
+                    sr = si + r * sb
+                    jr = j + r * BLOCK_CODES
+                    quantize_float4_block(x, jr, scale[sr], ztab[zp[sr]], out, jr // 2, has_zp, nan_to_zp, cap, k)
+            elif bits == 4:
+                for r in range(runs):
+                    sr = si + r * sb
+                    jr = j + r * BLOCK_CODES
+                    quantize_nibble_block(x, jr, scale[sr], integer_zero_point(zp[sr], sign), out, jr // 2, qmin, qmax, mask)
+            else:
+                for r in range(runs):
+                    sr = si + r * sb
+                    jr = j + r * BLOCK_CODES
+                    quantize_crumb_block(x, jr, scale[sr], integer_zero_point(zp[sr], sign), out, jr // 4, qmin, qmax, mask)
+            j += runs * n
+            continue
         for r in range(runs):
             jr, sr = j + r * n, si + r * lay[L_SB]
             o = jr // per_byte
