@@ -557,6 +557,42 @@ def test_packed_runs_fit_each_granularity():
     assert packed_runs_fit(Granularity("blocked", 0, 32), (64, 256), 4, 256)  # rows of stepping scales
 
 
+def test_cpu_float4_line_by_lookup_and_by_arithmetic(monkeypatch):
+    # The float4e2m1 line looks its codes up in a register of their 16
+    # values where numba compiles for an AVX-512 processor, and decodes them
+    # by arithmetic elsewhere. Compiled afresh each way (the kernels' cache
+    # holds only this machine's way), both give every code's value, as
+    # (value - z) * s, across a split of two scales.
+    from numba import njit
+
+    from qlinear.kernels.cpu import _dequantize, _lines
+    from qlinear.kernels.cpu import _dequantize_kernel as kernel
+    from qlinear.kernels.cpu._dequantize_runs import _format
+
+    t = element_type("float4e2m1")
+    p = np.zeros(kernel.P_LEN, np.int64)
+    _dequantize._float_format(kernel, t, p)
+    fmt = _format(
+        (p[kernel.P_MANT], p[kernel.P_EXP_OFF], 8, p[kernel.P_MAX_BITS], p[kernel.P_INF_BITS], p[kernel.P_NEG_ZERO_NAN])
+    )
+    codes = np.array([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], np.uint8)  # codes 0..15, low nibble first
+    s0, z0, s1, z1 = np.float32(0.75), np.float32(0.5), np.float32(3.0), np.float32(-1.0)
+    values = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    want = np.concatenate([(values[:5] - z0) * s0, (values[5:] - z1) * s1])
+    ways = (False, True) if _lines.table_lookup() else (False,)
+    for lookup in ways:
+        monkeypatch.setattr(_lines, "table_lookup", lambda lookup=lookup: lookup)
+
+        @njit
+        def line(codes, fmt, dst, start):
+            _lines.dequantize_float4_line(codes, 0, np.int32(0), fmt, dst, start, s0, z0, s1, z1, 5)
+
+        backing = np.zeros(32, np.float32)
+        start = int(-backing.ctypes.data % 64 // 4)
+        line(codes, fmt, backing, start)
+        _assert_same(backing[start : start + 16], want)
+
+
 def test_scale_periods_of_each_granularity():
     from qlinear.kernels.cpu._params import scale_period
     from qlinear.spec import Granularity
