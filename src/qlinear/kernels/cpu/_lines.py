@@ -202,6 +202,16 @@ def _integer_codes(builder, v, s, z, lo, hi, mask):
     return builder.and_(builder.fptosi(v, i32), _splat(builder, mask, i32))
 
 
+def _float_quotient_codes(builder, x_data, xj, lanes, x_is_int, s, z, float_args):
+    """int32 lanes of :func:`._encode.float_code` of ``x[xj:] / s`` with one scale ``s`` and zero point ``z``.
+
+    ``float_args`` is ``(has_zp, nan_to_zp, cap, k)``.
+    """
+    f32 = ir.VectorType(ir.FloatType(), lanes)
+    q = builder.fdiv(_load_values(builder, x_data, xj, lanes, x_is_int), _splat(builder, s, f32))
+    return _float_codes(builder, q, _splat(builder, z, f32), *float_args)
+
+
 def _float_codes(builder, q, z, has_zp, nan_to_zp, cap, k):
     """int32 lanes of :func:`._encode.float_code` of the quotients ``q`` with zero points ``z`` (float32 vectors), step for step."""
     f32 = q.type
@@ -531,10 +541,8 @@ def quantize_float_line(typingctx, x, xj, dst, dj, s, z, has_zp, nan_to_zp, cap,
 
     def codegen(context, builder, signature, args):
         xs, xj_, ds, dj_, s_, z_, has_zp_, nan_to_zp_, cap_, k_ = args
-        f32 = ir.VectorType(ir.FloatType(), lanes)
-        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, lanes, x_is_int)
-        q = builder.fdiv(v, _splat(builder, s_, f32))
-        code = _float_codes(builder, q, _splat(builder, z_, f32), has_zp_, nan_to_zp_, cap_, k_)
+        x_data = _data(context, builder, signature.args[0], xs)
+        code = _float_quotient_codes(builder, x_data, xj_, lanes, x_is_int, s_, z_, (has_zp_, nan_to_zp_, cap_, k_))
         _store_line(
             builder, builder.trunc(code, ir.VectorType(ir.IntType(8), lanes)), _data(context, builder, signature.args[2], ds), dj_
         )
@@ -624,10 +632,8 @@ def quantize_float4_block(typingctx, x, xj, s, z, dst, byte, has_zp, nan_to_zp, 
 
     def codegen(context, builder, signature, args):
         xs, xj_, s_, z_, ds, byte, has_zp_, nan_to_zp_, cap_, k_ = args
-        f32 = ir.VectorType(ir.FloatType(), BLOCK_CODES)
-        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, BLOCK_CODES, x_is_int)
-        q = builder.fdiv(v, _splat(builder, s_, f32))
-        codes = _float_codes(builder, q, _splat(builder, z_, f32), has_zp_, nan_to_zp_, cap_, k_)
+        x_data = _data(context, builder, signature.args[0], xs)
+        codes = _float_quotient_codes(builder, x_data, xj_, BLOCK_CODES, x_is_int, s_, z_, (has_zp_, nan_to_zp_, cap_, k_))
         _store_bytes(builder, _packed_bytes(builder, codes, 4), _data(context, builder, signature.args[4], ds), byte)
         return context.get_dummy_value()
 
