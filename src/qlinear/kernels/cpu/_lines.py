@@ -582,9 +582,7 @@ def _store_bytes(builder, value, array_data, index):
 
 
 def _block_fits(x, dst):
-    # 16-bit outputs type-check too: the kernel that calls these is compiled
-    # for every output width, and calls them for packed bytes only.
-    return isinstance(x, types.Array) and isinstance(dst, types.Array) and dst.dtype.bitwidth in (8, 16)
+    return isinstance(x, types.Array) and isinstance(dst, types.Array) and dst.dtype.bitwidth == 8
 
 
 def _integer_block(x, dst, bits):

@@ -111,5 +111,6 @@ def quantize(
         per_byte = 8 // t.bits
         p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte, BLOCK_CODES)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
-    kernel.quantize_kernel(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
+    run = kernel.quantize_packed_kernel if packed else kernel.quantize_kernel
+    run(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
     return out

@@ -40,7 +40,7 @@ from qlinear.kernels.cpu._quantize_runs import (
 )
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
 
-__all__ = ["quantize_kernel"]
+__all__ = ["quantize_kernel", "quantize_packed_kernel"]
 
 # Slots of the integer parameter array ``p``.
 # STREAM: whole lines of output by streaming stores (_lines). PERIOD, COUNT:
@@ -195,15 +195,16 @@ def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec
 
 
 @_jit
-def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
+def _packed_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
+    """Packed bytes of elements ``start .. end`` (``start`` on a byte)."""
     bits = p[P_PACKED_BITS]
-    if bits and p[P_BYTE_RUNS]:
+    if p[P_BYTE_RUNS]:
         qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
         k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS])
         float_args = (p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
         packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, p[P_FLOAT_OUT] != 0, qmin, qmax, mask, sign, float_args)
-    elif bits:
+    else:
         # Other packed outputs collect codes a piece at a time (a piece owns
         # whole bytes, runs inside it do not), then pack them. Pieces of the
         # smallest task size keep the buffer a small fraction of the output.
@@ -213,15 +214,11 @@ def _quantize_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e
             n = min(piece, end - j)
             _codes(x, j, j + n, scale, zp, ztab, codes, j, lay, p, f, fk, e_out, e_prec, False)
             pack(codes, n, out, j, bits)
-    else:
-        _codes(x, start, end, scale, zp, ztab, out, 0, lay, p, f, fk, e_out, e_prec, p[P_STREAM] != 0)
-        if p[P_STREAM]:
-            store_fence()
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_kernel(x, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
-    """Quantize flat ``x`` into ``out`` (one code per element, or packed bytes).
+    """Quantize flat ``x`` into ``out``, one code a slot.
 
     Args:
         x: flat float32 or int32 values, or uint16 float16/bfloat16 bits.
@@ -229,13 +226,30 @@ def quantize_kernel(x, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
         zp: flat zero point codes, of ``out``'s dtype (all 0 when the call
             had none).
         ztab: float32 value of each byte, for float zero points.
-        out: flat uint8/uint16 codes, or packed uint8 bytes.
+        out: flat uint8/uint16 codes.
         lay, p, f: layout and parameters (_params, the slots above).
         fk: float32 constants of float_code (_encode).
         e_out, e_prec: encodings of the output type and the precision, for
             the staged path.
     """
     total, chunk = lay[L_N], lay[L_CHUNK]
+    stream = p[P_STREAM] != 0
     for c in prange((total + chunk - 1) // chunk):
         start = c * chunk
-        _quantize_chunk(x, start, min(total, start + chunk), scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec)
+        _codes(x, start, min(total, start + chunk), scale, zp, ztab, out, 0, lay, p, f, fk, e_out, e_prec, stream)
+        if stream:
+            store_fence()
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def quantize_packed_kernel(x, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
+    """Quantize flat ``x`` into the packed 2/4/6-bit bytes ``out`` (``P_PACKED_BITS``), arguments as :func:`quantize_kernel`'s.
+
+    A kernel of its own: numba compiles every branch of a kernel for each
+    specialization, and the packed loops would otherwise add seconds to the
+    first compile of every 8/16-bit QuantizeLinear.
+    """
+    total, chunk = lay[L_N], lay[L_CHUNK]
+    for c in prange((total + chunk - 1) // chunk):
+        start = c * chunk
+        _packed_chunk(x, start, min(total, start + chunk), scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec)
