@@ -530,13 +530,13 @@ def test_cpu_packed_codes_straight_into_bytes(name):
     for shape, axis, block in BYTE_RUN_LAYOUTS:
         kind = "per_tensor" if len(shape) == 1 else "blocked" if block else "per_axis"
         assert packed_runs_fit(Granularity(kind, axis, block), shape, per_byte, 64 * per_byte, 32)
-        x = _values(shape, rng)
         scale, zp = _params(name, shape, axis, block, rng)
-        for z in (zp, None):
-            kw = dict(axis=axis, block_size=block, output_dtype=None if z is not None else name)
-            got, _ = _both(qlinear.quantize_linear, x, scale, z, packed=True, **kw)
-            want = qlinear.quantize_linear(x, scale, z, backend="reference", **kw)
-            np.testing.assert_array_equal(got, qlinear.pack(want))
+        for x in (_values(shape, rng), rng.integers(-40, 40, shape).astype(np.int32)):
+            for z in (zp, None):
+                kw = dict(axis=axis, block_size=block, output_dtype=None if z is not None else name)
+                got, _ = _both(qlinear.quantize_linear, x, scale, z, packed=True, **kw)
+                want = qlinear.quantize_linear(x, scale, z, backend="reference", **kw)
+                np.testing.assert_array_equal(got, qlinear.pack(want))
 
 
 def test_packed_runs_fit_each_granularity():
