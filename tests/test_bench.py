@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qlinear.bench import _startup, run_benchmark, run_store_pairs
+from qlinear.bench import _startup, run_benchmark, run_ort_pairs, run_store_pairs
 from qlinear.cli import main
 
 
@@ -124,4 +124,31 @@ def test_store_pairs_time_both_ways_and_restore_the_threshold(tmp_path, capsys):
     args = ["bench", "--stores", "--size", "4096", "--threads", "1", "--repeats", "2", "--types", "int8"]
     assert main([*args, "--granularities", "per-tensor", "--json", str(path)]) == 0
     assert "streamed/plain" in capsys.readouterr().out
+    assert [r["op"] for r in json.loads(path.read_text())["rows"]] == ["Q", "DQ"]
+
+
+def test_paired_ratio_alternates_the_order_of_each_pair():
+    from qlinear.bench._measure import paired_ratio
+
+    prepared, called = [], []
+    measured = paired_ratio(lambda: called.append(0), lambda: called.append(1), 3, settle_s=0, calls=2, prepare=prepared.append)
+    assert prepared == [0, 1, 1, 0, 0, 1]  # first then second, then second then first, ...
+    assert called == [0] * 3 + [1] * 3 + [1] * 3 + [0] * 3 + [0] * 3 + [1] * 3  # a warm-up and two timed calls a side
+    assert measured["first_s"] > 0 and measured["second_s"] > 0
+    assert measured["ratio_q1"] <= measured["ratio"] <= measured["ratio_q3"]
+
+
+def test_ort_pairs_time_qlinear_against_onnx_runtime(tmp_path, capsys):
+    report = run_ort_pairs(size=8192, threads=1, pairs=2, types=("uint8", "int4", "float4e2m1"), granularities=("per-tensor",))
+    rows = {(r["op"], r["type"]): r for r in report["rows"]}
+    assert list(rows) == [("Q", "uint8"), ("DQ", "uint8"), ("Q+DQ", "int4"), ("Q", "float4e2m1"), ("DQ", "float4e2m1")]
+    for key in (("Q", "uint8"), ("DQ", "uint8"), ("Q+DQ", "int4")):
+        r = rows[key]
+        assert r["ort_mode"] == ("Q+DQ pair" if key[0] == "Q+DQ" else "node")
+        assert r["qlinear_s"] > 0 and r["ort_s"] > 0 and r["ratio_q1"] <= r["ratio"] <= r["ratio_q3"]
+    assert rows[("Q", "float4e2m1")]["ort_mode"] == "unsupported" and rows[("Q", "float4e2m1")]["ratio"] is None
+    path = tmp_path / "pairs.json"
+    args = ["bench", "--ort-pairs", "--size", "4096", "--threads", "1", "--repeats", "2", "--types", "int8"]
+    assert main([*args, "--granularities", "per-tensor", "--json", str(path)]) == 0
+    assert "qlinear/ORT" in capsys.readouterr().out
     assert [r["op"] for r in json.loads(path.read_text())["rows"]] == ["Q", "DQ"]

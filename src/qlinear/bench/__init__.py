@@ -4,7 +4,8 @@
 :mod:`qlinear.bench._cases` in one process on the same inputs and prints a
 table; :func:`run_benchmark` returns the measurements. ``--startup``
 measures start-up and compile times in fresh processes instead
-(:func:`run_startup`).
+(:func:`run_startup`); ``--stores`` and ``--ort-pairs`` time two ways in
+alternating pairs (:func:`run_store_pairs`, :func:`run_ort_pairs`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import numpy as np
 
 from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs, qlinear_calls
 from qlinear.bench._measure import best_time, copy_bandwidth, peak_extra_bytes
+from qlinear.bench._ort_pairs import run_ort_pairs
 from qlinear.bench._others import ort_runner, reference_runner
 from qlinear.bench._startup import run_startup, startup_table
 from qlinear.bench._stores import run_store_pairs
 from qlinear.ops import quantize_linear
 
-__all__ = ["GRANULARITIES", "TYPES", "run_benchmark", "run_startup", "run_store_pairs", "startup_table"]
+__all__ = ["GRANULARITIES", "TYPES", "run_benchmark", "run_ort_pairs", "run_startup", "run_store_pairs", "startup_table"]
 
 
 def run_benchmark(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 import tracemalloc
 from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["best_time", "copy_bandwidth", "peak_extra_bytes"]
+__all__ = ["best_time", "copy_bandwidth", "paired_ratio", "peak_extra_bytes"]
 
 
 # ONNX Runtime's idle intra-op threads spin for about 70 ms after each run
@@ -31,6 +32,44 @@ def best_time(fn: Callable[[], object], repeats: int, settle_s: float = SETTLE_S
         fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def paired_ratio(
+    first: Callable[[], object],
+    second: Callable[[], object],
+    pairs: int,
+    *,
+    settle_s: float,
+    calls: int = 3,
+    prepare: Callable[[int], None] | None = None,
+) -> dict[str, float]:
+    """Two ways of doing one thing timed in pairs: their median times and the quartiles of first/second.
+
+    On a shared machine a single timing moves by 20-40% from one minute to
+    the next; two ways timed back to back (their order alternating from
+    pair to pair), each the best of ``calls`` calls, see the same minute,
+    and the median of the pairs' ratios holds to a few percent.
+    ``prepare(side)`` (0 or 1), when given, runs before each side is timed.
+    """
+    sides = (first, second)
+    times: tuple[list[float], list[float]] = ([], [])
+    ratios = []
+    for k in range(pairs):
+        pair = [0.0, 0.0]
+        for side in (0, 1) if k % 2 == 0 else (1, 0):
+            if prepare is not None:
+                prepare(side)
+            pair[side] = best_time(sides[side], calls, settle_s=settle_s)
+            times[side].append(pair[side])
+        ratios.append(pair[0] / pair[1])
+    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return {
+        "first_s": statistics.median(times[0]),
+        "second_s": statistics.median(times[1]),
+        "ratio": median,
+        "ratio_q1": q1,
+        "ratio_q3": q3,
+    }
 
 
 @functools.cache

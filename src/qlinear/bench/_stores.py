@@ -12,13 +12,12 @@ layout allows; a size no call reaches: never) and restored afterwards.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 from qlinear.bench._cases import GRANULARITIES, TYPES, cases, inputs, qlinear_calls
-from qlinear.bench._measure import SETTLE_S, best_time
+from qlinear.bench._measure import SETTLE_S, paired_ratio
 
 __all__ = ["run_store_pairs"]
 
@@ -32,25 +31,20 @@ def _paired(fn: Callable[[], object], pairs: int) -> dict[str, float]:
     from qlinear.kernels.cpu import _lines
 
     saved = _lines.STREAM_MIN_BYTES
-    streamed, plain, ratios = [], [], []
+
+    def switch(side: int) -> None:
+        _lines.STREAM_MIN_BYTES = 0 if side == 0 else _NEVER
+
     try:
-        for k in range(pairs):
-            times = {}
-            for mode in ("streamed", "plain") if k % 2 == 0 else ("plain", "streamed"):
-                _lines.STREAM_MIN_BYTES = 0 if mode == "streamed" else _NEVER
-                times[mode] = best_time(fn, _CALLS, settle_s=0)
-            streamed.append(times["streamed"])
-            plain.append(times["plain"])
-            ratios.append(times["streamed"] / times["plain"])
+        measured = paired_ratio(fn, fn, pairs, settle_s=0, calls=_CALLS, prepare=switch)
     finally:
         _lines.STREAM_MIN_BYTES = saved
-    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
     return {
-        "streamed_s": statistics.median(streamed),
-        "plain_s": statistics.median(plain),
-        "ratio": median,
-        "ratio_q1": q1,
-        "ratio_q3": q3,
+        "streamed_s": measured["first_s"],
+        "plain_s": measured["second_s"],
+        "ratio": measured["ratio"],
+        "ratio_q1": measured["ratio_q1"],
+        "ratio_q3": measured["ratio_q3"],
     }
 
 

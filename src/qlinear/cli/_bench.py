@@ -9,7 +9,8 @@ bytes read and written divided by the bandwidth of a parallel copy on the
 same threads. Ratios are times: qlinear/ORT below 1 means qlinear is faster.
 With ``--startup``, start-up and compile times in fresh processes instead;
 with ``--stores``, qlinear's streaming stores against its ordinary ones, in
-pairs (for judging a change to the kernels on a noisy machine).
+pairs (for judging a change to the kernels on a noisy machine); with
+``--ort-pairs``, qlinear against ONNX Runtime in pairs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from qlinear.bench import GRANULARITIES, TYPES, run_benchmark, run_startup, run_store_pairs, startup_table
+from qlinear.bench import GRANULARITIES, TYPES, run_benchmark, run_ort_pairs, run_startup, run_store_pairs, startup_table
 
 __all__ = ["add_arguments", "run"]
 
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=5,
         help=(
             "timed calls per case, best kept; with --startup, fresh processes per step, median kept; "
-            "with --stores, pairs per case, 20 or more for a few percent (default 5)"
+            "with --stores or --ort-pairs, pairs per case, 20 or more for a few percent (default 5)"
         ),
     )
     parser.add_argument("--reference", action="store_true", help="also time onnx.reference (slow: seconds per case at 16M)")
@@ -62,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stores",
         action="store_true",
         help="instead, time qlinear with streaming stores against ordinary ones, in pairs (--repeats pairs a case)",
+    )
+    parser.add_argument(
+        "--ort-pairs",
+        action="store_true",
+        help="instead, time qlinear against ONNX Runtime in pairs, back to back (--repeats pairs a case)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the measurements as JSON to PATH")
 
@@ -98,30 +104,53 @@ def _with_progress(console: Console, label: str, measure: Callable[..., dict], *
         return measure(**kwargs, progress=lambda done, total: progress.update(task, completed=done, total=total))
 
 
+def _pairs_table(title: str, columns: tuple[str, str, str], rows: list[dict], keys: tuple[str, str]) -> Table:
+    """A table of paired timings: the case, both medians, and the median ratio with its quartiles."""
+    table = Table(title=title)
+    for column in ("op", "type", "granularity", *columns, "quartiles"):
+        table.add_column(column, justify="left" if column in ("op", "type", "granularity") else "right")
+    for row in rows:
+        case = (row["op"], row["type"] + (" (packed)" if row["packed"] else ""), row["granularity"])
+        if row["ratio"] is None:
+            table.add_row(*case, "-", row.get("ort_mode", "-"), "-", "-")
+            continue
+        table.add_row(
+            *case,
+            _ms(row[keys[0]]),
+            _ms(row[keys[1]]),
+            f"{row['ratio']:.3f}",
+            f"{row['ratio_q1']:.3f}-{row['ratio_q3']:.3f}",
+        )
+    return table
+
+
 def _run_stores(args: argparse.Namespace, console: Console) -> int:
     cases = dict(types=tuple(args.types), granularities=tuple(args.granularities))
     report = _with_progress(
         console, "store pairs", run_store_pairs, size=args.size, threads=args.threads, pairs=args.repeats, **cases
     )
-    table = Table(
-        title=f"streaming stores over ordinary ones, {report['size']:,} elements, {report['threads']} threads, "
+    title = (
+        f"streaming stores over ordinary ones, {report['size']:,} elements, {report['threads']} threads, "
         f"{report['pairs']} pairs a case"
     )
-    for column in ("op", "type", "granularity", "streamed ms", "plain ms", "streamed/plain", "quartiles"):
-        table.add_column(column, justify="left" if column in ("op", "type", "granularity") else "right")
-    for row in report["rows"]:
-        table.add_row(
-            row["op"],
-            row["type"] + (" (packed)" if row["packed"] else ""),
-            row["granularity"],
-            _ms(row["streamed_s"]),
-            _ms(row["plain_s"]),
-            f"{row['ratio']:.3f}",
-            f"{row['ratio_q1']:.3f}-{row['ratio_q3']:.3f}",
-        )
-    console.print(table)
+    console.print(_pairs_table(title, ("streamed ms", "plain ms", "streamed/plain"), report["rows"], ("streamed_s", "plain_s")))
     console.print(
         "Times: medians over the pairs; streamed/plain: the median of each pair's own ratio (below 1: streaming is faster)."
+    )
+    _write_json(report, args.json)
+    return 0
+
+
+def _run_ort_pairs(args: argparse.Namespace, console: Console) -> int:
+    cases = dict(types=tuple(args.types), granularities=tuple(args.granularities))
+    report = _with_progress(
+        console, "ONNX Runtime pairs", run_ort_pairs, size=args.size, threads=args.threads, pairs=args.repeats, **cases
+    )
+    title = f"qlinear over ONNX Runtime, {report['size']:,} elements, {report['threads']} threads, {report['pairs']} pairs a case"
+    console.print(_pairs_table(title, ("qlinear ms", "ORT ms", "qlinear/ORT"), report["rows"], ("qlinear_s", "ort_s")))
+    console.print(
+        "Times: medians over the pairs; qlinear/ORT: the median of each pair's own ratio (below 1: qlinear is faster). "
+        "Q+DQ: ONNX Runtime runs the pair (it cannot hand the type to numpy); qlinear runs Q then DQ."
     )
     _write_json(report, args.json)
     return 0
@@ -133,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_startup(args, console)
     if args.stores:
         return _run_stores(args, console)
+    if args.ort_pairs:
+        return _run_ort_pairs(args, console)
     cases = dict(types=tuple(args.types), granularities=tuple(args.granularities))
     report = _with_progress(
         console,

@@ -1,0 +1,89 @@
+"""qlinear against ONNX Runtime, timed in pairs.
+
+The benchmark's table times qlinear and ONNX Runtime a few seconds apart;
+on a shared machine whose speed moves by 20-40% from one minute to the
+next, rows where both are at the bandwidth floor then trade places from
+run to run. Here each case is timed as pairs instead: qlinear and ONNX
+Runtime back to back, their order alternating, each after the pause that
+lets the other's threads go to sleep, and the median of the pairs' ratios
+is kept (:func:`._measure.paired_ratio`). Where ONNX Runtime runs a
+QuantizeLinear+DequantizeLinear pair (types it cannot hand to numpy), the
+case is that pair against qlinear's Q then DQ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs, qlinear_calls
+from qlinear.bench._measure import SETTLE_S, paired_ratio
+from qlinear.bench._others import ort_runner
+from qlinear.ops import quantize_linear
+
+__all__ = ["run_ort_pairs"]
+
+_CALLS = 3
+
+
+def _row(op: str, case: Case, mode: str, measured: dict[str, float] | None) -> dict[str, Any]:
+    row = {"op": op, "type": case.type_name, "granularity": case.granularity, "packed": case.packed, "ort_mode": mode}
+    if measured is None:
+        return {**row, "qlinear_s": None, "ort_s": None, "ratio": None, "ratio_q1": None, "ratio_q3": None}
+    return {
+        **row,
+        "qlinear_s": measured["first_s"],
+        "ort_s": measured["second_s"],
+        "ratio": measured["ratio"],
+        "ratio_q1": measured["ratio_q1"],
+        "ratio_q3": measured["ratio_q3"],
+    }
+
+
+def run_ort_pairs(
+    *,
+    size: int,
+    threads: int,
+    pairs: int,
+    types: tuple[str, ...] = TYPES,
+    granularities: tuple[str, ...] = tuple(GRANULARITIES),
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """qlinear over ONNX Runtime for every case, as ``pairs`` paired timings each.
+
+    Returns ``{"size", "threads", "pairs", "rows"}``; each row has ``op``
+    (``"Q"``, ``"DQ"``, or ``"Q+DQ"`` where ONNX Runtime runs the pair),
+    ``type``, ``granularity``, ``packed``, ``ort_mode`` (``"node"``,
+    ``"Q+DQ pair"`` or why ONNX Runtime has none), the median
+    ``qlinear_s`` and ``ort_s``, and the median ``ratio`` (qlinear over ONNX
+    Runtime) with its quartiles ``ratio_q1`` and ``ratio_q3``; None where
+    ONNX Runtime has no kernel.
+    """
+    import numba
+
+    numba.set_num_threads(threads)
+    groups: dict[tuple[str, str], Case] = {}
+    for case in cases(types, granularities):
+        groups.setdefault((case.type_name, case.granularity), case)
+    rows = []
+    for done, case in enumerate(groups.values()):
+        x, scale, zp = inputs(case, size)
+        run_q, run_dq, _, _, q = qlinear_calls(case, x, scale, zp)
+        ort_q, mode = ort_runner(Case("Q", case.type_name, case.granularity), x, q, scale, zp, threads)
+        if mode == "Q+DQ pair":
+
+            def both(run_q: Callable[[], object] = run_q, run_dq: Callable[[], object] = run_dq) -> None:
+                run_q()
+                run_dq()
+
+            rows.append(_row("Q+DQ", case, mode, paired_ratio(both, ort_q, pairs, settle_s=SETTLE_S, calls=_CALLS)))
+        else:
+            measured = paired_ratio(run_q, ort_q, pairs, settle_s=SETTLE_S, calls=_CALLS) if ort_q is not None else None
+            rows.append(_row("Q", case, mode, measured))
+            unpacked = quantize_linear(x, scale, zp, axis=case.axis, block_size=case.block_size) if case.packed else q
+            ort_dq, dq_mode = ort_runner(Case("DQ", case.type_name, case.granularity), x, unpacked, scale, zp, threads)
+            measured = paired_ratio(run_dq, ort_dq, pairs, settle_s=SETTLE_S, calls=_CALLS) if ort_dq is not None else None
+            rows.append(_row("DQ", case, dq_mode, measured))
+        if progress is not None:
+            progress(done + 1, len(groups))
+    return {"size": size, "threads": threads, "pairs": pairs, "rows": rows}
