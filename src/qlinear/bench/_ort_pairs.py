@@ -24,6 +24,7 @@ from qlinear.ops import quantize_linear
 __all__ = ["run_ort_pairs"]
 
 _CALLS = 3
+_PAIR = "Q+DQ pair"
 
 
 def _row(op: str, case: Case, mode: str, measured: dict[str, float] | None) -> dict[str, Any]:
@@ -38,6 +39,29 @@ def _row(op: str, case: Case, mode: str, measured: dict[str, float] | None) -> d
         "ratio_q1": measured["ratio_q1"],
         "ratio_q3": measured["ratio_q3"],
     }
+
+
+def _measure(
+    op: str,
+    case: Case,
+    ort_call: Callable[[], object] | None,
+    mode: str,
+    run_q: Callable[[], object],
+    run_dq: Callable[[], object],
+    pairs: int,
+) -> dict[str, Any]:
+    """The row of ``op`` for ``case``: qlinear's call against ONNX Runtime's, or its Q then DQ against ONNX Runtime's pair."""
+    if ort_call is None:
+        return _row(op, case, mode, None)
+    if mode == _PAIR:
+
+        def both() -> None:
+            run_q()
+            run_dq()
+
+        return _row("Q+DQ", case, mode, paired_ratio(both, ort_call, pairs, settle_s=SETTLE_S, calls=_CALLS))
+    mine = run_q if op == "Q" else run_dq
+    return _row(op, case, mode, paired_ratio(mine, ort_call, pairs, settle_s=SETTLE_S, calls=_CALLS))
 
 
 def run_ort_pairs(
@@ -69,21 +93,12 @@ def run_ort_pairs(
     for done, case in enumerate(groups.values()):
         x, scale, zp = inputs(case, size)
         run_q, run_dq, _, _, q = qlinear_calls(case, x, scale, zp)
-        ort_q, mode = ort_runner(Case("Q", case.type_name, case.granularity), x, q, scale, zp, threads)
-        if mode == "Q+DQ pair":
-
-            def both(run_q: Callable[[], object] = run_q, run_dq: Callable[[], object] = run_dq) -> None:
-                run_q()
-                run_dq()
-
-            rows.append(_row("Q+DQ", case, mode, paired_ratio(both, ort_q, pairs, settle_s=SETTLE_S, calls=_CALLS)))
-        else:
-            measured = paired_ratio(run_q, ort_q, pairs, settle_s=SETTLE_S, calls=_CALLS) if ort_q is not None else None
-            rows.append(_row("Q", case, mode, measured))
+        ort_q, q_mode = ort_runner(Case("Q", case.type_name, case.granularity), x, q, scale, zp, threads)
+        rows.append(_measure("Q", case, ort_q, q_mode, run_q, run_dq, pairs))
+        if q_mode != _PAIR:  # a pair already stands for both
             unpacked = quantize_linear(x, scale, zp, axis=case.axis, block_size=case.block_size) if case.packed else q
             ort_dq, dq_mode = ort_runner(Case("DQ", case.type_name, case.granularity), x, unpacked, scale, zp, threads)
-            measured = paired_ratio(run_dq, ort_dq, pairs, settle_s=SETTLE_S, calls=_CALLS) if ort_dq is not None else None
-            rows.append(_row("DQ", case, dq_mode, measured))
+            rows.append(_measure("DQ", case, ort_dq, dq_mode, run_q, run_dq, pairs))
         if progress is not None:
             progress(done + 1, len(groups))
     return {"size": size, "threads": threads, "pairs": pairs, "rows": rows}
