@@ -15,8 +15,10 @@ holding every intermediate is exact: a float16 or bfloat16 quotient is the
 float32 quotient rounded once (float32 has more than twice their
 significand bits plus two, so that is the correctly rounded result).
 
-Packed 2/4-bit outputs from float32 ``x`` go straight into their bytes
-where every run starts on a byte (:func:`._quantize_runs.packed_runs`).
+Packed 2/4-bit outputs from float32 (or int32) ``x`` go straight into
+their bytes where every run starts on a byte and is long, or a block of 32
+(:func:`._quantize_runs.packed_runs`; the caller decides, by
+:func:`._params.packed_runs_fit`), in a kernel of their own.
 The rest, 6-bit codes among them, are computed a piece of 16K elements at
 a time into a buffer of one code a byte, then packed (a piece owns whole
 bytes; runs inside it do not).
@@ -46,8 +48,9 @@ __all__ = ["quantize_kernel", "quantize_packed_kernel"]
 # STREAM: whole lines of output by streaming stores (_lines). PERIOD, COUNT:
 # the scale of element j is scale[(j // PERIOD) % COUNT] (PERIOD 0: not so
 # simple), which lets integer codes stream whole lines over blocks.
-# BYTE_RUNS: every run of a packed 2/4-bit output starts on a byte, so the
-# codes go straight into their bytes (_quantize_runs.packed_runs).
+# BYTE_RUNS: every run of a packed 2/4-bit output starts on a byte and is
+# long or a block of 32, so the codes go straight into their bytes
+# (_quantize_runs.packed_runs).
 (
     P_DIRECT,
     P_FLOAT_OUT,
