@@ -25,12 +25,12 @@ def check_array(value: Any, arg: str, caller: str) -> np.ndarray:
 
 
 def _type_of(a: np.ndarray, arg: str, allowed: frozenset[str], version: OperatorVersion, caller: str) -> ElementType:
-    expected = ", ".join(sorted(allowed))
     try:
         t = element_type(a.dtype)
     except QuantizationError:
         t = None
     if t is None or t.name not in allowed:
+        expected = ", ".join(sorted(allowed))
         raise QuantizationError(f"{caller}: {arg} has type {a.dtype}, expected one of {expected} for {version}")
     return t
 

@@ -8,6 +8,7 @@ against the schemas that the onnx package ships in ``tests/test_spec.py``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from qlinear._errors import QuantizationError
@@ -121,6 +122,12 @@ OPERATOR_VERSIONS: tuple[OperatorVersion, ...] = (
 _NEWEST_OPSET = 28
 
 
+@functools.cache
+def _versions_of(op: str, domain: str) -> tuple[OperatorVersion, ...]:
+    """``op``'s versions in ``domain``, oldest first (looked up once: every call validates against them)."""
+    return tuple(sorted((r for r in OPERATOR_VERSIONS if r.op == op and r.domain == domain), key=lambda r: r.version))
+
+
 def operator_version(op: str, opset: int | None, domain: str = "", *, caller: str) -> OperatorVersion:
     """The version of ``op`` in force at ``opset`` of ``domain``.
 
@@ -135,7 +142,7 @@ def operator_version(op: str, opset: int | None, domain: str = "", *, caller: st
         raise QuantizationError(f"{caller}: domain must be one of {DOMAINS!r}, got {domain!r}")
     if opset is not None and (not isinstance(opset, (int,)) or isinstance(opset, bool)):
         raise QuantizationError(f"{caller}: opset must be an int or None, got {opset!r}")
-    rows = sorted((r for r in OPERATOR_VERSIONS if r.op == op and r.domain == domain), key=lambda r: r.version)
+    rows = _versions_of(op, domain)
     if opset is None:
         return rows[-1]
     eligible = [r for r in rows if r.version <= opset]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from types import ModuleType
 
@@ -20,8 +21,16 @@ _NO_TABLE = np.zeros(1, np.float32)
 _EMPTY8, _EMPTY16, _EMPTY32, _EMPTY_F32 = (np.empty(0, t) for t in (np.uint8, np.uint16, np.int32, np.float32))
 
 
+@functools.lru_cache(maxsize=64)
 def _read(kernel: ModuleType, t: ElementType, packed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's parameters for reading codes of type ``t``, and the table of their values."""
+    """The kernel's parameters for reading codes of type ``t``, and the table of their values.
+
+    Made once for each type: a call on a few thousand elements would
+    otherwise spend longer on them than the kernel on its elements. Shared
+    between calls and never written (the caller copies the parameters);
+    writeable all the same, since numba compiles a read-only array as
+    another type.
+    """
     p = np.zeros(kernel.P_LEN, np.int64)
     p[kernel.P_BITS] = t.bits
     if not t.is_integer or (t.qmin < 0 and t.bits < 32):
@@ -91,6 +100,7 @@ def dequantize(
     if math.prod(plan.x_shape) == 0:
         return out
     p, table = _read(kernel, t, packed)
+    p = p.copy()
     wide = _WIDE_OUTPUTS.get(np.dtype(plan.output_dtype))
     p[kernel.P_WIDE_OUT] = wide is not None
     e_out, submul = float_encoding(wide if wide is not None else PREC_F16)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
 
-from qlinear.dtypes import packed_size
+from qlinear.dtypes import ElementType, packed_size
 from qlinear.kernels.cpu._params import (
     PREC_BF16,
     PREC_F16,
@@ -29,6 +31,56 @@ _WIDE_INPUTS = {np.dtype(np.float16): PREC_F16, np.dtype(ml_dtypes.bfloat16): PR
 _NO_TABLE = np.zeros(256, np.float32)
 
 
+class _TypeConstants(NamedTuple):
+    """The kernel's arguments that depend on the call's types and flags only, not on its arrays."""
+
+    p: np.ndarray  # parameter slots; each call copies it and adds its layout's
+    f: np.ndarray
+    fk: np.ndarray
+    e_out: np.ndarray
+    e_prec: np.ndarray
+    ztab: np.ndarray
+
+
+@functools.lru_cache(maxsize=256)
+def _type_constants(t: ElementType, prec: int, xwide: int, saturate: bool, has_zp: bool, packed: bool) -> _TypeConstants:
+    """Parameter slots and encodings for output type ``t``, made once for each combination.
+
+    A call on a few thousand elements spends longer building these (a dozen
+    small numpy arrays) than the kernel spends on its elements. The arrays
+    are shared between calls and never written (``p`` is copied first).
+    They stay writeable all the same: numba compiles a read-only array as
+    another type, so the kernel would get a second signature.
+    """
+    from qlinear.kernels.cpu import _quantize_kernel as kernel
+    from qlinear.kernels.cpu._encode import FLOAT_CODE_LEN, float_code_constants
+
+    p = np.zeros(kernel.P_LEN, np.int64)
+    p[kernel.P_FLOAT_OUT] = not t.is_integer
+    p[kernel.P_XWIDE] = xwide
+    p[kernel.P_PREC] = prec
+    p[kernel.P_QMIN], p[kernel.P_QMAX] = (t.qmin, t.qmax) if t.is_integer else (0, 0)
+    p[kernel.P_MASK] = (1 << t.bits) - 1
+    p[kernel.P_HAS_ZP] = has_zp
+    p[kernel.P_NAN_TO_ZP] = not t.has_nan
+    p[kernel.P_CLIP] = saturate or not t.saturate_applies
+    p[kernel.P_PACKED_BITS] = t.bits if packed else 0
+    p[kernel.P_ZP_SIGN] = 1 << (t.bits - 1) if t.is_integer and t.qmin < 0 else 0
+    e_out, submul_out = float_encoding(t) if not t.is_integer else float_encoding(PREC_F32)
+    e_prec, submul_prec = float_encoding(prec)
+    f = np.zeros(kernel.F_LEN, np.float64)
+    f[kernel.F_LIMIT] = t.max_finite or 0.0
+    f[kernel.F_SUBMUL_OUT], f[kernel.F_SUBMUL_PREC] = submul_out, submul_prec
+    fk = np.zeros(FLOAT_CODE_LEN, np.float32) if t.is_integer else float_code_constants(t, e_out)
+    # float32 (or int32) x in float32 precision goes straight from x to the
+    # codes; the rest (and the fnuz types) through the staged tiles.
+    p[kernel.P_DIRECT] = prec == PREC_F32 and xwide == PREC_F32 and fk is not None
+    if fk is None:
+        fk = np.zeros(FLOAT_CODE_LEN, np.float32)
+    ztab = decode_table(t, False) if not t.is_integer else _NO_TABLE
+    return _TypeConstants(p, f, fk, e_out, e_prec, ztab)
+
+
 def quantize(
     plan: QuantizePlan,
     x: np.ndarray,
@@ -48,7 +100,6 @@ def quantize(
     import numba
 
     from qlinear.kernels.cpu import _quantize_kernel as kernel
-    from qlinear.kernels.cpu._encode import FLOAT_CODE_LEN, float_code_constants
     from qlinear.kernels.cpu._lines import BLOCK_CODES, LINE, LONGEST_BLOCK_PERIOD, streams
 
     t = plan.output_type
@@ -72,29 +123,9 @@ def quantize(
             # Bits above a sub-byte code are not part of its value.
             zp_codes = zp_codes & np.uint8((1 << t.bits) - 1)
 
-    p = np.zeros(kernel.P_LEN, np.int64)
-    p[kernel.P_FLOAT_OUT] = not t.is_integer
-    p[kernel.P_XWIDE] = xwide
-    p[kernel.P_PREC] = prec
-    p[kernel.P_QMIN], p[kernel.P_QMAX] = (t.qmin, t.qmax) if t.is_integer else (0, 0)
-    p[kernel.P_MASK] = (1 << t.bits) - 1
-    p[kernel.P_HAS_ZP] = zero_point is not None
-    p[kernel.P_NAN_TO_ZP] = not t.has_nan
-    p[kernel.P_CLIP] = plan.saturate or not t.saturate_applies
-    p[kernel.P_PACKED_BITS] = t.bits if packed else 0
-    p[kernel.P_ZP_SIGN] = 1 << (t.bits - 1) if t.is_integer and t.qmin < 0 else 0
-    e_out, submul_out = float_encoding(t) if not t.is_integer else float_encoding(PREC_F32)
-    e_prec, submul_prec = float_encoding(prec)
-    f = np.zeros(kernel.F_LEN, np.float64)
-    f[kernel.F_LIMIT] = t.max_finite or 0.0
-    f[kernel.F_SUBMUL_OUT], f[kernel.F_SUBMUL_PREC] = submul_out, submul_prec
-    fk = np.zeros(FLOAT_CODE_LEN, np.float32) if t.is_integer else float_code_constants(t, e_out)
-    # float32 (or int32) x in float32 precision goes straight from x to the
-    # codes; the rest (and the fnuz types) through the staged tiles.
-    p[kernel.P_DIRECT] = prec == PREC_F32 and xwide == PREC_F32 and fk is not None
-    if fk is None:
-        fk = np.zeros(FLOAT_CODE_LEN, np.float32)
-    ztab = decode_table(t, False) if not t.is_integer else _NO_TABLE
+    constants = _type_constants(t, prec, xwide, plan.saturate, zero_point is not None, packed)
+    p = constants.p.copy()
+    f, fk, e_out, e_prec, ztab = constants.f, constants.fk, constants.e_out, constants.e_prec, constants.ztab
 
     codes = out.reshape(-1).view(code_dtype)
     p[kernel.P_STREAM] = streams(flat_x.nbytes + codes.nbytes, codes)
