@@ -11,7 +11,7 @@ keywords, doing the packing and copying around the others.
 ``"reference"`` for calls on fewer than :data:`AUTO_REFERENCE_BELOW`
 elements and ``"cpu"`` for the rest. Both give the same bits, so the choice
 changes only the time: a small call is as fast on numpy and does not pay
-numba's start-up (about 0.5 s in a fresh process, docs/performance.md).
+numba's start-up (0.4-0.5 s in a fresh process, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -30,15 +30,16 @@ __all__ = ["AUTO", "AUTO_REFERENCE_BELOW", "BACKENDS", "backend", "quantize", "d
 
 BACKENDS: dict[str, ModuleType] = {"cpu": cpu, "reference": reference}
 AUTO = "auto"
-# Elements of x below which "auto" runs the reference kernels: the smallest
-# size from which the warm cpu kernel was at least as fast as numpy in every
-# case measured (2-core AVX-512 machine, numba 0.68 on 2 threads; Q from
+# Elements of x below which "auto" runs the reference kernels: about the
+# size from which the warm cpu kernel is as fast as numpy in the cases
+# measured (2-core AVX-512 machine, numba 0.68 on 2 threads; Q from
 # float32 and DQ back to float32 for uint8, packed int4 and float8e4m3fn,
 # per tensor and blocked 32; docs/performance.md has the table). A cpu call
-# costs 12-20 us whatever its size (argument checks, waking numba's
-# threads); numpy starts at 11-26 us and grows. Below 2048 elements numpy is
-# at most 13 us slower (packed int4), from 2048 up the cpu kernel is never
-# slower (uint8 and float8 DQ per tensor are the last to cross, at 2048).
+# costs 13-19 us whatever its size (argument checks, waking numba's
+# threads); numpy starts at 9-25 us and grows. Below 2048 elements numpy is
+# at most 12 us slower (packed int4); from 2048 up the cpu kernel is as fast
+# or faster, but for 8-bit and float8 DQ per tensor, where numpy stays
+# 1-3 us ahead up to 4096-8192 elements.
 AUTO_REFERENCE_BELOW = 2048
 
 
