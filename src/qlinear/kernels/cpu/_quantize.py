@@ -129,16 +129,17 @@ def quantize(
 
     codes = out.reshape(-1).view(code_dtype)
     p[kernel.P_STREAM] = streams(flat_x.nbytes + codes.nbytes, codes)
-    # Blocks stream a line of codes at a time (a line meets at most three
-    # periods of at least half a line); longer periods go by runs, whose long
-    # ones stream by themselves.
-    period, count = scale_period(plan.granularity, plan.x_shape, scale.shape, LINE // codes.itemsize // 2)
-    if period <= LONGEST_BLOCK_PERIOD:
-        p[kernel.P_PERIOD], p[kernel.P_COUNT] = period, count
-    # 2/4-bit codes go straight into their bytes where every run starts on a
-    # byte and fills a line of them, or is a block of 32 (a loop of its own);
-    # other short runs measured slower so than through pieces.
-    if packed and p[kernel.P_DIRECT] and t.bits in (2, 4):
+    if not packed:
+        # Blocks stream a line of codes at a time (a line meets at most three
+        # periods of at least half a line); longer periods go by runs, whose
+        # long ones stream by themselves.
+        period, count = scale_period(plan.granularity, plan.x_shape, scale.shape, LINE // codes.itemsize // 2)
+        if period <= LONGEST_BLOCK_PERIOD:
+            p[kernel.P_PERIOD], p[kernel.P_COUNT] = period, count
+    elif p[kernel.P_DIRECT] and t.bits in (2, 4):
+        # 2/4-bit codes go straight into their bytes where every run starts on
+        # a byte and fills a line of them, or is a block of 32 (a loop of its
+        # own); other short runs measured slower so than through pieces.
         per_byte = 8 // t.bits
         p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte, BLOCK_CODES)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())

@@ -301,10 +301,11 @@ def packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, float_out, qmin,
     ``bits`` is 4 (integer codes, or float4e2m1 codes with ``float_out``)
     or 2 (integer codes). Integer codes are :func:`integer_code`'s, float
     codes :func:`float_code`'s with ``float_args`` (``has_zp, nan_to_zp,
-    cap, k``) and zero points looked up in ``ztab``. A run that ends
-    inside a byte (the last of the tensor) writes that byte alone.
-    Stepping runs decode their zero points into ``zvalues`` first, as in
-    :func:`integer_runs`.
+    cap, k``) and zero points looked up in ``ztab``. Only the tensor's
+    last run can end inside a byte, and only per tensor (rows and blocks
+    whose runs would are kept from here by :func:`._params.packed_runs_fit`):
+    a run of one scale writes that byte alone. Stepping runs decode their
+    zero points into ``zvalues`` first, as in :func:`integer_runs`.
     """
     has_zp, nan_to_zp, cap, k = float_args
     per_byte = 8 // bits
@@ -378,17 +379,6 @@ def packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, float_out, qmin,
                             v = np.float32(x[_U(jr + q)]) / scale[_U(sr + q)]
                             acc |= integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask) << (2 * lane)
                         out[_U(o + b)] = acc
-                if n > whole * per_byte:
-                    acc = np.int32(0)
-                    for q in range(whole * per_byte, n):
-                        v = np.float32(x[jr + q]) / scale[sr + q]
-                        c = (
-                            float_code(v, zvalues[zi + q], has_zp, nan_to_zp, cap, k)
-                            if float_out
-                            else integer_code(v, zvalues[zi + q], qmin, qmax, mask)
-                        )
-                        acc |= c << (bits * (q - whole * per_byte))
-                    out[o + whole] = acc
             else:
                 s = scale[sr]
                 z = ztab[zp[sr]] if float_out else integer_zero_point(zp[sr], sign)
