@@ -78,6 +78,22 @@ def _f32_bits(typingctx, v):
 
 
 @intrinsic
+def _power_from_bits(typingctx, unit, low):
+    """The float32 whose bits are ``unit - low`` modulo 2**32, ``unit`` a float32 holding a whole number below 2**32.
+
+    The subtraction stays in 32 bits (numba would widen it to int64, and
+    the vector loops with it); modulo 2**32 it has the bits the int64
+    difference truncated would have.
+    """
+
+    def codegen(context, builder, sig, args):
+        u = builder.fptoui(args[0], ir.IntType(32))
+        return builder.bitcast(builder.sub(u, args[1]), ir.FloatType())
+
+    return types.float32(types.float32, types.int32), codegen
+
+
+@intrinsic
 def _bits_f32(typingctx, b):
     """The float32 whose bits are the low 32 bits of an int64."""
 
@@ -141,7 +157,7 @@ def float_code(q, z, has_zp, nan_to_zp, cap, k):
     a = abs(v)
     a = cap if cap < a else a  # written as x86's min reads it, so NaN passes through
     low = _f32_bits(max(_bits_f32(_f32_bits(a) & _EXPONENT), pmin))  # bits of 2**E
-    r = np.rint(a * _bits_f32(np.int64(unit) - low))
+    r = np.rint(a * _power_from_bits(unit, low))
     code = r + np.float32(low) * step  # the code plus offset, or NaN
     code = code if code < nan else nan
     return np.int32(code + (neg if _f32_bits(v) < 0 else pos))

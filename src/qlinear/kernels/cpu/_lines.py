@@ -217,7 +217,6 @@ def _float_codes(builder, q, z, has_zp, nan_to_zp, cap, k):
     f32 = q.type
     lanes = f32.count
     i32 = ir.VectorType(ir.IntType(32), lanes)
-    i64 = ir.VectorType(ir.IntType(64), lanes)
     pmin, unit, step, nan, neg, pos = (_splat(builder, builder.extract_value(k, n), f32) for n in range(6))
     v = builder.fadd(q, builder.select(has_zp, z, ir.Constant(f32, [-0.0] * lanes)))
     v = builder.select(
@@ -231,7 +230,8 @@ def _float_codes(builder, q, z, has_zp, nan_to_zp, cap, k):
     a = builder.select(builder.fcmp_ordered("<", cap, a), cap, a)
     exponent = builder.bitcast(builder.and_(builder.bitcast(a, i32), ir.Constant(i32, [0x7F800000] * lanes)), f32)
     low = builder.bitcast(builder.select(builder.fcmp_ordered(">", exponent, pmin), exponent, pmin), i32)
-    scale_bits = builder.trunc(builder.sub(builder.fptosi(unit, i64), builder.sext(low, i64)), i32)
+    # In 32 bits: modulo 2**32 the difference has the bits of float_code's (unit fits an unsigned int32).
+    scale_bits = builder.sub(builder.fptoui(unit, i32), low)
     r = _rint(builder, builder.fmul(a, builder.bitcast(scale_bits, f32)))
     code = builder.fadd(r, builder.fmul(builder.sitofp(low, f32), step))
     code = builder.select(builder.fcmp_ordered("<", code, nan), code, nan)
