@@ -508,15 +508,18 @@ def test_cpu_streamed_packed_lines_match_reference(name, monkeypatch):
 # or are blocks of 32: packed 2/4-bit codes go straight into their bytes
 # there. Per tensor with a last byte half full; rows, middle axes, the last
 # axis, blocks with a short last one, blocks of 32, blocks across rows;
-# several tasks each.
+# several tasks each; rows of 1000 and 300 codes whose scales step with the
+# element, not a whole number of 32-code vectors.
 BYTE_RUN_LAYOUTS = [
     ((70001,), 0, 0),
     ((70, 1024), 1, 32),
     ((80, 1024), 0, 0),
     ((3, 40, 512), 1, 0),
     ((70, 1024), 1, 0),
+    ((30, 1000), 1, 0),
     ((40, 1280), 1, 512),
     ((96, 512), 0, 32),
+    ((64, 300), 0, 16),
 ]
 
 
