@@ -12,8 +12,8 @@ import pytest
 import qlinear
 from qlinear.dtypes import element_type
 
-# Float outputs the direct path encodes itself (the fnuz types go through the staged path).
-FLOAT_CODED = ["float8e4m3fn", "float8e5m2", "float4e2m1", "float6e2m3", "float6e3m2"]
+# Float outputs the direct path encodes itself: every quantized float type.
+FLOAT_CODED = ["float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1", "float6e2m3", "float6e3m2"]
 PACKED_INTEGERS = ["uint4", "int4", "uint2", "int2"]
 
 
@@ -49,6 +49,21 @@ def test_quantize_float_codes_every_rounding_case(name):
         # A zero point shifts every quotient, NaN included for types without NaN.
         zp = np.array(-1.5, np.float32).astype(element_type(name).dtype)
         _assert_same(qlinear.quantize_linear, x, np.float32(1), zp, saturate=saturate)
+
+
+@pytest.mark.parametrize("name", FLOAT_CODED)
+def test_quantize_float_types_take_the_direct_path(name):
+    # float32 x in float32 precision goes from x straight to the codes for
+    # every float type (the fnuz types' unsigned zero and NaN included);
+    # only float16 and bfloat16 inputs or precision go through stages.
+    from qlinear.kernels.cpu import _quantize_kernel as kernel
+    from qlinear.kernels.cpu._params import PREC_BF16, PREC_F32
+    from qlinear.kernels.cpu._quantize import _type_constants
+
+    t = element_type(name)
+    for saturate in (True, False):
+        assert _type_constants(t, PREC_F32, PREC_F32, saturate, True, False).p[kernel.P_DIRECT] == 1
+    assert _type_constants(t, PREC_BF16, PREC_F32, True, True, False).p[kernel.P_DIRECT] == 0
 
 
 @pytest.mark.parametrize("name", FLOAT_CODED)

@@ -51,6 +51,8 @@ __all__ = [
     "K_OVF_AT",
     "K_PMIN",
     "K_POS",
+    "K_SIGNED_ABOVE",
+    "K_SIGNED_BELOW",
     "K_STEP",
     "K_UNIT",
     "float_code",
@@ -60,8 +62,8 @@ __all__ = [
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 # Slots of the constants array float_code_constants returns.
-(K_OVF_AT, K_PMIN, K_UNIT, K_STEP, K_NAN, K_NEG, K_POS) = range(7)
-FLOAT_CODE_LEN = 7
+(K_OVF_AT, K_PMIN, K_UNIT, K_STEP, K_NAN, K_NEG, K_POS, K_SIGNED_ABOVE, K_SIGNED_BELOW) = range(9)
+FLOAT_CODE_LEN = 9
 
 _NEG_ZERO = np.float32(-0.0)  # q + -0.0 is q for every q, -0.0 and NaN included
 _EXPONENT = 0x7F800000  # exponent field of a float32
@@ -106,11 +108,11 @@ def _bits_f32(typingctx, b):
 def float_code_constants(t: ElementType, e: np.ndarray) -> np.ndarray | None:
     """float32 constants of :func:`float_code` for float type ``t`` with encoding slots ``e``.
 
-    None where float_code does not compute the encoding: the fnuz types
-    (their zero and their one NaN are unsigned) and encodings that keep NaN
-    payloads (float16's).
+    None where float_code does not compute the encoding: encodings that
+    keep NaN payloads (float16's), and unsigned zeros without unsigned NaN
+    or the reverse, which no quantized type has.
     """
-    if e[E_NANMASK] or e[E_NANMIN] or not (e[E_SIGNED_ZERO] and e[E_SIGNED_SPECIAL]):
+    if e[E_NANMASK] or e[E_NANMIN] or e[E_SIGNED_ZERO] != e[E_SIGNED_SPECIAL]:
         return None
     m = int(e[E_M])
     emin_field = int(e[E_SUBLIM]) >> 23  # biased exponent of the smallest normal
@@ -137,6 +139,13 @@ def float_code_constants(t: ElementType, e: np.ndarray) -> np.ndarray | None:
     k[K_NAN] = e[E_NANBASE] + offset
     k[K_NEG] = (1 << int(e[E_SIGNSHIFT])) - offset
     k[K_POS] = -offset
+    if e[E_SIGNED_ZERO]:
+        # Every code takes the sign bit, zero and NaN included.
+        k[K_SIGNED_ABOVE], k[K_SIGNED_BELOW] = -np.inf, np.inf
+    else:
+        # fnuz: zero and the one NaN (the overflow code too) are unsigned;
+        # only the codes strictly between them take the sign bit.
+        k[K_SIGNED_ABOVE], k[K_SIGNED_BELOW] = offset, k[K_NAN]
     return k
 
 
@@ -148,10 +157,12 @@ def float_code(q, z, has_zp, nan_to_zp, cap, k):
     the smaller of the clamp (infinity for none) and ``K_OVF_AT``:
     magnitudes past it are brought back to it, which clamps, or encodes as
     the overflow code. NaN goes through as NaN and is then replaced by the
-    NaN code; the sign bit is added last. ``k`` is the tuple of
-    float_code_constants' values from ``K_PMIN`` on, read once per run.
+    NaN code; the sign bit is added last, to the codes strictly between
+    ``K_SIGNED_ABOVE`` and ``K_SIGNED_BELOW`` (every code but for the fnuz
+    types' zero and NaN). ``k`` is the tuple of float_code_constants'
+    values from ``K_PMIN`` on, read once per run.
     """
-    pmin, unit, step, nan, neg, pos = k
+    pmin, unit, step, nan, neg, pos, above, below = k
     v = q + (z if has_zp else _NEG_ZERO)
     v = z if nan_to_zp & (v != v) else v
     a = abs(v)
@@ -160,4 +171,5 @@ def float_code(q, z, has_zp, nan_to_zp, cap, k):
     r = np.rint(a * _power_from_bits(unit, low))
     code = r + np.float32(low) * step  # the code plus offset, or NaN
     code = code if code < nan else nan
-    return np.int32(code + (neg if _f32_bits(v) < 0 else pos))
+    signed = (_f32_bits(v) < 0) & (code > above) & (code < below)
+    return np.int32(code + (neg if signed else pos))

@@ -217,7 +217,7 @@ def _float_codes(builder, q, z, has_zp, nan_to_zp, cap, k):
     f32 = q.type
     lanes = f32.count
     i32 = ir.VectorType(ir.IntType(32), lanes)
-    pmin, unit, step, nan, neg, pos = (_splat(builder, builder.extract_value(k, n), f32) for n in range(6))
+    pmin, unit, step, nan, neg, pos, above, below = (_splat(builder, builder.extract_value(k, n), f32) for n in range(8))
     v = builder.fadd(q, builder.select(has_zp, z, ir.Constant(f32, [-0.0] * lanes)))
     v = builder.select(
         builder.and_(_splat(builder, nan_to_zp, ir.VectorType(ir.IntType(1), lanes)), builder.fcmp_unordered("!=", v, v)),
@@ -235,7 +235,10 @@ def _float_codes(builder, q, z, has_zp, nan_to_zp, cap, k):
     r = _rint(builder, builder.fmul(a, builder.bitcast(scale_bits, f32)))
     code = builder.fadd(r, builder.fmul(builder.sitofp(low, f32), step))
     code = builder.select(builder.fcmp_ordered("<", code, nan), code, nan)
-    signed = builder.icmp_signed("<", v_bits, ir.Constant(i32, [0] * lanes))
+    signed = builder.and_(
+        builder.icmp_signed("<", v_bits, ir.Constant(i32, [0] * lanes)),
+        builder.and_(builder.fcmp_ordered(">", code, above), builder.fcmp_ordered("<", code, below)),
+    )
     return builder.fptosi(builder.fadd(code, builder.select(signed, neg, pos)), i32)
 
 
@@ -306,6 +309,7 @@ def store_fence(typingctx):
 # below splits[0] take the first, below splits[1] the second, the rest the
 # third. A line of one scale passes it three times and splits (lanes, lanes).
 _THREE = types.UniTuple(types.float32, 3)
+_FLOAT_CODE_K = types.UniTuple(types.float32, 8)  # float_code's k: its constants from K_PMIN on
 _SPLITS = types.UniTuple(types.intp, 2)
 
 
@@ -536,7 +540,7 @@ def quantize_float_line(typingctx, x, xj, dst, dj, s, z, has_zp, nan_to_zp, cap,
         types.boolean,
         types.boolean,
         types.float32,
-        types.UniTuple(types.float32, 6),
+        _FLOAT_CODE_K,
     )
 
     def codegen(context, builder, signature, args):
@@ -626,7 +630,7 @@ def quantize_float4_block(typingctx, x, xj, s, z, dst, byte, has_zp, nan_to_zp, 
         return None
     x_is_int = isinstance(x.dtype, types.Integer)
     f = types.float32
-    sig = types.void(x, types.intp, f, f, dst, types.intp, types.boolean, types.boolean, f, types.UniTuple(f, 6))
+    sig = types.void(x, types.intp, f, f, dst, types.intp, types.boolean, types.boolean, f, _FLOAT_CODE_K)
 
     def codegen(context, builder, signature, args):
         xs, xj_, s_, z_, ds, byte, has_zp_, nan_to_zp_, cap_, k_ = args

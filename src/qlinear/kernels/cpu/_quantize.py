@@ -73,7 +73,7 @@ def _type_constants(t: ElementType, prec: int, xwide: int, saturate: bool, has_z
     f[kernel.F_SUBMUL_OUT], f[kernel.F_SUBMUL_PREC] = submul_out, submul_prec
     fk = np.zeros(FLOAT_CODE_LEN, np.float32) if t.is_integer else float_code_constants(t, e_out)
     # float32 (or int32) x in float32 precision goes straight from x to the
-    # codes; the rest (and the fnuz types) through the staged tiles.
+    # codes; the rest through the staged tiles.
     p[kernel.P_DIRECT] = prec == PREC_F32 and xwide == PREC_F32 and fk is not None
     if fk is None:
         fk = np.zeros(FLOAT_CODE_LEN, np.float32)

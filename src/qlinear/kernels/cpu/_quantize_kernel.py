@@ -4,10 +4,9 @@
 walked run by run (a run: consecutive elements whose scale is one constant,
 or steps with each element). float32 or int32 ``x`` in float32 precision,
 the common case, takes each run as one tight loop from ``x`` straight to the
-codes (:mod:`._quantize_runs`), for integer and float outputs alike (the
-fnuz float8 types excepted). float16 and bfloat16 ``x`` or precision, and
-the fnuz types, go through stages a tile at a time: each tile
-is decoded to float32, rounded to the precision, divided by its scales,
+codes (:mod:`._quantize_runs`), for integer and float outputs alike.
+float16 and bfloat16 ``x`` or precision go through stages a tile at a
+time: each tile is decoded to float32, rounded to the precision, divided by its scales,
 rounded again, then turned into integer codes (half to even, NaN to 0,
 clamp) or float codes (zero point added in IEEE arithmetic, NaN to the zero
 point where the type has none, clamp, bit-exact encoding). The float32
@@ -29,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qlinear.kernels.cpu._encode import K_NAN, K_NEG, K_OVF_AT, K_PMIN, K_POS, K_STEP, K_UNIT
+from qlinear.kernels.cpu._encode import K_NAN, K_NEG, K_OVF_AT, K_PMIN, K_POS, K_SIGNED_ABOVE, K_SIGNED_BELOW, K_STEP, K_UNIT
 from qlinear.kernels.cpu._lines import store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, MIN_CHUNK, PREC_F32
 from qlinear.kernels.cpu._quantize_runs import (
@@ -191,7 +190,7 @@ def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec
     elif p[P_DIRECT]:
         # A clamp to the limit and the overflow clamp are one clamp of |v|.
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
-        k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS])
+        k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS], fk[K_SIGNED_ABOVE], fk[K_SIGNED_BELOW])
         float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k, stream)
     else:
         _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec)
@@ -204,7 +203,7 @@ def _packed_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e_p
     if p[P_BYTE_RUNS]:
         qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
         cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
-        k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS])
+        k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS], fk[K_SIGNED_ABOVE], fk[K_SIGNED_BELOW])
         float_args = (p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
         packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, p[P_FLOAT_OUT] != 0, qmin, qmax, mask, sign, float_args)
     else:
