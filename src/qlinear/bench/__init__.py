@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs, qlinear_calls
+from qlinear.bench._cases import GRANULARITIES, MORE_TYPES, TYPES, Case, cases, inputs, qlinear_calls
 from qlinear.bench._measure import best_time, copy_bandwidth, peak_extra_bytes
 from qlinear.bench._ort_pairs import run_ort_pairs
 from qlinear.bench._others import ort_runner, reference_runner
@@ -23,7 +23,7 @@ from qlinear.bench._startup import run_startup, startup_table
 from qlinear.bench._stores import run_store_pairs
 from qlinear.ops import quantize_linear
 
-__all__ = ["GRANULARITIES", "TYPES", "run_benchmark", "run_ort_pairs", "run_startup", "run_store_pairs", "startup_table"]
+__all__ = ["GRANULARITIES", "MORE_TYPES", "TYPES", "run_benchmark", "run_ort_pairs", "run_startup", "run_store_pairs", "startup_table"]
 
 
 def run_benchmark(
@@ -67,6 +67,10 @@ def run_benchmark(
             # run here). The floor takes their median.
             bandwidths.append(copy_bandwidth(x.nbytes, repeats))
             run_q, run_dq, alloc_q, alloc_dq, q = qlinear_calls(case, x, scale, zp)
+            # Straight after the copy, on the same numba threads, and before
+            # ONNX Runtime's session for this input starts threads of its own.
+            q_time = best_time(run_q, repeats, settle_s=0)
+            dq_time = best_time(run_dq, repeats, settle_s=0)
             ort_q_case = Case("Q", case.type_name, case.granularity)
             ort_q, ort_mode = ort_runner(ort_q_case, x, q, scale, zp, threads)
             unpacked = quantize_linear(x, scale, zp, axis=case.axis, block_size=case.block_size) if case.packed else q
@@ -78,10 +82,8 @@ def run_benchmark(
                 unpacked=unpacked,
                 q_bytes=q.nbytes,
                 allocating={"Q": alloc_q, "DQ": alloc_dq},
-                # Straight after the copy, on the same numba threads: no
-                # other library's threads to wait out.
-                q_time=best_time(run_q, repeats, settle_s=0),
-                dq_time=best_time(run_dq, repeats, settle_s=0),
+                q_time=q_time,
+                dq_time=dq_time,
                 ort_q=(ort_q, ort_mode),
             )
         shared = by_input[key]

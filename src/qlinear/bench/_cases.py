@@ -12,9 +12,11 @@ import numpy as np
 from qlinear.dtypes import ElementType, element_type
 from qlinear.ops import dequantize_linear, quantize_linear
 
-__all__ = ["Case", "GRANULARITIES", "TYPES", "cases", "inputs", "qlinear_calls"]
+__all__ = ["Case", "GRANULARITIES", "MORE_TYPES", "TYPES", "cases", "inputs", "qlinear_calls"]
 
 TYPES = ("uint8", "int8", "int16", "uint4", "int4", "int2", "float8e4m3fn", "float8e5m2", "float4e2m1")
+# The other quantized types, measured when asked for by name.
+MORE_TYPES = ("uint16", "uint2", "float8e4m3fnuz", "float8e5m2fnuz", "float6e2m3", "float6e3m2")
 # name -> (axis, block_size, per_tensor)
 GRANULARITIES = {
     "per-tensor": (1, 0),
@@ -54,7 +56,8 @@ class Case:
 
     def opset(self) -> int:
         """The oldest opset whose operators accept this type and granularity."""
-        by_type = {"int16": 21, "uint4": 21, "int4": 21, "float4e2m1": 23, "int2": 25}
+        by_type = {"int16": 21, "uint16": 21, "uint4": 21, "int4": 21, "float4e2m1": 23, "int2": 25, "uint2": 25}
+        by_type.update(float6e2m3=28, float6e3m2=28)
         return max(by_type.get(self.type_name, 19), 21 if self.block_size else 13)
 
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from qlinear.bench import GRANULARITIES, TYPES, run_benchmark, run_ort_pairs, run_startup, run_store_pairs, startup_table
+from qlinear.bench import GRANULARITIES, MORE_TYPES, TYPES, run_benchmark, run_ort_pairs, run_startup, run_store_pairs, startup_table
 
 __all__ = ["add_arguments", "run"]
 
@@ -44,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--reference", action="store_true", help="also time onnx.reference (slow: seconds per case at 16M)")
     parser.add_argument(
-        "--types", nargs="+", default=list(TYPES), choices=TYPES, metavar="TYPE", help="element types (default all)"
+        "--types",
+        nargs="+",
+        default=list(TYPES),
+        choices=TYPES + MORE_TYPES,
+        metavar="TYPE",
+        help=f"element types (default: {' '.join(TYPES)}; also {' '.join(MORE_TYPES)})"
     )
     parser.add_argument(
         "--granularities",
