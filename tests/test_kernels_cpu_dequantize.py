@@ -22,7 +22,8 @@ OUTPUTS = [np.float32, np.float16, ml_dtypes.bfloat16]
 
 # (shape, axis, block_size): rows of odd lengths so packed runs start at every
 # offset within a byte, blocks shorter than a byte's codes and longer, rows
-# shorter than a block, and blocks across the 16384-element chunk boundary.
+# shorter than a block, blocks across the 16384-element chunk boundary, and
+# scales stepping along rows of 101 (runs longer than a vector of codes).
 LAYOUTS = [
     ((1, 1), 0, 0),
     ((3, 1), 1, 0),
@@ -39,6 +40,8 @@ LAYOUTS = [
     ((2, 16390), 1, 32),
     ((3, 11001), 1, 7),
     ((16387, 2), 0, 33),
+    ((9, 101), 1, 0),
+    ((24, 101), 0, 8),
 ]
 
 

@@ -35,7 +35,7 @@ def _read(kernel: ModuleType, t: ElementType, packed: bool) -> tuple[np.ndarray,
     p[kernel.P_BITS] = t.bits
     if not t.is_integer or (t.qmin < 0 and t.bits < 32):
         p[kernel.P_SIGN_BIT] = 1 << (t.bits - 1)
-    if not t.is_integer and t.bits in (4, 8):
+    if not t.is_integer and t.bits in (4, 6, 8):
         _float_format(kernel, t, p)
     if packed:
         p[kernel.P_READ] = kernel.READ_PACKED_INTEGER if t.is_integer else kernel.READ_PACKED_FLOAT

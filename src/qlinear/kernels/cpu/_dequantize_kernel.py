@@ -24,8 +24,8 @@ from qlinear.kernels.cpu._dequantize_runs import (
     nibble_runs,
     packed_lines_fit,
     packed_period_lines,
-    packed_runs,
     period_lines,
+    sextet_runs,
     table_runs,
 )
 from qlinear.kernels.cpu._lines import LONGEST_BLOCK_PERIOD, store_fence
@@ -101,7 +101,8 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
         elif bits == 2 and whole_bytes:
             crumb_runs(x8, sign, j, stop, table, scale, zp, dst, d0, lay)
         else:
-            packed_runs(x8, bits, j, stop, table, scale, zp, dst, d0, lay)
+            # 6-bit floats, the packed type left (neither infinity nor NaN).
+            sextet_runs(x8, fmt, j, stop, table, scale, zp, dst, d0, lay)
         if wide:
             encode(tile, stop - j, out16[j:stop], e_out, submul)
     if stream:

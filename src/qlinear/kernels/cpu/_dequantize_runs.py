@@ -19,7 +19,9 @@ would cost more than the run.
   and masks; integers sign-extended as above, float4e2m1 decoded as
   float8 is. A run's codes before its first whole byte and after its last
   are read one at a time, through the table.
-- :func:`packed_runs`: any packed codes one at a time (6-bit floats).
+- :func:`sextet_runs`: ONNX's packed 6-bit float codes (four in three
+  bytes), 16 codes a vector (:func:`._lines.dequantize_sextets`), decoded
+  as float4e2m1 is.
 - :func:`period_lines`, :func:`packed_period_lines`: the integer and
   float8 reads, and packed 4/2-bit ones, of calls that stream their
   output, where the layout is periodic (the scale of element ``j`` is
@@ -54,6 +56,8 @@ from qlinear.kernels.cpu._lines import (
     dequantize_float8_line,
     dequantize_line,
     dequantize_nibble_line,
+    dequantize_sextet_steps,
+    dequantize_sextets,
     line_offset,
     line_scales,
     line_span,
@@ -70,9 +74,9 @@ __all__ = [
     "period_lines",
     "nibble_runs",
     "crumb_runs",
+    "sextet_runs",
     "packed_lines_fit",
     "packed_period_lines",
-    "packed_runs",
 ]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
@@ -333,22 +337,6 @@ def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay):
 
 
 @_jit
-def packed_runs(x, bits, start, end, table, scale, zp, dst, d0, lay):
-    """``dst[j - d0]``: packed ``bits``-bit code ``j`` through ``table``, one code at a time."""
-    mask = (1 << bits) - 1
-    o, d, i, b, shape = *locate(start, lay), _shape(lay)
-    j = start
-    while j < end:
-        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
-        for k in range(n):
-            pos = (j + k) * bits
-            word = np.int32(x[pos >> 3]) | (np.int32(x[(pos + bits - 1) >> 3]) << 8)
-            sk = si + k * step
-            dst[j - d0 + k] = (table[(word >> (pos & 7)) & mask] - zp[sk]) * scale[sk]
-        j += n
-
-
-@_jit
 def nibble_runs(x, sign, fmt, start, end, table, scale, zp, dst, d0, lay):
     """``dst[j - d0]``: 4-bit code ``j`` of packed ``x``, a whole byte (two codes) at a time.
 
@@ -394,6 +382,53 @@ def nibble_runs(x, sign, fmt, start, end, table, scale, zp, dst, d0, lay):
             e = j + k
             sk = si + k * step
             dst[e - d0] = (table[(x[e >> 1] >> ((e & 1) * 4)) & 15] - zp[sk]) * scale[sk]
+        j += n
+
+
+@_jit
+def sextet_runs(x, fmt, start, end, table, scale, zp, dst, d0, lay):
+    """``dst[j - d0]``: 6-bit float code ``j`` of packed ``x``, 16 codes (12 bytes) a vector, then four (3 bytes) at a time.
+
+    The float6 types have neither infinity nor NaN: each code is decoded
+    by :func:`_finite_value`, as float4e2m1's are.
+    """
+    f32 = _format(fmt)
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
+    j = start
+    while j < end:
+        n, si, step, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
+        # Codes [head, head + 4 * whole) of the run fill whole groups of three bytes from x[b0].
+        head = min(n, -j & 3)
+        whole = (n - head) >> 2
+        b0, dj, sj = (j + head) // 4 * 3, j + head - d0, si + head * step
+        # 16 codes (12 bytes) a vector while they last, then a group of four at a time.
+        vectors = whole // 4
+        if step:
+            for v in range(vectors):
+                dequantize_sextet_steps(x, b0 + 12 * v, f32, dst, dj + 16 * v, scale, sj + 16 * v, zp, sj + 16 * v)
+        else:
+            for v in range(vectors):
+                dequantize_sextets(x, b0 + 12 * v, f32, dst, dj + 16 * v, scale[si], zp[si])
+        if step:
+            for q in range(4 * vectors, whole):
+                word = np.int32(x[_U(b0 + 3 * q)]) | (np.int32(x[_U(b0 + 3 * q + 1)]) << 8) | (np.int32(x[_U(b0 + 3 * q + 2)]) << 16)
+                for lane in range(4):
+                    v = _finite_value(np.int32((word >> (6 * lane)) & 63), f32)
+                    dst[_U(dj + 4 * q + lane)] = (v - zp[_U(sj + 4 * q + lane)]) * scale[_U(sj + 4 * q + lane)]
+        else:
+            s, z = scale[si], zp[si]
+            for q in range(4 * vectors, whole):
+                word = np.int32(x[_U(b0 + 3 * q)]) | (np.int32(x[_U(b0 + 3 * q + 1)]) << 8) | (np.int32(x[_U(b0 + 3 * q + 2)]) << 16)
+                for lane in range(4):
+                    dst[_U(dj + 4 * q + lane)] = (_finite_value(np.int32((word >> (6 * lane)) & 63), f32) - z) * s
+        # The rest: the head, and the codes after the last whole group, one at a time.
+        for t in range(n - 4 * whole):
+            k = t if t < head else t + 4 * whole
+            e = j + k
+            sk = si + k * step
+            pos = e * 6
+            word = np.int32(x[pos >> 3]) | (np.int32(x[(pos + 5) >> 3]) << 8)
+            dst[e - d0] = (table[(word >> (pos & 7)) & 63] - zp[sk]) * scale[sk]
         j += n
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from qlinear.kernels.cpu._lines import pack_sextets
 from qlinear.kernels.cpu._params import (
     E_M,
     E_MAXMAG,
@@ -195,15 +196,24 @@ def pack_codes(codes, n, out, first, bits):
     """
     if bits == 6:
         o0 = first // 4 * 3
-        nbytes = (n * 6 + 7) // 8
-        for g in range((n + 3) // 4):
-            word = np.uint32(0)
-            for lane in range(4):
-                if 4 * g + lane < n:
-                    word |= np.uint32(codes[4 * g + lane]) << (6 * lane)
-            for q in range(3):
-                if 3 * g + q < nbytes:
-                    out[o0 + 3 * g + q] = (word >> (8 * q)) & 0xFF
+        # 16 codes (12 bytes) a vector, then whole groups of four codes,
+        # then the last group's codes and bytes alone.
+        whole = n // 4
+        vectors = n // 16
+        for v in range(vectors):
+            pack_sextets(codes, 16 * v, out, o0 + 12 * v)
+        for g in range(4 * vectors, whole):
+            c = 4 * g
+            word = np.int32(codes[c]) | (np.int32(codes[c + 1]) << 6) | (np.int32(codes[c + 2]) << 12) | (np.int32(codes[c + 3]) << 18)
+            out[o0 + 3 * g] = word & 0xFF
+            out[o0 + 3 * g + 1] = (word >> 8) & 0xFF
+            out[o0 + 3 * g + 2] = word >> 16
+        if n > 4 * whole:
+            word = np.int32(0)
+            for lane in range(n - 4 * whole):
+                word |= np.int32(codes[4 * whole + lane]) << (6 * lane)
+            for q in range(((n - 4 * whole) * 6 + 7) // 8):
+                out[o0 + 3 * whole + q] = (word >> (8 * q)) & 0xFF
         return
     per = 8 // bits
     o0 = first // per
