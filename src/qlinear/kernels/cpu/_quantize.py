@@ -37,8 +37,6 @@ class _TypeConstants(NamedTuple):
     p: np.ndarray  # parameter slots; each call copies it and adds its layout's
     f: np.ndarray
     fk: np.ndarray
-    e_out: np.ndarray
-    e_prec: np.ndarray
     ztab: np.ndarray
 
 
@@ -66,19 +64,17 @@ def _type_constants(t: ElementType, prec: int, xwide: int, saturate: bool, has_z
     p[kernel.P_CLIP] = saturate or not t.saturate_applies
     p[kernel.P_PACKED_BITS] = t.bits if packed else 0
     p[kernel.P_ZP_SIGN] = 1 << (t.bits - 1) if t.is_integer and t.qmin < 0 else 0
-    e_out, submul_out = float_encoding(t) if not t.is_integer else float_encoding(PREC_F32)
-    e_prec, submul_prec = float_encoding(prec)
     f = np.zeros(kernel.F_LEN, np.float64)
     f[kernel.F_LIMIT] = t.max_finite or 0.0
-    f[kernel.F_SUBMUL_OUT], f[kernel.F_SUBMUL_PREC] = submul_out, submul_prec
-    fk = np.zeros(FLOAT_CODE_LEN, np.float32) if t.is_integer else float_code_constants(t, e_out)
-    # float32 (or int32) x in float32 precision goes straight from x to the
-    # codes; the rest through the staged tiles.
-    p[kernel.P_DIRECT] = prec == PREC_F32 and xwide == PREC_F32 and fk is not None
+    # Every quantized float type's codes come from float_code, on both paths.
+    fk = np.zeros(FLOAT_CODE_LEN, np.float32) if t.is_integer else float_code_constants(t, float_encoding(t)[0])
     if fk is None:
-        fk = np.zeros(FLOAT_CODE_LEN, np.float32)
+        raise AssertionError(f"_type_constants: float_code has no constants for {t.name}")
+    # float32 (or int32) x in float32 precision goes straight from x to the
+    # codes; float16 and bfloat16 x or precision through the staged tiles.
+    p[kernel.P_DIRECT] = prec == PREC_F32 and xwide == PREC_F32
     ztab = decode_table(t, False) if not t.is_integer else _NO_TABLE
-    return _TypeConstants(p, f, fk, e_out, e_prec, ztab)
+    return _TypeConstants(p, f, fk, ztab)
 
 
 def quantize(
@@ -125,7 +121,7 @@ def quantize(
 
     constants = _type_constants(t, prec, xwide, plan.saturate, zero_point is not None, packed)
     p = constants.p.copy()
-    f, fk, e_out, e_prec, ztab = constants.f, constants.fk, constants.e_out, constants.e_prec, constants.ztab
+    f, fk, ztab = constants.f, constants.fk, constants.ztab
 
     codes = out.reshape(-1).view(code_dtype)
     p[kernel.P_STREAM] = streams(flat_x.nbytes + codes.nbytes, codes)
@@ -144,5 +140,5 @@ def quantize(
         p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte, BLOCK_CODES)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     run = kernel.quantize_packed_kernel if packed else kernel.quantize_kernel
-    run(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk, e_out, e_prec)
+    run(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk)
     return out

@@ -28,18 +28,30 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qlinear.kernels.cpu._encode import K_NAN, K_NEG, K_OVF_AT, K_PMIN, K_POS, K_SIGNED_ABOVE, K_SIGNED_BELOW, K_STEP, K_UNIT
+from qlinear.kernels.cpu._encode import (
+    K_NAN,
+    K_NEG,
+    K_OVF_AT,
+    K_PMIN,
+    K_POS,
+    K_SIGNED_ABOVE,
+    K_SIGNED_BELOW,
+    K_STEP,
+    K_UNIT,
+    float_code,
+)
 from qlinear.kernels.cpu._lines import store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, MIN_CHUNK, PREC_F32
 from qlinear.kernels.cpu._quantize_runs import (
     float_runs,
+    integer_code,
     integer_period_lines,
     integer_runs,
     integer_zero_point,
     pack,
     packed_runs,
 )
-from qlinear.kernels.cpu._tiles import TILE, decode_wide, encode, gather_scales, locate, next_run, round_to_precision
+from qlinear.kernels.cpu._tiles import TILE, decode_wide, gather_scales, locate, next_run, round_to_precision
 
 __all__ = ["quantize_kernel", "quantize_packed_kernel"]
 
@@ -70,8 +82,8 @@ __all__ = ["quantize_kernel", "quantize_packed_kernel"]
 ) = range(16)
 P_LEN = 16
 # Slots of the float parameter array ``f``.
-F_LIMIT, F_SUBMUL_OUT, F_SUBMUL_PREC = range(3)
-F_LEN = 3
+F_LIMIT = 0
+F_LEN = 1
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 
@@ -87,15 +99,19 @@ def _load(x, n, tile, xwide):
 
 
 @_jit
-def _divide(src, n, tile, scale, step):
-    """``tile[:n] = src[:n] / scale`` in float32 (``src`` may be ``tile``)."""
+def _divide(tile, n, scale, step):
+    """``tile[:n] /= scale`` in float32, in place.
+
+    In place on purpose: the same loop reading another array (or this one
+    under another name) measured 16x slower, LLVM leaving it scalar.
+    """
     if step:
         for k in range(n):
-            tile[k] = np.float32(src[k]) / scale[k]
+            tile[k] = tile[k] / scale[k]
     else:
         s = scale[0]
         for k in range(n):
-            tile[k] = np.float32(src[k]) / s
+            tile[k] = tile[k] / s
 
 
 @_jit
@@ -103,54 +119,65 @@ def _to_integer(tile, n, zp, step, dst, p):
     """Integer codes of the quotients ``tile[:n]``."""
     qmin, qmax = np.float32(p[P_QMIN]), np.float32(p[P_QMAX])
     mask = np.int32(p[P_MASK])
-    for k in range(n):
-        r = np.rint(tile[k])
-        v = (np.float32(0) if r != r else r) + zp[k * step]
-        dst[k] = np.int32(min(max(v, qmin), qmax)) & mask
+    # Two loops, not zp[k * step]: an index of unknown stride keeps LLVM from vectorizing.
+    if step:
+        for k in range(n):
+            dst[k] = integer_code(tile[k], zp[k], qmin, qmax, mask)
+    else:
+        z = zp[0]
+        for k in range(n):
+            dst[k] = integer_code(tile[k], z, qmin, qmax, mask)
 
 
 @_jit
-def _to_float(tile, codes, n, zp, step, dst, p, f, e_out, e_prec):
-    """Float codes: ``q + zp`` (if a zero point was given), NaN -> zp, clamp, encode."""
+def _to_float(tile, n, zp, step, dst, p, float_args):
+    """Float codes: ``q + zp`` (if a zero point was given) rounded to the precision, then :func:`float_code` of that.
+
+    ``float_code`` takes the sum as it is (no zero point of its own) and
+    the zero point only for NaN (types without NaN), then clamps and
+    encodes, as on the direct path; ``float_args`` is ``(nan_to_zp, cap, k)``.
+    """
     prec = p[P_PREC]
+    nan_to_zp, cap, k = float_args
+    # Two loops each, not zp[t * step]: an index of unknown stride keeps LLVM from vectorizing.
     if p[P_HAS_ZP]:
-        for k in range(n):
-            tile[k] = tile[k] + zp[k * step]
+        if step:
+            for t in range(n):
+                tile[t] = tile[t] + zp[t]
+        else:
+            for t in range(n):
+                tile[t] = tile[t] + zp[0]
         if prec != PREC_F32:
-            round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
-    if p[P_NAN_TO_ZP]:
-        for k in range(n):
-            if tile[k] != tile[k]:
-                tile[k] = zp[k * step]
-    if p[P_CLIP]:
-        lim = np.float32(f[F_LIMIT])
-        for k in range(n):
-            v = tile[k]
-            tile[k] = lim if v > lim else (-lim if v < -lim else v)
-    encode(tile, n, dst, e_out, f[F_SUBMUL_OUT])
+            round_to_precision(tile, n, prec)
+    if step:
+        for t in range(n):
+            dst[t] = float_code(tile[t], zp[t], False, nan_to_zp, cap, k)
+    else:
+        z = zp[0]
+        for t in range(n):
+            dst[t] = float_code(tile[t], z, False, nan_to_zp, cap, k)
 
 
 @_jit
-def _quantize_tile(x, n, scale, zp, step, dst, tile, codes, p, f, e_out, e_prec):
+def _quantize_tile(x, n, scale, zp, step, dst, tile, p, float_args):
     """Quantize one run of at most a tile: ``x``, ``dst`` and (when ``step``) ``scale``, ``zp`` start at its first element."""
     prec = p[P_PREC]
     _load(x, n, tile, p[P_XWIDE])
     if prec != PREC_F32:
-        round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
-    _divide(tile, n, tile, scale, step)
+        round_to_precision(tile, n, prec)
+    _divide(tile, n, scale, step)
     if prec != PREC_F32:
-        round_to_precision(tile, codes, n, prec, e_prec, f[F_SUBMUL_PREC])
+        round_to_precision(tile, n, prec)
     if p[P_FLOAT_OUT]:
-        _to_float(tile, codes, n, zp, step, dst, p, f, e_out, e_prec)
+        _to_float(tile, n, zp, step, dst, p, float_args)
     else:
         _to_integer(tile, n, zp, step, dst, p)
 
 
 @_jit
-def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec):
+def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, float_args):
     """Codes of ``x[start:end]`` into ``dst[start - d0:]``, a tile at a time through the stages."""
     tile = np.empty(TILE, np.float32)
-    codes = np.empty(TILE, np.int64)
     zp_values = np.empty(TILE, np.float32)
     float_out, sign = p[P_FLOAT_OUT], np.float32(p[P_ZP_SIGN])
     gather = lay[L_GATHER]
@@ -174,13 +201,16 @@ def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_pr
             state = (rem - m, sidx + m * step, step, o, d, i, b)
         for k in range(run_zp.size):
             zp_values[k] = ztab[run_zp[k]] if float_out else integer_zero_point(run_zp[k], sign)
-        _quantize_tile(x[j : j + m], m, run_scale, zp_values, step, dst[j - d0 : j - d0 + m], tile, codes, p, f, e_out, e_prec)
+        _quantize_tile(x[j : j + m], m, run_scale, zp_values, step, dst[j - d0 : j - d0 + m], tile, p, float_args)
         j += m
 
 
 @_jit
-def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec, stream):
+def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, stream):
     """One code a slot: elements ``start .. end`` into ``dst[start - d0:]``, by the loop that fits the call."""
+    # A clamp to the limit and the overflow clamp are one clamp of |v|.
+    cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
+    k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS], fk[K_SIGNED_ABOVE], fk[K_SIGNED_BELOW])
     if p[P_DIRECT] and not p[P_FLOAT_OUT]:
         qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
         if stream and p[P_PERIOD] > 0:
@@ -188,16 +218,13 @@ def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, e_out, e_prec
         else:
             integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign, stream)
     elif p[P_DIRECT]:
-        # A clamp to the limit and the overflow clamp are one clamp of |v|.
-        cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
-        k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS], fk[K_SIGNED_ABOVE], fk[K_SIGNED_BELOW])
         float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k, stream)
     else:
-        _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, e_out, e_prec)
+        _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, (p[P_NAN_TO_ZP] != 0, cap, k))
 
 
 @_jit
-def _packed_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
+def _packed_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk):
     """Packed bytes of elements ``start .. end`` (``start`` on a byte)."""
     bits = p[P_PACKED_BITS]
     if p[P_BYTE_RUNS]:
@@ -214,12 +241,12 @@ def _packed_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk, e_out, e_p
         codes = np.empty(piece, out.dtype)
         for j in range(start, end, piece):
             n = min(piece, end - j)
-            _codes(x, j, j + n, scale, zp, ztab, codes, j, lay, p, f, fk, e_out, e_prec, False)
+            _codes(x, j, j + n, scale, zp, ztab, codes, j, lay, p, f, fk, False)
             pack(codes, n, out, j, bits)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def quantize_kernel(x, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
+def quantize_kernel(x, scale, zp, ztab, out, lay, p, f, fk):
     """Quantize flat ``x`` into ``out``, one code a slot.
 
     Args:
@@ -230,21 +257,20 @@ def quantize_kernel(x, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
         ztab: float32 value of each byte, for float zero points.
         out: flat uint8/uint16 codes.
         lay, p, f: layout and parameters (_params, the slots above).
-        fk: float32 constants of float_code (_encode).
-        e_out, e_prec: encodings of the output type and the precision, for
-            the staged path.
+        fk: float32 constants of float_code (_encode), for float outputs
+            on every path.
     """
     total, chunk = lay[L_N], lay[L_CHUNK]
     stream = p[P_STREAM] != 0
     for c in prange((total + chunk - 1) // chunk):
         start = c * chunk
-        _codes(x, start, min(total, start + chunk), scale, zp, ztab, out, 0, lay, p, f, fk, e_out, e_prec, stream)
+        _codes(x, start, min(total, start + chunk), scale, zp, ztab, out, 0, lay, p, f, fk, stream)
         if stream:
             store_fence()
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def quantize_packed_kernel(x, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec):
+def quantize_packed_kernel(x, scale, zp, ztab, out, lay, p, f, fk):
     """Quantize flat ``x`` into the packed 2/4/6-bit bytes ``out`` (``P_PACKED_BITS``), arguments as :func:`quantize_kernel`'s.
 
     A kernel of its own: numba compiles every branch of a kernel for each
@@ -254,4 +280,4 @@ def quantize_packed_kernel(x, scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec
     total, chunk = lay[L_N], lay[L_CHUNK]
     for c in prange((total + chunk - 1) // chunk):
         start = c * chunk
-        _packed_chunk(x, start, min(total, start + chunk), scale, zp, ztab, out, lay, p, f, fk, e_out, e_prec)
+        _packed_chunk(x, start, min(total, start + chunk), scale, zp, ztab, out, lay, p, f, fk)

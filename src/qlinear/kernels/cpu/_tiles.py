@@ -13,7 +13,9 @@ No fastmath: every operation must round exactly as numpy does.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from qlinear.kernels.cpu._lines import pack_sextets
 from qlinear.kernels.cpu._params import (
@@ -43,8 +45,6 @@ __all__ = ["TILE", "locate", "next_run", "gather_scales", "encode", "decode_wide
 TILE = 1024
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
-
-_F16_SUBNORMAL_UNIT = np.float32(2.0**-24)  # value of float16 code 0x0001
 
 
 @_jit
@@ -154,37 +154,96 @@ def encode(tile, n, dst, e, submul):
         dst[k] = code | (sign if keep_sign else 0)
 
 
+# float16 and bfloat16 to and from float32 one element at a time, as the
+# plain LLVM instructions the loop vectorizer turns into whole-vector
+# conversions (vcvtph2ps, vcvtps2ph) and integer lanes of 32 bits (numba
+# would widen its own integer arithmetic to 64).
+
+
+@intrinsic
+def _half_value(typingctx, h):
+    """The float32 value of the float16 whose bits are the low 16 of ``h`` (exact; NaN payloads kept)."""
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        half = builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
+        return builder.fpext(half, ir.FloatType())
+
+    return types.float32(h), codegen
+
+
+@intrinsic
+def _bfloat_value(typingctx, h):
+    """The float32 value of the bfloat16 whose bits are the low 16 of ``h``: those bits moved up (exact)."""
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        wide = builder.zext(builder.trunc(args[0], ir.IntType(16)), i32)
+        return builder.bitcast(builder.shl(wide, ir.Constant(i32, 16)), ir.FloatType())
+
+    return types.float32(h), codegen
+
+
+@intrinsic
+def _round_half(typingctx, v):
+    """``v`` rounded to float16, half to even (past 65504 to infinity), as float32."""
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
+@intrinsic
+def _round_bfloat(typingctx, v):
+    """``v`` rounded to bfloat16, half to even on its bits (past the largest to infinity), as float32; NaN unchanged."""
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        up = builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)), odd)
+        rounded = builder.bitcast(builder.and_(up, ir.Constant(i32, -65536)), ir.FloatType())
+        nan = builder.fcmp_unordered("uno", args[0], args[0])
+        return builder.select(nan, args[0], rounded)
+
+    return types.float32(types.float32), codegen
+
+
 @_jit
 def decode_wide(src, n, tile, prec):
-    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[:n]``.
+    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[:n]``, exactly.
 
-    float16: rebias normal numbers, keep NaN payloads (as numpy does), and
-    build subnormals as ``code * 2**-24`` in float arithmetic (exact).
+    A float16 NaN keeps its sign; a signaling one comes out quieted, which
+    no later stage can tell (every NaN quotient gives the same code).
     """
-    bits = tile.view(np.uint32)
+    # np.uint16 is the bits' own type; the cast lets the branch compile for
+    # the float32 x it is never taken with.
     if prec == PREC_F16:
         for k in range(n):
-            h = np.uint32(src[k]) & 0xFFFF
-            sign = (h & 0x8000) << 16
-            exp = (h >> 10) & 0x1F
-            mant = h & 0x3FF
-            wide = sign | 0x7F800000 | (mant << 13) if exp == 0x1F else sign | ((exp + 112) << 23) | (mant << 13)
-            bits[k] = wide
-        for k in range(n):
-            h = np.uint32(src[k]) & 0xFFFF
-            if (h & 0x7C00) == 0:
-                value = np.float32(h & 0x3FF) * _F16_SUBNORMAL_UNIT
-                tile[k] = -value if h & 0x8000 else value
+            tile[k] = _half_value(np.uint16(src[k]))
     else:
         for k in range(n):
-            bits[k] = (np.uint32(src[k]) & 0xFFFF) << 16
+            tile[k] = _bfloat_value(np.uint16(src[k]))
 
 
 @_jit
-def round_to_precision(tile, codes, n, prec, e, submul):
-    """Round float32 ``tile[:n]`` to float16 or bfloat16 in place (and back to float32)."""
-    encode(tile, n, codes, e, submul)
-    decode_wide(codes, n, tile, prec)
+def round_to_precision(tile, n, prec):
+    """Round float32 ``tile[:n]`` to float16 (``prec == PREC_F16``) or bfloat16 in place, half to even.
+
+    Past the largest finite value a magnitude rounds to infinity, as IEEE
+    rounding does; NaN stays NaN (its payload, which no later stage reads,
+    may differ from numpy's cast).
+    """
+    if prec == PREC_F16:
+        for k in range(n):
+            tile[k] = _round_half(tile[k])
+    else:
+        for k in range(n):
+            tile[k] = _round_bfloat(tile[k])
 
 
 @_jit
