@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from qlinear.dtypes import ElementType
-from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, float_encoding, layout, scale_period
+from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, layout, scale_period
 from qlinear.spec import DequantizePlan
 
 __all__ = ["dequantize"]
@@ -102,8 +102,7 @@ def dequantize(
     p, table = _read(kernel, t, packed)
     p = p.copy()
     wide = _WIDE_OUTPUTS.get(np.dtype(plan.output_dtype))
-    p[kernel.P_WIDE_OUT] = wide is not None
-    e_out, submul = float_encoding(wide if wide is not None else PREC_F16)
+    p[kernel.P_WIDE_OUT] = wide if wide is not None else 0
 
     scale_f = _flat_float32(scale)
     # Zero points are exact in float32 except int32's, which the kernel reads as int32 from the same bytes.
@@ -124,5 +123,5 @@ def dequantize(
     p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes, values)
     lanes = LINE // values.itemsize
     p[kernel.P_PERIOD], p[kernel.P_COUNT] = scale_period(plan.granularity, plan.x_shape, scale.shape, lanes)
-    kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p, e_out, submul)
+    kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p)
     return out

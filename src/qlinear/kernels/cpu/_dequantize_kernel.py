@@ -30,7 +30,7 @@ from qlinear.kernels.cpu._dequantize_runs import (
 )
 from qlinear.kernels.cpu._lines import LONGEST_BLOCK_PERIOD, store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_N
-from qlinear.kernels.cpu._tiles import TILE, encode
+from qlinear.kernels.cpu._tiles import TILE, encode_wide
 
 __all__ = ["dequantize_kernel"]
 
@@ -64,7 +64,7 @@ _jit = njit(cache=True, nogil=True, error_model="numpy")
 
 
 @_jit
-def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out16, lay, p, e_out, submul):
+def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out16, lay, p):
     """Elements ``start .. end``: float32 results straight into ``out32``, 16-bit ones a tile at a time."""
     read, bits, sign, wide = p[P_READ], p[P_BITS], p[P_SIGN_BIT], p[P_WIDE_OUT]
     stream = p[P_STREAM] != 0 and not wide
@@ -104,13 +104,13 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
             # 6-bit floats, the packed type left (neither infinity nor NaN).
             sextet_runs(x8, fmt, j, stop, table, scale, zp, dst, d0, lay)
         if wide:
-            encode(tile, stop - j, out16[j:stop], e_out, submul)
+            encode_wide(tile, stop - j, out16[j:stop], wide)
     if stream:
         store_fence()
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def dequantize_kernel(x8, x16, x32, table, scale, zp, out32, out16, lay, p, e_out, submul):
+def dequantize_kernel(x8, x16, x32, table, scale, zp, out32, out16, lay, p):
     """Dequantize flat codes into a flat ``out32`` or ``out16``.
 
     Args:
@@ -121,12 +121,13 @@ def dequantize_kernel(x8, x16, x32, table, scale, zp, out32, out16, lay, p, e_ou
             none), or the bits of int32 zero points for int32 codes.
         out32, out16: the float32 result, or the bits of a float16/bfloat16
             one; the other is empty.
-        lay, p, e_out, submul: layout, parameters, output encoding (_params).
+        lay, p: layout and parameters (_params, the slots above; ``P_WIDE_OUT``
+            is 0 for float32 results, else the 16-bit type's precision code).
     """
     zi = zp.view(np.int32)
     total, chunk = lay[L_N], lay[L_CHUNK]
     for c in prange((total + chunk - 1) // chunk):
         start = c * chunk
         _dequantize_chunk(
-            x8, x16, x32, start, min(total, start + chunk), table, scale, zp, zi, out32, out16, lay, p, e_out, submul
+            x8, x16, x32, start, min(total, start + chunk), table, scale, zp, zi, out32, out16, lay, p
         )

@@ -202,23 +202,13 @@ def _finfo_encoding(t: ElementType) -> tuple[np.ndarray, float]:
     return _encoding(m, bias, maxmag, maxmag, maxmag, 0, 0, t.bits, signed_zero=True, signed_special=True, subnormals=True)
 
 
-# float16 follows numpy's cast: NaN keeps its sign and top payload bits, and
-# a payload that truncates to zero becomes 1 (still NaN). bfloat16 follows
-# ml_dtypes: every NaN becomes the quiet 0x7fc0 with its sign.
-_F16 = _encoding(10, 15, 0x7BFF, 0x7C00, 0x7C00, 0x3FF, 1, 16, signed_zero=True, signed_special=True, subnormals=True)
-_BF16 = _encoding(7, 127, 0x7F7F, 0x7F80, 0x7FC0, 0, 0, 16, signed_zero=True, signed_special=True, subnormals=False)
-_WIDE = {PREC_F16: _F16, PREC_BF16: _BF16}
+def float_encoding(t: ElementType) -> tuple[np.ndarray, float]:
+    """Encoding slots and subnormal multiplier of a quantized float type (float8/float6/float4).
 
-
-def float_encoding(target: ElementType | int) -> tuple[np.ndarray, float]:
-    """Encoding slots and subnormal multiplier for a float type or precision code.
-
-    ``target`` is a quantized float type (float8/float6/float4) or
-    ``PREC_F16`` / ``PREC_BF16``; ``PREC_F32`` gets float16's slots, unused.
+    float16 and bfloat16 are rounded and encoded by LLVM's conversions and
+    bit arithmetic instead (:mod:`._tiles`).
     """
-    if isinstance(target, ElementType):
-        return _finfo_encoding(target)
-    return _WIDE.get(target, _F16)
+    return _finfo_encoding(t)
 
 
 def decode_table(t: ElementType, packed: bool) -> np.ndarray:

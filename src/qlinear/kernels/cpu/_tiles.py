@@ -19,17 +19,6 @@ from numba.extending import intrinsic
 
 from qlinear.kernels.cpu._lines import pack_sextets
 from qlinear.kernels.cpu._params import (
-    E_M,
-    E_MAXMAG,
-    E_NANBASE,
-    E_NANMASK,
-    E_NANMIN,
-    E_OVF,
-    E_REBIAS,
-    E_SIGNED_SPECIAL,
-    E_SIGNED_ZERO,
-    E_SIGNSHIFT,
-    E_SUBLIM,
     L_B,
     L_D,
     L_I,
@@ -39,7 +28,7 @@ from qlinear.kernels.cpu._params import (
     PREC_F16,
 )
 
-__all__ = ["TILE", "locate", "next_run", "gather_scales", "encode", "decode_wide", "round_to_precision", "pack_codes"]
+__all__ = ["TILE", "locate", "next_run", "gather_scales", "encode_wide", "decode_wide", "round_to_precision", "pack_codes"]
 
 # Elements per tile: 4 KiB of float32, well inside L1.
 TILE = 1024
@@ -117,43 +106,6 @@ def gather_scales(j, m, state, end, lay, scale, zp, scale_tile, zp_tile):
     return rem, sidx, step, o, d, i, b
 
 
-@_jit
-def encode(tile, n, dst, e, submul):
-    """``dst[:n]`` = codes of float32 ``tile[:n]`` in encoding ``e``.
-
-    Round half to even on the bits: add half an ulp of the target (less one,
-    plus the kept lowest bit) and shift. Below the smallest normal the code is
-    the integer ``rint(|v| * submul)``, exact because ``submul`` is a power of
-    two. A magnitude past the largest finite code (infinity included) is the
-    overflow code; NaN is ``NANBASE | max(payload, NANMIN)``.
-    """
-    bits = tile.view(np.uint32)
-    m = e[E_M]
-    sh = 23 - m
-    half = (np.int64(1) << (sh - 1)) - 1
-    rebias, sublim, maxmag = e[E_REBIAS], e[E_SUBLIM], e[E_MAXMAG]
-    ovf, nanbase, nanmask, nanmin = e[E_OVF], e[E_NANBASE], e[E_NANMASK], e[E_NANMIN]
-    sshift, signed_zero, signed_special = e[E_SIGNSHIFT], e[E_SIGNED_ZERO], e[E_SIGNED_SPECIAL]
-    fsub = np.float32(submul)
-    for k in range(n):
-        b = np.int64(bits[k])
-        sign = (b >> 31) << sshift
-        a = b & 0x7FFFFFFF
-        normal = ((a + half + ((a >> sh) & 1)) >> sh) - rebias
-        scaled = min(abs(tile[k]) * fsub, np.float32(1 << 24))
-        mag = np.int64(np.rint(scaled)) if a < sublim else normal
-        if a > 0x7F800000:
-            code = nanbase | max((a >> sh) & nanmask, nanmin)
-            keep_sign = signed_special
-        elif mag > maxmag:
-            code = ovf
-            keep_sign = signed_special
-        else:
-            code = mag
-            keep_sign = 1 if mag != 0 else signed_zero
-        dst[k] = code | (sign if keep_sign else 0)
-
-
 # float16 and bfloat16 to and from float32 one element at a time, as the
 # plain LLVM instructions the loop vectorizer turns into whole-vector
 # conversions (vcvtph2ps, vcvtps2ph) and integer lanes of 32 bits (numba
@@ -211,6 +163,48 @@ def _round_bfloat(typingctx, v):
         return builder.select(nan, args[0], rounded)
 
     return types.float32(types.float32), codegen
+
+
+@intrinsic
+def _half_bits(typingctx, v):
+    """The bits of ``v`` rounded to float16, half to even (NaN: sign, quiet bit and top payload bits, as numpy's cast keeps a quiet NaN's)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def _bfloat_bits(typingctx, v):
+    """The bits of ``v`` rounded to bfloat16, half to even; NaN becomes the quiet 0x7fc0 with its sign, as ml_dtypes casts."""
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)), odd), ir.Constant(i32, 16))
+        quiet = builder.or_(builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 0x8000)), ir.Constant(i32, 0x7FC0))
+        nan = builder.fcmp_unordered("uno", args[0], args[0])
+        return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@_jit
+def encode_wide(tile, n, dst, prec):
+    """``dst[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits of float32 ``tile[:n]``, rounded half to even.
+
+    For the results of arithmetic, whose NaNs are quiet: a float16 NaN then
+    keeps its sign and top payload bits as numpy's cast does, a bfloat16
+    one becomes ml_dtypes' 0x7fc0 with its sign.
+    """
+    if prec == PREC_F16:
+        for k in range(n):
+            dst[k] = _half_bits(tile[k])
+    else:
+        for k in range(n):
+            dst[k] = _bfloat_bits(tile[k])
 
 
 @_jit
