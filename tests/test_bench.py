@@ -39,6 +39,17 @@ def test_run_benchmark_reports_every_case():
     assert q_int4["packed"] and q_int4["output_bytes"] == 4096 // 2
 
 
+def test_run_benchmark_with_float16_x():
+    # x, the scale and DequantizeLinear's result in float16: half the bytes
+    # of x to move, and ONNX Runtime's node takes float16 too.
+    report = run_benchmark(size=4096, threads=1, repeats=1, reference=True, types=("int8",), granularities=("per-tensor",), x_dtype="float16")
+    q, dq = report["rows"]
+    assert report["x_dtype"] == "float16"
+    assert q["bytes_moved"] == 4096 * 2 + 4096 + 2 + 1  # x, codes, one float16 scale, one zero point
+    assert q["ort_mode"] == dq["ort_mode"] == "node" and q["reference_s"] > 0
+    assert dq["output_bytes"] == 4096 * 2
+
+
 def test_bench_command_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert (

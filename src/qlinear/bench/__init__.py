@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from qlinear.bench._cases import GRANULARITIES, MORE_TYPES, TYPES, Case, cases, inputs, qlinear_calls
+from qlinear.bench._cases import GRANULARITIES, MORE_TYPES, TYPES, X_DTYPES, Case, cases, inputs, qlinear_calls
 from qlinear.bench._measure import best_time, copy_bandwidth, peak_extra_bytes
 from qlinear.bench._ort_pairs import run_ort_pairs
 from qlinear.bench._others import ort_runner, reference_runner
@@ -23,7 +23,7 @@ from qlinear.bench._startup import run_startup, startup_table
 from qlinear.bench._stores import run_store_pairs
 from qlinear.ops import quantize_linear
 
-__all__ = ["GRANULARITIES", "MORE_TYPES", "TYPES", "run_benchmark", "run_ort_pairs", "run_startup", "run_store_pairs", "startup_table"]
+__all__ = ["GRANULARITIES", "MORE_TYPES", "TYPES", "X_DTYPES", "run_benchmark", "run_ort_pairs", "run_startup", "run_store_pairs", "startup_table"]
 
 
 def run_benchmark(
@@ -34,12 +34,14 @@ def run_benchmark(
     reference: bool = True,
     types: tuple[str, ...] = TYPES,
     granularities: tuple[str, ...] = tuple(GRANULARITIES),
+    x_dtype: str = "float32",
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Measure every case; times in seconds, memory in bytes.
 
-    Returns ``{"size", "threads", "copy_bandwidth", "copy_bandwidth_range",
-    "rows"}``; each row has ``op``, ``type``, ``granularity``, ``qlinear_s``,
+    ``x_dtype`` (a key of ``X_DTYPES``) is x's type and the scale's, and
+    DequantizeLinear's result's. Returns ``{"size", "threads", "x_dtype",
+    "copy_bandwidth", "copy_bandwidth_range", "rows"}``; each row has ``op``, ``type``, ``granularity``, ``qlinear_s``,
     ``ort_s``, ``ort_mode`` (``"node"``, ``"Q+DQ pair"`` or why it is
     missing), ``reference_s``, ``floor_s``, ``copy_bandwidth`` (a copy
     timed just before the row's type and granularity), ``bytes_moved``,
@@ -60,7 +62,7 @@ def run_benchmark(
         key = (case.type_name, case.granularity)
         if key not in by_input:
             by_input.clear()  # one type and granularity's inputs at a time
-            x, scale, zp = inputs(case, size)
+            x, scale, zp = inputs(case, size, x_dtype=x_dtype)
             # A copy timed before each type and granularity: a shared
             # machine's bandwidth drifts over a run, and a single copy can
             # catch a fast moment or a slow one (20-97 GB/s seen in one
@@ -126,6 +128,7 @@ def run_benchmark(
     return {
         "size": int(np.prod(shared["x"].shape)),
         "threads": threads,
+        "x_dtype": x_dtype,
         "copy_bandwidth": bandwidth,
         "copy_bandwidth_range": (min(bandwidths), max(bandwidths)),
         "rows": rows,

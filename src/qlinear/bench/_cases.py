@@ -7,12 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from qlinear.dtypes import ElementType, element_type
 from qlinear.ops import dequantize_linear, quantize_linear
 
-__all__ = ["Case", "GRANULARITIES", "MORE_TYPES", "TYPES", "cases", "inputs", "qlinear_calls"]
+__all__ = ["Case", "GRANULARITIES", "MORE_TYPES", "TYPES", "X_DTYPES", "cases", "inputs", "qlinear_calls"]
 
 TYPES = ("uint8", "int8", "int16", "uint4", "int4", "int2", "float8e4m3fn", "float8e5m2", "float4e2m1")
 # The other quantized types, measured when asked for by name.
@@ -65,18 +66,23 @@ def cases(types: tuple[str, ...] = TYPES, granularities: tuple[str, ...] = tuple
     return [Case(op, t, g) for t in types for g in granularities for op in ("Q", "DQ")]
 
 
+# x's types the benchmark takes (``--x-dtype``); the scale has x's type, as ONNX asks.
+X_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
 @functools.lru_cache(maxsize=1)
-def _shared_x(size: int, seed: int) -> np.ndarray:
-    """The float32 x every case of one size shares, made once (a few hundred ms at 16M elements).
+def _shared_x(size: int, seed: int, x_dtype: str) -> np.ndarray:
+    """The x every case of one size and type shares, made once (a few hundred ms at 16M elements).
 
     Left writeable: numba compiles a read-only array as another type.
     """
-    return np.random.default_rng(seed).standard_normal((max(1, size // COLUMNS), COLUMNS), dtype=np.float32)
+    x = np.random.default_rng(seed).standard_normal((max(1, size // COLUMNS), COLUMNS), dtype=np.float32)
+    return x.astype(X_DTYPES[x_dtype], copy=False)
 
 
-def inputs(case: Case, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(x, scale, zero_point)`` for ``case``: float32 x of ``size`` elements as (rows, COLUMNS), the same for every case."""
-    x = _shared_x(size, seed)
+def inputs(case: Case, size: int, seed: int = 0, x_dtype: str = "float32") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(x, scale, zero_point)`` for ``case``: x of ``size`` elements as (rows, COLUMNS), the same for every case, and a scale of x's type."""
+    x = _shared_x(size, seed, x_dtype)
     shape = x.shape
     rng = np.random.default_rng([seed, 1])
     axis, block = case.axis, case.block_size
@@ -88,7 +94,7 @@ def inputs(case: Case, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray
         sshape = (shape[axis],)
     t = case.element
     top = t.qmax if t.is_integer else t.max_finite
-    scale = (rng.uniform(3.0, 5.0, sshape) / top).astype(np.float32)
+    scale = (rng.uniform(3.0, 5.0, sshape) / top).astype(x.dtype)
     zp = np.zeros(sshape, t.dtype)
     if t.name == "uint8":
         zp[...] = 128

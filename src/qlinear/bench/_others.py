@@ -20,9 +20,14 @@ from qlinear.dtypes import to_tensor_proto
 __all__ = ["onnx_model", "ort_runner", "reference_runner"]
 
 
+# ONNX's element type of each x the benchmark takes.
+_X_TENSOR_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+
+
 def onnx_model(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray, *, pair: bool) -> onnx.ModelProto:
-    """One-node model for ``case`` (or the Q+DQ pair), opset as old as the type allows."""
+    """One-node model for ``case`` (or the Q+DQ pair), opset as old as the type allows; x and y of x's type."""
     t = case.element
+    wide = _X_TENSOR_TYPES[x.dtype.name]
     attrs = {"axis": case.axis}
     if case.block_size:
         attrs["block_size"] = case.block_size
@@ -30,16 +35,16 @@ def onnx_model(case: Case, x: np.ndarray, scale: np.ndarray, zp: np.ndarray, *, 
     float_info = helper.make_tensor_value_info
     if case.op == "Q" or pair:
         nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], **attrs)]
-        inputs = [float_info("x", TensorProto.FLOAT, x.shape)]
+        inputs = [float_info("x", wide, x.shape)]
         if pair:
             nodes.append(helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["y"], **attrs))
-            outputs = [float_info("y", TensorProto.FLOAT, x.shape)]
+            outputs = [float_info("y", wide, x.shape)]
         else:
             outputs = [float_info("q", t.onnx_enum, x.shape)]
     else:
         nodes = [helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["y"], **attrs)]
         inputs = [float_info("q", t.onnx_enum, x.shape)]
-        outputs = [float_info("y", TensorProto.FLOAT, x.shape)]
+        outputs = [float_info("y", wide, x.shape)]
     graph = helper.make_graph(nodes, "bench", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset())])
     model.ir_version = 10

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from qlinear.bench import GRANULARITIES, MORE_TYPES, TYPES, run_benchmark, run_ort_pairs, run_startup, run_store_pairs, startup_table
+from qlinear.bench import GRANULARITIES, MORE_TYPES, TYPES, X_DTYPES, run_benchmark, run_ort_pairs, run_startup, run_store_pairs, startup_table
 
 __all__ = ["add_arguments", "run"]
 
@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "timed calls per case, best kept; with --startup, fresh processes per step, median kept; "
             "with --stores or --ort-pairs, pairs per case, 20 or more for a few percent (default 5)"
         ),
+    )
+    parser.add_argument(
+        "--x-dtype",
+        default="float32",
+        choices=list(X_DTYPES),
+        help="x's type, and the scale's and DequantizeLinear's result's (default float32)",
     )
     parser.add_argument("--reference", action="store_true", help="also time onnx.reference (slow: seconds per case at 16M)")
     parser.add_argument(
@@ -178,11 +184,12 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         repeats=args.repeats,
         reference=args.reference,
+        x_dtype=args.x_dtype,
         **cases,
     )
     low, high = report["copy_bandwidth_range"]
     title = (
-        f"qlinear cpu kernels, {report['size']:,} float32 elements, {report['threads']} threads; "
+        f"qlinear cpu kernels, {report['size']:,} {report['x_dtype']} elements, {report['threads']} threads; "
         f"floor at {report['copy_bandwidth'] / 1e9:.1f} GB/s, the median of copies timed before each type and "
         f"granularity ({low / 1e9:.1f}-{high / 1e9:.1f})"
     )
