@@ -11,7 +11,7 @@ keywords, doing the packing and copying around the others.
 ``"reference"`` for calls on fewer than :data:`AUTO_REFERENCE_BELOW`
 elements and ``"cpu"`` for the rest. Both give the same bits, so the choice
 changes only the time: a small call is as fast on numpy and does not pay
-numba's start-up (0.4-0.5 s in a fresh process, docs/performance.md).
+numba's start-up (0.3-0.5 s in a fresh process, docs/performance.md).
 """
 
 from __future__ import annotations
