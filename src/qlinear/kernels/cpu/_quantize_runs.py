@@ -56,7 +56,7 @@ from qlinear.kernels.cpu._lines import (
     quantize_nibble_block,
 )
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
-from qlinear.kernels.cpu._tiles import locate, next_run, pack_codes
+from qlinear.kernels.cpu._tiles import bfloat_value, locate, next_run, pack_codes, round_bfloat
 
 __all__ = ["float_runs", "integer_runs", "integer_period_lines", "integer_zero_point", "pack", "packed_runs"]
 
@@ -291,6 +291,74 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
                 else:
                     for q in range(n):
                         dst[_U(w + q)] = float_code(np.float32(x[_U(jr + q)]) / s, z, has_zp, nan_to_zp, cap, k)
+        j += runs * n
+
+
+@_jit
+def _bfloat16_quotient(bits, s):
+    """``x / s`` in bfloat16, ``x`` given by its bits and ``s`` a bfloat16 value as float32, as float32.
+
+    The float32 quotient of two bfloat16 values rounded once to bfloat16 is
+    the correctly rounded bfloat16 quotient (float32 carries more than
+    twice their significand bits plus two). ``np.uint16`` is the bits' own
+    type; the cast lets the call compile for the float32 x it never gets.
+    """
+    return round_bfloat(bfloat_value(np.uint16(bits)) / s)
+
+
+@_jit
+def _bfloat16_float_code(q, z, has_zp, nan_to_zp, cap, k):
+    """:func:`float_code` of the bfloat16 quotient ``q`` plus zero point ``z``, their sum rounded to bfloat16 first."""
+    if has_zp:
+        q = round_bfloat(q + z)
+    return float_code(q, z, False, nan_to_zp, cap, k)
+
+
+@_jit
+def bfloat16_runs(x, start, end, scale, zp, ztab, dst, d0, lay, float_out, qmin, qmax, mask, sign, float_args):
+    """Codes of bfloat16 ``x[start:end]`` (its bits) into ``dst[start - d0:]``, in bfloat16 precision.
+
+    Scales are bfloat16 values as float32. As :func:`integer_runs` and
+    :func:`float_runs`, from x straight to the codes, each run one loop:
+    the quotient rounded to bfloat16 (:func:`_bfloat16_quotient`), then
+    :func:`integer_code`, or for float codes the sum with the zero point
+    rounded again (:func:`_bfloat16_float_code`).
+    """
+    has_zp, nan_to_zp, cap, k = float_args
+    zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
+    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    state = first_batch(start, lay)
+    j = start
+    while j < end:
+        n, si, step, runs, state = next_batch(j, end, lay, state)
+        for r in range(runs):
+            jr, sr = j + r * n, si + r * lay[L_SB]
+            w = jr - d0
+            if step:
+                if sr < z0 or sr + n > z1:
+                    for q in range(n):
+                        c = zp[_U(sr + q)]
+                        zvalues[_U(q)] = ztab[c] if float_out else integer_zero_point(c, sign)
+                    z0, z1 = sr, sr + n
+                zi = sr - z0
+                if float_out:
+                    for q in range(n):
+                        v = _bfloat16_quotient(x[_U(jr + q)], scale[_U(sr + q)])
+                        dst[_U(w + q)] = _bfloat16_float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
+                else:
+                    for q in range(n):
+                        v = _bfloat16_quotient(x[_U(jr + q)], scale[_U(sr + q)])
+                        dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
+            else:
+                s = scale[sr]
+                if float_out:
+                    z = ztab[zp[sr]]
+                    for q in range(n):
+                        dst[_U(w + q)] = _bfloat16_float_code(_bfloat16_quotient(x[_U(jr + q)], s), z, has_zp, nan_to_zp, cap, k)
+                else:
+                    z = integer_zero_point(zp[sr], sign)
+                    for q in range(n):
+                        dst[_U(w + q)] = integer_code(_bfloat16_quotient(x[_U(jr + q)], s), z, qmin, qmax, mask)
         j += runs * n
 
 

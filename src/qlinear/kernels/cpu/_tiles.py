@@ -28,7 +28,20 @@ from qlinear.kernels.cpu._params import (
     PREC_F16,
 )
 
-__all__ = ["TILE", "locate", "next_run", "gather_scales", "encode_wide", "decode_wide", "round_to_precision", "pack_codes"]
+__all__ = [
+    "TILE",
+    "bfloat_value",
+    "decode_wide",
+    "encode_wide",
+    "gather_scales",
+    "half_value",
+    "locate",
+    "next_run",
+    "pack_codes",
+    "round_bfloat",
+    "round_half",
+    "round_to_precision",
+]
 
 # Elements per tile: 4 KiB of float32, well inside L1.
 TILE = 1024
@@ -113,34 +126,35 @@ def gather_scales(j, m, state, end, lay, scale, zp, scale_tile, zp_tile):
 
 
 @intrinsic
-def _half_value(typingctx, h):
+def half_value(typingctx, h):
     """The float32 value of the float16 whose bits are the low 16 of ``h`` (exact; NaN payloads kept)."""
     if not isinstance(h, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
-        half = builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
-        return builder.fpext(half, ir.FloatType())
+        bits = args[0] if h.bitwidth == 16 else builder.trunc(args[0], ir.IntType(16))
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
 
     return types.float32(h), codegen
 
 
 @intrinsic
-def _bfloat_value(typingctx, h):
+def bfloat_value(typingctx, h):
     """The float32 value of the bfloat16 whose bits are the low 16 of ``h``: those bits moved up (exact)."""
     if not isinstance(h, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
         i32 = ir.IntType(32)
-        wide = builder.zext(builder.trunc(args[0], ir.IntType(16)), i32)
+        bits = args[0] if h.bitwidth == 16 else builder.trunc(args[0], ir.IntType(16))
+        wide = builder.zext(bits, i32)
         return builder.bitcast(builder.shl(wide, ir.Constant(i32, 16)), ir.FloatType())
 
     return types.float32(h), codegen
 
 
 @intrinsic
-def _round_half(typingctx, v):
+def round_half(typingctx, v):
     """``v`` rounded to float16, half to even (past 65504 to infinity), as float32."""
 
     def codegen(context, builder, sig, args):
@@ -150,7 +164,7 @@ def _round_half(typingctx, v):
 
 
 @intrinsic
-def _round_bfloat(typingctx, v):
+def round_bfloat(typingctx, v):
     """``v`` rounded to bfloat16, half to even on its bits (past the largest to infinity), as float32; NaN unchanged."""
 
     def codegen(context, builder, sig, args):
@@ -218,10 +232,10 @@ def decode_wide(src, n, tile, prec):
     # the float32 x it is never taken with.
     if prec == PREC_F16:
         for k in range(n):
-            tile[k] = _half_value(np.uint16(src[k]))
+            tile[k] = half_value(np.uint16(src[k]))
     else:
         for k in range(n):
-            tile[k] = _bfloat_value(np.uint16(src[k]))
+            tile[k] = bfloat_value(np.uint16(src[k]))
 
 
 @_jit
@@ -234,10 +248,10 @@ def round_to_precision(tile, n, prec):
     """
     if prec == PREC_F16:
         for k in range(n):
-            tile[k] = _round_half(tile[k])
+            tile[k] = round_half(tile[k])
     else:
         for k in range(n):
-            tile[k] = _round_bfloat(tile[k])
+            tile[k] = round_bfloat(tile[k])
 
 
 @_jit
