@@ -163,15 +163,24 @@ def round_half(typingctx, v):
     return types.float32(types.float32), codegen
 
 
+def _bfloat_rounded(builder, bits):
+    """float32 ``bits`` (int32) plus half a bfloat16 unit less one plus the kept lowest bit: rounded half to even in the top 16 bits.
+
+    A carry out of the significand moves to the next binade, and past the
+    largest finite value to infinity; NaN's bits are left to the caller.
+    """
+    i32 = ir.IntType(32)
+    odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+    return builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)), odd)
+
+
 @intrinsic
 def round_bfloat(typingctx, v):
     """``v`` rounded to bfloat16, half to even on its bits (past the largest to infinity), as float32; NaN unchanged."""
 
     def codegen(context, builder, sig, args):
         i32 = ir.IntType(32)
-        bits = builder.bitcast(args[0], i32)
-        odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
-        up = builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)), odd)
+        up = _bfloat_rounded(builder, builder.bitcast(args[0], i32))
         rounded = builder.bitcast(builder.and_(up, ir.Constant(i32, -65536)), ir.FloatType())
         nan = builder.fcmp_unordered("uno", args[0], args[0])
         return builder.select(nan, args[0], rounded)
@@ -196,8 +205,7 @@ def _bfloat_bits(typingctx, v):
     def codegen(context, builder, sig, args):
         i32 = ir.IntType(32)
         bits = builder.bitcast(args[0], i32)
-        odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
-        rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)), odd), ir.Constant(i32, 16))
+        rounded = builder.lshr(_bfloat_rounded(builder, bits), ir.Constant(i32, 16))
         quiet = builder.or_(builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 0x8000)), ir.Constant(i32, 0x7FC0))
         nan = builder.fcmp_unordered("uno", args[0], args[0])
         return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
