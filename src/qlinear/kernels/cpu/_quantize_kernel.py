@@ -41,9 +41,8 @@ from qlinear.kernels.cpu._encode import (
     float_code,
 )
 from qlinear.kernels.cpu._lines import store_fence
-from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, MIN_CHUNK, PREC_BF16, PREC_F32
+from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, MIN_CHUNK, PREC_F16, PREC_F32
 from qlinear.kernels.cpu._quantize_runs import (
-    bfloat16_runs,
     float_runs,
     integer_code,
     integer_period_lines,
@@ -51,6 +50,7 @@ from qlinear.kernels.cpu._quantize_runs import (
     integer_zero_point,
     pack,
     packed_runs,
+    wide_runs,
 )
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, gather_scales, locate, next_run, round_to_precision
 
@@ -220,13 +220,15 @@ def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, stream):
             integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign, stream)
     elif p[P_DIRECT]:
         float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k, stream)
-    elif p[P_XWIDE] == PREC_BF16 and p[P_PREC] == PREC_BF16:
-        # bfloat16 x in its own precision: straight to the codes too. float16
-        # stays staged: its fused loops measured 3-4x slower than its stages
-        # for integer codes (LLVM left them scalar).
+    elif p[P_XWIDE] == p[P_PREC]:
+        # float16 or bfloat16 x in its own precision: straight to the codes too.
         qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
         float_args = (p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
-        bfloat16_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_FLOAT_OUT] != 0, qmin, qmax, mask, sign, float_args)
+        float_out = p[P_FLOAT_OUT] != 0
+        if p[P_XWIDE] == PREC_F16:
+            wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, True, float_out, qmin, qmax, mask, sign, float_args)
+        else:
+            wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, False, float_out, qmin, qmax, mask, sign, float_args)
     else:
         _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, (p[P_NAN_TO_ZP] != 0, cap, k))
 

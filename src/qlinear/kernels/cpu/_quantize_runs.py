@@ -39,7 +39,7 @@ never copied): integers are sign-extended in float32, ``z - 2 * sign`` when
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import literally, njit
 
 from qlinear.kernels.cpu._encode import float_code
 from qlinear.kernels.cpu._lines import (
@@ -56,7 +56,7 @@ from qlinear.kernels.cpu._lines import (
     quantize_nibble_block,
 )
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
-from qlinear.kernels.cpu._tiles import bfloat_value, locate, next_run, pack_codes, round_bfloat
+from qlinear.kernels.cpu._tiles import bfloat_value, half_value, locate, next_run, pack_codes, round_bfloat, round_half
 
 __all__ = ["float_runs", "integer_runs", "integer_period_lines", "integer_zero_point", "pack", "packed_runs"]
 
@@ -295,35 +295,38 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
 
 
 @_jit
-def _bfloat16_quotient(bits, s):
-    """``x / s`` in bfloat16, ``x`` given by its bits and ``s`` a bfloat16 value as float32, as float32.
+def _wide_quotient(bits, s, half):
+    """``x / s`` in x's 16-bit type (float16 if ``half``, else bfloat16), ``x`` given by its bits and ``s`` a value of that type, as float32.
 
-    The float32 quotient of two bfloat16 values rounded once to bfloat16 is
-    the correctly rounded bfloat16 quotient (float32 carries more than
-    twice their significand bits plus two). ``np.uint16`` is the bits' own
-    type; the cast lets the call compile for the float32 x it never gets.
+    The float32 quotient of two 16-bit values rounded once to 16 bits is the
+    correctly rounded 16-bit quotient (float32 carries more than twice their
+    significand bits plus two). ``np.uint16`` is the bits' own type; the
+    cast lets the call compile for the float32 x it never gets.
     """
+    if half:
+        return round_half(half_value(np.uint16(bits)) / s)
     return round_bfloat(bfloat_value(np.uint16(bits)) / s)
 
 
 @_jit
-def _bfloat16_float_code(q, z, has_zp, nan_to_zp, cap, k):
-    """:func:`float_code` of the bfloat16 quotient ``q`` plus zero point ``z``, their sum rounded to bfloat16 first."""
+def _wide_float_code(q, z, half, has_zp, nan_to_zp, cap, k):
+    """:func:`float_code` of the 16-bit quotient ``q`` plus zero point ``z``, their sum rounded to the 16-bit type first."""
     if has_zp:
-        q = round_bfloat(q + z)
+        q = round_half(q + z) if half else round_bfloat(q + z)
     return float_code(q, z, False, nan_to_zp, cap, k)
 
 
 @_jit
-def bfloat16_runs(x, start, end, scale, zp, ztab, dst, d0, lay, float_out, qmin, qmax, mask, sign, float_args):
-    """Codes of bfloat16 ``x[start:end]`` (its bits) into ``dst[start - d0:]``, in bfloat16 precision.
+def wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, half, float_out, qmin, qmax, mask, sign, float_args):
+    """Codes of 16-bit ``x[start:end]`` (its bits; float16 if ``half``, else bfloat16) into ``dst[start - d0:]``, in x's precision.
 
-    Scales are bfloat16 values as float32. As :func:`integer_runs` and
+    Scales are values of x's type as float32. As :func:`integer_runs` and
     :func:`float_runs`, from x straight to the codes, each run one loop:
-    the quotient rounded to bfloat16 (:func:`_bfloat16_quotient`), then
+    the quotient rounded to x's type (:func:`_wide_quotient`), then
     :func:`integer_code`, or for float codes the sum with the zero point
-    rounded again (:func:`_bfloat16_float_code`).
+    rounded again (:func:`_wide_float_code`).
     """
+    literally(half)  # compiled once for each 16-bit type: the loops hold only its conversions
     has_zp, nan_to_zp, cap, k = float_args
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
     z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
@@ -343,22 +346,22 @@ def bfloat16_runs(x, start, end, scale, zp, ztab, dst, d0, lay, float_out, qmin,
                 zi = sr - z0
                 if float_out:
                     for q in range(n):
-                        v = _bfloat16_quotient(x[_U(jr + q)], scale[_U(sr + q)])
-                        dst[_U(w + q)] = _bfloat16_float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
+                        v = _wide_quotient(x[_U(jr + q)], scale[_U(sr + q)], half)
+                        dst[_U(w + q)] = _wide_float_code(v, zvalues[_U(zi + q)], half, has_zp, nan_to_zp, cap, k)
                 else:
                     for q in range(n):
-                        v = _bfloat16_quotient(x[_U(jr + q)], scale[_U(sr + q)])
+                        v = _wide_quotient(x[_U(jr + q)], scale[_U(sr + q)], half)
                         dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
             else:
                 s = scale[sr]
                 if float_out:
                     z = ztab[zp[sr]]
                     for q in range(n):
-                        dst[_U(w + q)] = _bfloat16_float_code(_bfloat16_quotient(x[_U(jr + q)], s), z, has_zp, nan_to_zp, cap, k)
+                        dst[_U(w + q)] = _wide_float_code(_wide_quotient(x[_U(jr + q)], s, half), z, half, has_zp, nan_to_zp, cap, k)
                 else:
                     z = integer_zero_point(zp[sr], sign)
                     for q in range(n):
-                        dst[_U(w + q)] = integer_code(_bfloat16_quotient(x[_U(jr + q)], s), z, qmin, qmax, mask)
+                        dst[_U(w + q)] = integer_code(_wide_quotient(x[_U(jr + q)], s, half), z, qmin, qmax, mask)
         j += runs * n
 
 

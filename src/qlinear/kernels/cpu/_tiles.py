@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from qlinear.kernels.cpu._lines import pack_sextets
@@ -132,8 +133,18 @@ def half_value(typingctx, h):
         return None
 
     def codegen(context, builder, sig, args):
+        # In 32-bit lanes: the bits below the sign moved to float32's places
+        # read, times 2**112, as the value (normal or subnormal, exactly);
+        # all-ones exponents (infinity, NaN with its payload) take float32's.
+        i32, f32 = ir.IntType(32), ir.FloatType()
         bits = args[0] if h.bitwidth == 16 else builder.trunc(args[0], ir.IntType(16))
-        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+        h32 = builder.zext(bits, i32)
+        moved = builder.shl(builder.and_(h32, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 13))
+        finite = builder.bitcast(builder.fmul(builder.bitcast(moved, f32), ir.Constant(f32, 2.0**112)), i32)
+        special = builder.icmp_unsigned("==", builder.and_(h32, ir.Constant(i32, 0x7C00)), ir.Constant(i32, 0x7C00))
+        magnitude = builder.select(special, builder.or_(moved, ir.Constant(i32, 0x7F800000)), finite)
+        sign = builder.shl(builder.and_(h32, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+        return builder.bitcast(builder.or_(magnitude, sign), f32)
 
     return types.float32(h), codegen
 
@@ -158,7 +169,22 @@ def round_half(typingctx, v):
     """``v`` rounded to float16, half to even (past 65504 to infinity), as float32."""
 
     def codegen(context, builder, sig, args):
-        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+        # In float32 and 32-bit lanes, as _encode.float_code rounds: with E
+        # the exponent of |v| (at least float16's smallest normal, -14),
+        # rint(|v| * 2**(10 - E)) * 2**(E - 10), exact; past 65504 infinity.
+        i32, f32 = ir.IntType(32), ir.FloatType()
+        v_bits = builder.bitcast(args[0], i32)
+        a_bits = builder.and_(v_bits, ir.Constant(i32, 0x7FFFFFFF))
+        exponent = builder.and_(a_bits, ir.Constant(i32, 0x7F800000))
+        smallest = ir.Constant(i32, (127 - 14) << 23)
+        low = builder.select(builder.icmp_signed(">", exponent, smallest), exponent, smallest)  # bits of 2**E
+        up = builder.bitcast(builder.sub(ir.Constant(i32, (264 << 23) - (1 << 32)), low), f32)  # 2**(10 - E), modulo 2**32
+        down = builder.bitcast(builder.sub(low, ir.Constant(i32, 10 << 23)), f32)  # 2**(E - 10)
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), "llvm.rint.f32")
+        r = builder.fmul(builder.call(rint, [builder.fmul(builder.bitcast(a_bits, f32), up)]), down)
+        r = builder.select(builder.fcmp_ordered(">", r, ir.Constant(f32, 65504.0)), ir.Constant(f32, float("inf")), r)
+        sign = builder.and_(v_bits, ir.Constant(i32, -0x80000000))
+        return builder.bitcast(builder.or_(builder.bitcast(r, i32), sign), f32)
 
     return types.float32(types.float32), codegen
 
