@@ -120,15 +120,16 @@ def gather_scales(j, m, state, end, lay, scale, zp, scale_tile, zp_tile):
     return rem, sidx, step, o, d, i, b
 
 
-# float16 and bfloat16 to and from float32 one element at a time, as the
-# plain LLVM instructions the loop vectorizer turns into whole-vector
-# conversions (vcvtph2ps, vcvtps2ph) and integer lanes of 32 bits (numba
-# would widen its own integer arithmetic to 64).
+# float16 and bfloat16 to and from float32 one element at a time, in
+# float32 and 32-bit integer lanes the loop vectorizer keeps at full width
+# (numba would widen its own integer arithmetic to 64 bits; LLVM's
+# half-precision conversions left the fused loops scalar), and, for
+# DequantizeLinear's float16 results, LLVM's conversion (vcvtps2ph).
 
 
 @intrinsic
 def half_value(typingctx, h):
-    """The float32 value of the float16 whose bits are the low 16 of ``h`` (exact; NaN payloads kept)."""
+    """The float32 value of the float16 whose bits are the low 16 of ``h`` (exact; NaN payloads kept, as numpy's cast keeps them)."""
     if not isinstance(h, types.Integer):
         return None
 
@@ -257,11 +258,7 @@ def encode_wide(tile, n, dst, prec):
 
 @_jit
 def decode_wide(src, n, tile, prec):
-    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[:n]``, exactly.
-
-    A float16 NaN keeps its sign; a signaling one comes out quieted, which
-    no later stage can tell (every NaN quotient gives the same code).
-    """
+    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[:n]``, exactly (NaN payloads too)."""
     # np.uint16 is the bits' own type; the cast lets the branch compile for
     # the float32 x it is never taken with.
     if prec == PREC_F16:
