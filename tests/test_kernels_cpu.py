@@ -197,25 +197,41 @@ def test_wide_decoding_and_rounding_match_numpy_and_ml_dtypes():
     # numpy and ml_dtypes round them, overflow to infinity included. A
     # rounded NaN stays NaN with its sign; its payload (which no later stage
     # reads) may come out quieted.
+    # The fused loops' float16 arithmetic (*_by_bits) is held to the same.
+    from numba import njit
+
     from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16
-    from qlinear.kernels.cpu._tiles import decode_wide, round_to_precision
+    from qlinear.kernels.cpu._tiles import decode_wide, half_value_by_bits, round_half_by_bits, round_to_precision
+
+    @njit
+    def by_bits(src, decoded, values, rounded):
+        for k in range(src.size):
+            decoded[k] = half_value_by_bits(src[k])
+        for k in range(values.size):
+            rounded[k] = round_half_by_bits(values[k])
 
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    for prec, dtype in ((PREC_F16, np.float16), (PREC_BF16, ml_dtypes.bfloat16)):
-        tile = np.empty(every.size, np.float32)
-        decode_wide(every, every.size, tile, prec)
-        np.testing.assert_array_equal(tile.view(np.uint32), every.view(dtype).astype(np.float32).view(np.uint32))
     low = np.array([0, 1, 0x0FFF, 0x1000, 0x1001, 0x1FFF, 0x2000, 0x3000, 0x7FFF, 0x8000, 0x8001, 0xFFFF], np.uint32)
     values = ((np.arange(1 << 16, dtype=np.uint32) << 16)[:, None] | low).reshape(-1).view(np.float32)
+    decoded_by_bits, rounded_by_bits = np.empty(every.size, np.float32), np.empty(values.size, np.float32)
+    by_bits(every, decoded_by_bits, values, rounded_by_bits)
     for prec, dtype in ((PREC_F16, np.float16), (PREC_BF16, ml_dtypes.bfloat16)):
+        want = every.view(dtype).astype(np.float32)
+        tile = np.empty(every.size, np.float32)
+        decode_wide(every, every.size, tile, prec)
+        nan = np.isnan(want)
+        for got in (tile, decoded_by_bits) if prec == PREC_F16 else (tile,):
+            np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+            assert np.isnan(got[nan]).all() and (np.signbit(got[nan]) == np.signbit(want[nan])).all()
         tile = values.copy()
         round_to_precision(tile, tile.size, prec)
         with np.errstate(over="ignore", invalid="ignore"):
             want = values.astype(dtype).astype(np.float32)
         nan = np.isnan(values)
-        np.testing.assert_array_equal(np.isnan(tile), nan)
-        np.testing.assert_array_equal(np.signbit(tile[nan]), np.signbit(values[nan]))
-        np.testing.assert_array_equal(tile[~nan].view(np.uint32), want[~nan].view(np.uint32))
+        for got in (tile, rounded_by_bits) if prec == PREC_F16 else (tile,):
+            np.testing.assert_array_equal(np.isnan(got), nan)
+            np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(values[nan]))
+            np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 def test_cpu_int32_inputs_and_e8m0_scales():

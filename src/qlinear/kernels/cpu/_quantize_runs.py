@@ -56,7 +56,7 @@ from qlinear.kernels.cpu._lines import (
     quantize_nibble_block,
 )
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
-from qlinear.kernels.cpu._tiles import bfloat_value, half_value, locate, next_run, pack_codes, round_bfloat, round_half
+from qlinear.kernels.cpu._tiles import bfloat_value, half_value_by_bits, locate, next_run, pack_codes, round_bfloat, round_half_by_bits
 
 __all__ = ["float_runs", "integer_runs", "integer_period_lines", "integer_zero_point", "pack", "packed_runs"]
 
@@ -304,7 +304,7 @@ def _wide_quotient(bits, s, half):
     cast lets the call compile for the float32 x it never gets.
     """
     if half:
-        return round_half(half_value(np.uint16(bits)) / s)
+        return round_half_by_bits(half_value_by_bits(np.uint16(bits)) / s)
     return round_bfloat(bfloat_value(np.uint16(bits)) / s)
 
 
@@ -312,7 +312,7 @@ def _wide_quotient(bits, s, half):
 def _wide_float_code(q, z, half, has_zp, nan_to_zp, cap, k):
     """:func:`float_code` of the 16-bit quotient ``q`` plus zero point ``z``, their sum rounded to the 16-bit type first."""
     if has_zp:
-        q = round_half(q + z) if half else round_bfloat(q + z)
+        q = round_half_by_bits(q + z) if half else round_bfloat(q + z)
     return float_code(q, z, False, nan_to_zp, cap, k)
 
 

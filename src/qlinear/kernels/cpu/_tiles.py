@@ -36,11 +36,13 @@ __all__ = [
     "encode_wide",
     "gather_scales",
     "half_value",
+    "half_value_by_bits",
     "locate",
     "next_run",
     "pack_codes",
     "round_bfloat",
     "round_half",
+    "round_half_by_bits",
     "round_to_precision",
 ]
 
@@ -120,15 +122,17 @@ def gather_scales(j, m, state, end, lay, scale, zp, scale_tile, zp_tile):
     return rem, sidx, step, o, d, i, b
 
 
-# float16 and bfloat16 to and from float32 one element at a time, in
-# float32 and 32-bit integer lanes the loop vectorizer keeps at full width
-# (numba would widen its own integer arithmetic to 64 bits; LLVM's
-# half-precision conversions left the fused loops scalar), and, for
-# DequantizeLinear's float16 results, LLVM's conversion (vcvtps2ph).
+# float16 and bfloat16 to and from float32 one element at a time, as LLVM
+# instructions the loop vectorizer keeps at full width: the processor's
+# half-precision conversions (vcvtph2ps, vcvtps2ph), fastest in the stages'
+# simple loops, and the same in float32 and 32-bit integer arithmetic
+# (``*_by_bits``) for the fused loops, which LLVM left scalar with the
+# conversions in them. numba would widen its own integer arithmetic to 64
+# bits.
 
 
 @intrinsic
-def half_value(typingctx, h):
+def half_value_by_bits(typingctx, h):
     """The float32 value of the float16 whose bits are the low 16 of ``h`` (exact; NaN payloads kept, as numpy's cast keeps them)."""
     if not isinstance(h, types.Integer):
         return None
@@ -151,6 +155,29 @@ def half_value(typingctx, h):
 
 
 @intrinsic
+def half_value(typingctx, h):
+    """As :func:`half_value_by_bits`, by LLVM's conversion (vcvtph2ps): faster in the stages' simple loops, scalar in the fused ones."""
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = args[0] if h.bitwidth == 16 else builder.trunc(args[0], ir.IntType(16))
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+
+    return types.float32(h), codegen
+
+
+@intrinsic
+def round_half(typingctx, v):
+    """As :func:`round_half_by_bits`, by LLVM's conversions (vcvtps2ph, vcvtph2ps): faster in the stages' simple loops."""
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
+@intrinsic
 def bfloat_value(typingctx, h):
     """The float32 value of the bfloat16 whose bits are the low 16 of ``h``: those bits moved up (exact)."""
     if not isinstance(h, types.Integer):
@@ -166,7 +193,7 @@ def bfloat_value(typingctx, h):
 
 
 @intrinsic
-def round_half(typingctx, v):
+def round_half_by_bits(typingctx, v):
     """``v`` rounded to float16, half to even (past 65504 to infinity), as float32."""
 
     def codegen(context, builder, sig, args):
@@ -258,7 +285,11 @@ def encode_wide(tile, n, dst, prec):
 
 @_jit
 def decode_wide(src, n, tile, prec):
-    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[:n]``, exactly (NaN payloads too)."""
+    """float32 ``tile[:n]`` = float16 (``prec == PREC_F16``) or bfloat16 bits ``src[:n]``, exactly.
+
+    A float16 NaN keeps its sign; a signaling one comes out quieted, which
+    no later stage can tell (every NaN quotient gives the same code).
+    """
     # np.uint16 is the bits' own type; the cast lets the branch compile for
     # the float32 x it is never taken with.
     if prec == PREC_F16:
