@@ -4,12 +4,15 @@
 walked run by run (a run: consecutive elements whose scale is one constant,
 or steps with each element). float32 or int32 ``x`` in float32 precision,
 the common case, takes each run as one tight loop from ``x`` straight to the
-codes (:mod:`._quantize_runs`), for integer and float outputs alike.
-float16 and bfloat16 ``x`` or precision go through stages a tile at a
-time: each tile is decoded to float32, rounded to the precision, divided by its scales,
-rounded again, then turned into integer codes (half to even, NaN to 0,
-clamp) or float codes (zero point added in IEEE arithmetic, NaN to the zero
-point where the type has none, clamp, bit-exact encoding). The float32
+codes (:mod:`._quantize_runs`), for integer and float outputs alike, and
+so does bfloat16 ``x`` in its own precision, and float16 ``x`` in its own
+where runs are short (:func:`._quantize_runs.wide_runs`). The other
+float16 and bfloat16 ``x`` or precisions go through stages a tile at a
+time: each tile is decoded to float32, rounded to the precision, divided
+by its scales, rounded again, then turned into integer codes (half to
+even, NaN to 0, clamp) or float codes (zero point added and rounded to the
+precision, NaN to the zero point where the type has none, clamp, bit-exact
+encoding). The float32
 holding every intermediate is exact: a float16 or bfloat16 quotient is the
 float32 quotient rounded once (float32 has more than twice their
 significand bits plus two, so that is the correctly rounded result).
@@ -136,10 +139,11 @@ def _to_float(tile, n, zp, step, dst, p, float_args):
 
     ``float_code`` takes the sum as it is (no zero point of its own) and
     the zero point only for NaN (types without NaN), then clamps and
-    encodes, as on the direct path; ``float_args`` is ``(nan_to_zp, cap, k)``.
+    encodes, as on the direct path; ``float_args`` is :func:`_code_args`'
+    ``(has_zp, nan_to_zp, cap, k)``, its ``has_zp`` unused (``p`` says).
     """
     prec = p[P_PREC]
-    nan_to_zp, cap, k = float_args
+    _, nan_to_zp, cap, k = float_args
     # Two loops each, not zp[t * step]: an index of unknown stride keeps LLVM from vectorizing.
     if p[P_HAS_ZP]:
         if step:
@@ -207,34 +211,40 @@ def _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, float_args):
 
 
 @_jit
-def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, stream):
-    """One code a slot: elements ``start .. end`` into ``dst[start - d0:]``, by the loop that fits the call."""
+def _code_args(p, f, fk):
+    """The run loops' arguments for integer codes, ``(qmin, qmax, mask, sign)``, and for float codes, ``(has_zp, nan_to_zp, cap, k)``."""
     # A clamp to the limit and the overflow clamp are one clamp of |v|.
     cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
     k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS], fk[K_SIGNED_ABOVE], fk[K_SIGNED_BELOW])
+    integer_args = (np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN]))
+    return integer_args, (p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
+
+
+@_jit
+def _codes(x, start, end, scale, zp, ztab, dst, d0, lay, p, f, fk, stream):
+    """One code a slot: elements ``start .. end`` into ``dst[start - d0:]``, by the loop that fits the call."""
+    (qmin, qmax, mask, sign), float_args = _code_args(p, f, fk)
+    has_zp, nan_to_zp, cap, k = float_args
     if p[P_DIRECT] and not p[P_FLOAT_OUT]:
-        qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
         if stream and p[P_PERIOD] > 0:
             integer_period_lines(x, start, end, p[P_PERIOD], p[P_COUNT], scale, zp, dst, qmin, qmax, mask, sign)
         else:
             integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign, stream)
     elif p[P_DIRECT]:
-        float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k, stream)
+        float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, cap, k, stream)
     elif p[P_XWIDE] == p[P_PREC] and (p[P_XWIDE] == PREC_BF16 or lay[L_GATHER]):
         # bfloat16 x in its own precision straight to the codes, as float32 x
         # goes; float16 x so where runs are short (the stages would build a
         # scale a code). On long runs float16's stages measured faster
         # (paired, per tensor: int8 1.14x, float8e4m3fn 1.6x slower fused;
         # blocks of 32 along the last axis: 0.34x and 0.51x).
-        qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
-        float_args = (p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
         float_out = p[P_FLOAT_OUT] != 0
         if p[P_XWIDE] == PREC_F16:
             wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, True, float_out, qmin, qmax, mask, sign, float_args)
         else:
             wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, False, float_out, qmin, qmax, mask, sign, float_args)
     else:
-        _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, (p[P_NAN_TO_ZP] != 0, cap, k))
+        _staged_runs(x, start, end, scale, zp, ztab, dst, d0, lay, p, float_args)
 
 
 @_jit
@@ -242,10 +252,7 @@ def _packed_chunk(x, start, end, scale, zp, ztab, out, lay, p, f, fk):
     """Packed bytes of elements ``start .. end`` (``start`` on a byte)."""
     bits = p[P_PACKED_BITS]
     if p[P_BYTE_RUNS]:
-        qmin, qmax, mask, sign = np.float32(p[P_QMIN]), np.float32(p[P_QMAX]), np.int32(p[P_MASK]), np.float32(p[P_ZP_SIGN])
-        cap = min(np.float32(f[F_LIMIT] if p[P_CLIP] else np.inf), fk[K_OVF_AT])
-        k = (fk[K_PMIN], fk[K_UNIT], fk[K_STEP], fk[K_NAN], fk[K_NEG], fk[K_POS], fk[K_SIGNED_ABOVE], fk[K_SIGNED_BELOW])
-        float_args = (p[P_HAS_ZP] != 0, p[P_NAN_TO_ZP] != 0, cap, k)
+        (qmin, qmax, mask, sign), float_args = _code_args(p, f, fk)
         packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, p[P_FLOAT_OUT] != 0, qmin, qmax, mask, sign, float_args)
     else:
         # Other packed outputs collect codes a piece at a time (a piece owns

@@ -216,6 +216,28 @@ def integer_period_lines(x, start, end, period, count, scale, zp, dst, qmin, qma
 
 
 @_jit
+def stepping_zero_points(zp, sr, n, zvalues, held, ztab, float_out, sign):
+    """Offset in ``zvalues`` of the values of zero points ``zp[sr:sr + n]``, decoding them only if not held already.
+
+    ``zvalues`` holds the values of ``zp[held[0]:held[1]]`` (updated here):
+    float codes through ``ztab``, integer ones by :func:`integer_zero_point`.
+    Decoding in a run's loop would cost four operations where a load costs
+    one; kept, the values serve every row of a per-axis or blocked layout
+    on a leading axis, so they are decoded about once a chunk. Called once
+    a stepping run, not an element.
+    """
+    if sr < held[0] or sr + n > held[1]:
+        if float_out:
+            for q in range(n):
+                zvalues[_U(q)] = ztab[zp[_U(sr + q)]]
+        else:
+            for q in range(n):
+                zvalues[_U(q)] = integer_zero_point(zp[_U(sr + q)], sign)
+        held[0], held[1] = sr, sr + n
+    return sr - held[0]
+
+
+@_jit
 def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign, stream):
     """Integer codes of ``x[start:end]`` into ``dst[start - d0:]``: ``clip(rint(x / scale) + zp, qmin, qmax) & mask``.
 
@@ -224,12 +246,11 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign,
     elements before the first and after the last as usual.
 
     The zero points of stepping runs are decoded into ``zvalues`` first
-    (decoding in the loop costs four operations where a load costs one)
-    and kept while later runs use the same ones, as every row of a per-axis
-    or blocked layout on a leading axis does: about once a chunk.
+    (:func:`stepping_zero_points`).
     """
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
-    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    held = np.zeros(2, np.int64)  # zvalues holds the values of zp[held[0]:held[1]]
+    no_table = np.empty(0, np.float32)  # integer zero points are decoded by arithmetic
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -238,11 +259,7 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign,
             jr, sr = j + r * n, si + r * lay[L_SB]
             w = jr - d0
             if step:
-                if sr < z0 or sr + n > z1:
-                    for q in range(n):
-                        zvalues[_U(q)] = integer_zero_point(zp[_U(sr + q)], sign)
-                    z0, z1 = sr, sr + n
-                zi = sr - z0
+                zi = stepping_zero_points(zp, sr, n, zvalues, held, no_table, False, sign)
                 for q in range(n):
                     v = np.float32(x[_U(jr + q)]) / scale[_U(sr + q)]
                     dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
@@ -267,7 +284,7 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
     whole lines by :func:`._lines.quantize_float_line`.
     """
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
-    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    held = np.zeros(2, np.int64)  # zvalues holds the values of zp[held[0]:held[1]]
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -276,11 +293,7 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
             jr, sr = j + r * n, si + r * lay[L_SB]
             w = jr - d0
             if step:
-                if sr < z0 or sr + n > z1:
-                    for q in range(n):
-                        zvalues[_U(q)] = ztab[zp[_U(sr + q)]]
-                    z0, z1 = sr, sr + n
-                zi = sr - z0
+                zi = stepping_zero_points(zp, sr, n, zvalues, held, ztab, True, np.float32(0))
                 for q in range(n):
                     v = np.float32(x[_U(jr + q)]) / scale[_U(sr + q)]
                     dst[_U(w + q)] = float_code(v, zvalues[_U(zi + q)], has_zp, nan_to_zp, cap, k)
@@ -329,7 +342,7 @@ def wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, half, float_out, qmi
     literally(half)  # compiled once for each 16-bit type: the loops hold only its conversions
     has_zp, nan_to_zp, cap, k = float_args
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
-    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    held = np.zeros(2, np.int64)  # zvalues holds the values of zp[held[0]:held[1]]
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -338,12 +351,7 @@ def wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, half, float_out, qmi
             jr, sr = j + r * n, si + r * lay[L_SB]
             w = jr - d0
             if step:
-                if sr < z0 or sr + n > z1:
-                    for q in range(n):
-                        c = zp[_U(sr + q)]
-                        zvalues[_U(q)] = ztab[c] if float_out else integer_zero_point(c, sign)
-                    z0, z1 = sr, sr + n
-                zi = sr - z0
+                zi = stepping_zero_points(zp, sr, n, zvalues, held, ztab, float_out, sign)
                 if float_out:
                     for q in range(n):
                         v = _wide_quotient(x[_U(jr + q)], scale[_U(sr + q)], half)
@@ -381,7 +389,7 @@ def packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, float_out, qmin,
     has_zp, nan_to_zp, cap, k = float_args
     per_byte = 8 // bits
     zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
-    z0, z1 = 0, 0  # zvalues holds the values of zp[z0:z1]
+    held = np.zeros(2, np.int64)  # zvalues holds the values of zp[held[0]:held[1]]
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -413,12 +421,7 @@ def packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, float_out, qmin,
             jr, sr = j + r * n, si + r * lay[L_SB]
             o = jr // per_byte
             if step:
-                if sr < z0 or sr + n > z1:
-                    for q in range(n):
-                        c = zp[_U(sr + q)]
-                        zvalues[_U(q)] = ztab[c] if float_out else integer_zero_point(c, sign)
-                    z0, z1 = sr, sr + n
-                zi = sr - z0
+                zi = stepping_zero_points(zp, sr, n, zvalues, held, ztab, float_out, sign)
                 if float_out:
                     for b in range(whole):
                         q = 2 * b
