@@ -15,6 +15,7 @@ DOCTESTED = [
     "qlinear.dtypes._table",
     "qlinear.dtypes._packing",
     "qlinear.dtypes._tensor_proto",
+    "qlinear.dtypes._rounding",
     "qlinear.ops._quantize_linear",
     "qlinear.ops._dequantize_linear",
     "qlinear.ops._dynamic_quantize_linear",

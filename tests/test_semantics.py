@@ -39,6 +39,28 @@ def test_one_element_scale_is_per_tensor():
     assert ort(case).tolist() == [[3, 5, 7]]
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_one_element_zero_point_any_rank(backend):
+    x = np.zeros((1, 3), np.float32)
+    for zp in (np.uint8(5), np.array([5], np.uint8), np.array([[[5]]], np.uint8)):
+        y = qlinear.quantize_linear(x, np.ones((1, 1), np.float32), zp, axis=1, block_size=4, backend=backend)
+        assert y.tolist() == [[5, 5, 5]]
+        back = qlinear.dequantize_linear(y, np.full((1, 1), 2, np.float32), zp, axis=1, block_size=4, backend=backend)
+        assert back.tolist() == [[0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_block_size_beyond_the_axis(backend):
+    # One block for the whole axis: every row takes its own scale, however long the block.
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    scale = np.array([[1.0], [2.0], [4.0], [0.5]], np.float32)
+    for block_size in (3, 4, 2**26, 2**31, 2**62):
+        y = qlinear.quantize_linear(x, scale, axis=1, block_size=block_size, backend=backend)
+        assert y.tolist() == [[0, 1, 2], [2, 2, 2], [2, 2, 2], [18, 20, 22]]  # ties to even: 5/2 -> 2
+        back = qlinear.dequantize_linear(y, scale, axis=1, block_size=block_size, backend=backend)
+        assert back.tolist() == (y * scale).tolist()
+
+
 def test_axis_ignored_for_per_tensor():
     x = np.array([1.0, 2.0], np.float32)
     assert qlinear.quantize_linear(x, np.float32(1), axis=5).tolist() == [1, 2]
@@ -145,6 +167,26 @@ def test_int32_input_rounded_to_precision():
     assert run_onnx_reference(q_case(x, scale, np.int8(0), opset=13))[0].tolist() == [1]  # float64 division
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_int32_to_sixteen_bit_precision_rounds_once(backend):
+    big = np.array([16842753, -16842753, 16809985, 2**31 - 1], np.int32)  # 2**24 + 2**16 + 1 and neighbours
+    # bfloat16 keeps 8 significant bits: 2**24 + 2**16 + 1 is just above the
+    # tie between 2**24 and 2**24 + 2**17, so it rounds up; 2**24 + 2**15 + 1
+    # (16809985) is below the tie and rounds down; 2**31 - 1 rounds to 2**31.
+    # Divided by 1024: 16512, -16512, 16384, 2097152 (saturated to 32767).
+    y = qlinear.quantize_linear(big, ml_dtypes.bfloat16(1024), output_dtype="int16", backend=backend)
+    assert y.tolist() == [16512, -16512, 16384, 32767]
+    # An int32 scale rounded once: 16842753 -> 16908288; 1690828800 / 16908288 = 99.99 -> 100.
+    x = np.full(3000, 1690828800.0, np.float32)
+    y = qlinear.quantize_linear(x, np.int32(16842753), output_dtype="uint8", precision="bfloat16", backend=backend)
+    assert set(y.tolist()) == {100}
+    # float16: 2049 + 2**-20 is past the tie between 2048 and 2050, but float32 holds
+    # it as 2049 exactly, a tie (to even: 2048); only int32 reaches float16 here,
+    # and every int32 value a float16 can hold is exact in float32.
+    y = qlinear.quantize_linear(np.array([2049, 2051, 70000], np.int32), np.float16(2), output_dtype="int16", backend=backend)
+    assert y.tolist() == [1024, 1026, 32767]
+
+
 def test_e8m0_scale_divides_in_float32():
     scale = np.array([2.0**-20, 2.0**20], np.float32).astype(ml_dtypes.float8_e8m0fnu)
     x = np.array([[3 * 2.0**-21, 5 * 2.0**19]], np.float32)
@@ -162,6 +204,36 @@ def test_degenerate_scales():
             448.0,
             -448.0,
         ]
+
+
+def _bits(a):
+    return np.asarray(a).view(np.dtype(f"u{np.asarray(a).dtype.itemsize}")).tolist()
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_two_nans_keep_the_first(backend):
+    e4 = ml_dtypes.float8_e4m3fn
+    pos_nan, neg_nan = np.array(0x7F, np.uint8).view(e4), np.array(0xFF, np.uint8).view(e4)
+    n = 5000  # above the auto threshold, so the cpu backend's vector loops run too
+    x = np.tile(np.array([np.nan, -np.nan, 1.0], np.float32), n)
+    # QuantizeLinear: the quotient's NaN over the zero point's.
+    for zp in (pos_nan, neg_nan):
+        y = qlinear.quantize_linear(x, np.float32(1), zp, backend=backend)
+        assert _bits(y[:3]) == [0x7F, 0xFF, 0xFF if zp is neg_nan else 0x7F]
+        assert _bits(y) == _bits(np.tile(y[:3], n))
+    # DequantizeLinear: x's NaN over the zero point's, the difference's over the scale's.
+    codes = np.tile(np.array([0x7F, 0xFF, 0x38], np.uint8), n).view(e4)  # +NaN, -NaN, 1.0
+    for zp, scale, want in (
+        (neg_nan, np.float32(2), [0x7FC00000, 0xFFC00000, 0xFFC00000]),
+        (pos_nan, -NAN, [0x7FC00000, 0xFFC00000, 0x7FC00000]),
+        (e4(0), -NAN, [0x7FC00000, 0xFFC00000, 0xFFC00000]),
+    ):
+        y = qlinear.dequantize_linear(codes, scale, zp, backend=backend)
+        assert _bits(y[:3]) == want
+        assert _bits(y) == _bits(np.tile(y[:3], n))
+    # fnuz types' one NaN (0x80) reads as -NaN, as ml_dtypes reads it, and wins over a NaN scale.
+    fnuz = np.array([0x80], np.uint8).view(ml_dtypes.float8_e4m3fnuz)
+    assert _bits(qlinear.dequantize_linear(fnuz, NAN, backend=backend)) == [0xFFC00000]
 
 
 def test_int32_difference_is_exact():
@@ -221,6 +293,15 @@ def test_dynamic_scale_underflow():
     y, scale, zp = qlinear.dynamic_quantize_linear(x)
     assert float(scale) == 0.0 and int(zp) == 0 and y.tolist() == [255, 0]
     assert int(run_onnx_reference(NodeCase("tiny", "DynamicQuantizeLinear", 11, [x]))[2]) == 255
+
+
+def test_dynamic_scale_underflow_negative():
+    # 0 - (-1e-45) / 0 is +inf, which saturates: zero point 255, as onnx.reference gives.
+    x = np.array([-1e-45], np.float32)
+    y, scale, zp = qlinear.dynamic_quantize_linear(x)
+    assert float(scale) == 0.0 and int(zp) == 255 and y.tolist() == [0]
+    ref = run_onnx_reference(NodeCase("tiny", "DynamicQuantizeLinear", 11, [x]))
+    assert (float(ref[1]), int(ref[2]), ref[0].tolist()) == (0.0, 255, [0])
 
 
 def test_dynamic_ignores_nan():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from qlinear.dtypes._packing import pack, packed_size, unpack
+from qlinear.dtypes._rounding import round_to
 from qlinear.dtypes._table import ELEMENT_TYPES, ElementType, element_type
 from qlinear.dtypes._tensor_proto import from_tensor_proto, to_tensor_proto
 
@@ -13,6 +14,7 @@ __all__ = [
     "from_tensor_proto",
     "pack",
     "packed_size",
+    "round_to",
     "to_tensor_proto",
     "unpack",
 ]

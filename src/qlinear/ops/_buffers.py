@@ -10,7 +10,7 @@ import numpy as np
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType, element_type, packed_size
 
-__all__ = ["check_out", "check_packable", "packed_input"]
+__all__ = ["apart_from_out", "check_out", "check_packable", "packed_input"]
 
 
 def check_out(out: Any, dtype: np.dtype, shape: tuple[int, ...], caller: str) -> np.ndarray | None:
@@ -28,6 +28,19 @@ def check_out(out: Any, dtype: np.dtype, shape: tuple[int, ...], caller: str) ->
             f"{caller}: out must be a writeable C-contiguous array, got a {'read-only' if not out.flags.writeable else 'non-contiguous'} one"
         )
     return out
+
+
+def apart_from_out(out: np.ndarray | None, *arrays: np.ndarray | None) -> tuple[np.ndarray | None, ...]:
+    """``arrays``, each copied if it may share memory with ``out``.
+
+    A kernel writing ``out`` while it still reads an input that overlaps it
+    would read its own results; a copy of such an input (only where the
+    memory bounds overlap, so ordinary calls pay nothing) gives the result
+    of the same call without aliasing.
+    """
+    if out is None:
+        return arrays
+    return tuple(a.copy() if a is not None and np.may_share_memory(a, out) else a for a in arrays)
 
 
 def check_packable(t: ElementType, caller: str) -> None:

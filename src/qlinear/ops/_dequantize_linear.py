@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from qlinear.kernels import dequantize as _dequantize
-from qlinear.ops._buffers import check_out, packed_input
+from qlinear.ops._buffers import apart_from_out, check_out, packed_input
 from qlinear.spec import plan_dequantize
 
 __all__ = ["dequantize_linear"]
@@ -45,7 +45,9 @@ def dequantize_linear(
             holding an array of ``shape``; they are read without unpacking.
         shape: the shape of the packed array; required with ``packed_dtype``.
         out: array to write the result into and return: the result's dtype
-            and shape, writeable, C-contiguous.
+            and shape, writeable, C-contiguous. It may share memory with
+            ``x`` or the parameters: those are then copied first, and the
+            result is the same.
         backend: ``"auto"`` (the default: ``"reference"`` when ``x`` has
             fewer than ``qlinear.kernels.AUTO_REFERENCE_BELOW`` elements, so
             that small calls need not start numba, else ``"cpu"``),
@@ -81,4 +83,5 @@ def dequantize_linear(
         domain=domain,
     )
     out = check_out(out, plan.output_dtype, plan.x_shape, caller)
-    return _dequantize(backend, plan, data if packed else x, x_scale, x_zero_point, out=out, packed=packed, caller=caller)
+    codes, x_scale, x_zero_point = apart_from_out(out, data if packed else x, x_scale, x_zero_point)
+    return _dequantize(backend, plan, codes, x_scale, x_zero_point, out=out, packed=packed, caller=caller)

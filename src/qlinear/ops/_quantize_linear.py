@@ -8,7 +8,7 @@ import numpy as np
 
 from qlinear.dtypes import packed_size
 from qlinear.kernels import quantize as _quantize
-from qlinear.ops._buffers import check_out, check_packable
+from qlinear.ops._buffers import apart_from_out, check_out, check_packable
 from qlinear.spec import plan_quantize
 
 __all__ = ["quantize_linear"]
@@ -57,7 +57,8 @@ def quantize_linear(
             element per value.
         out: array to write the result into and return: the result's dtype
             and shape (``(packed_size,)`` uint8 when ``packed``), writeable,
-            C-contiguous.
+            C-contiguous. It may share memory with ``x`` or the parameters:
+            those are then copied first, and the result is the same.
         backend: ``"auto"`` (the default: ``"reference"`` when ``x`` has
             fewer than ``qlinear.kernels.AUTO_REFERENCE_BELOW`` elements, so
             that small calls need not start numba, else ``"cpu"``),
@@ -97,4 +98,5 @@ def quantize_linear(
         out = check_out(out, np.dtype(np.uint8), (packed_size(x.size, t.bits),), caller)
     else:
         out = check_out(out, t.dtype, x.shape, caller)
+    x, y_scale, y_zero_point = apart_from_out(out, x, y_scale, y_zero_point)
     return _quantize(backend, plan, x, y_scale, y_zero_point, out=out, packed=bool(packed), caller=caller)

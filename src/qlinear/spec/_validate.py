@@ -103,13 +103,17 @@ def _fitting_block_sizes(x_shape: tuple[int, ...], scale_shape: tuple[int, ...],
     return f"; block_size in [{low}, {high}] fits this {scale_arg}" if low <= high else ""
 
 
-def _check_zero_point(zero_point: np.ndarray | None, scale: np.ndarray, caller: str, zp_arg: str, scale_arg: str) -> None:
+def _zero_point_like_scale(
+    zero_point: np.ndarray | None, scale: np.ndarray, caller: str, zp_arg: str, scale_arg: str
+) -> np.ndarray | None:
+    """The zero point in the scale's shape, which every kernel then reads alike."""
+    if zero_point is None or zero_point.shape == scale.shape:
+        return zero_point
     # A one-element zero point goes with a one-element scale whatever their
     # ranks: ONNX's own backend cases pair a scalar scale with a (1,) zero point.
-    if zero_point is not None and zero_point.shape != scale.shape and not (zero_point.size == scale.size == 1):
-        raise QuantizationError(
-            f"{caller}: {zp_arg} has shape {zero_point.shape}, expected {scale.shape}, the shape of {scale_arg}"
-        )
+    if zero_point.size == scale.size == 1:
+        return zero_point.reshape(scale.shape)
+    raise QuantizationError(f"{caller}: {zp_arg} has shape {zero_point.shape}, expected {scale.shape}, the shape of {scale_arg}")
 
 
 def _check_attr(name: str, version: OperatorVersion, caller: str, value: Any) -> None:
@@ -168,7 +172,7 @@ def plan_quantize(
         _check_attr("precision", version, caller, prec.name)
         if prec.kind != "wide":
             raise QuantizationError(f"{caller}: precision must be one of bfloat16, float, float16, got {prec}")
-    _check_zero_point(y_zero_point, y_scale, caller, "y_zero_point", "y_scale")
+    y_zero_point = _zero_point_like_scale(y_zero_point, y_scale, caller, "y_zero_point", "y_scale")
     granularity = _granularity(x.shape, y_scale.shape, axis, block_size, version, caller, "y_scale")
     plan = QuantizePlan(
         version=version,
@@ -207,7 +211,7 @@ def plan_dequantize(
     else:
         # An e8m0 scale is no output type; float32 holds every e8m0 value.
         out = scale_type.dtype if scale_type.kind == "wide" else np.dtype(np.float32)
-    _check_zero_point(x_zero_point, x_scale, caller, "x_zero_point", "x_scale")
+    x_zero_point = _zero_point_like_scale(x_zero_point, x_scale, caller, "x_zero_point", "x_scale")
     granularity = _granularity(x.shape, x_scale.shape, axis, block_size, version, caller, "x_scale")
     plan = DequantizePlan(version=version, x_shape=x.shape, granularity=granularity, input_type=x_type, output_dtype=out)
     return plan, x, x_scale, x_zero_point

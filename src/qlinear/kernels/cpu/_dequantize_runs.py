@@ -162,6 +162,21 @@ def _float_value(c, fmt):
 
 
 @_jit
+def affine(v, z, s):
+    """``(v - z) * s`` for float codes, keeping the first NaN of the formula where two meet.
+
+    The processor returns one of two NaN operands by the operand order its
+    compiler chose; DequantizeLinear keeps ``v``'s over the zero point's,
+    and the difference's over the scale's, as the reference kernel does
+    (docs/semantics.md). Integer codes never are NaN, and skip this.
+    """
+    d = v - z
+    d = v if v != v else d
+    y = d * s
+    return d if d != d else y
+
+
+@_jit
 def _shape(lay):
     """The layout slots a run walk reads, read once: LLVM cannot tell that stores to ``dst`` leave ``lay`` alone."""
     return lay[L_D], lay[L_I], lay[L_B], lay[L_SO], lay[L_SB], lay[L_SI]
@@ -216,7 +231,7 @@ def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
         # The elements before the first whole line and after the last.
         j = start + t if t < lo else start + hi + t - lo
         k = period_scale(j, period, count)
-        dst[j] = (_code_value(x, j, sign, f32, small_float) - zp[k]) * scale[k]
+        dst[j] = affine(_code_value(x, j, sign, f32, small_float), zp[k], scale[k])
     k = period_scale(start + lo, period, count)
     off = (start + lo) % period
     for j in range(start + lo, start + hi, lanes):
@@ -328,11 +343,11 @@ def float_runs(x, fmt, start, end, scale, zp, dst, d0, lay):
         dj = j - d0
         if step:
             for k in range(n):
-                dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - zp[_U(si + k)]) * scale[_U(si + k)]
+                dst[_U(dj + k)] = affine(_float_value(np.int32(x[_U(j + k)]), f32), zp[_U(si + k)], scale[_U(si + k)])
         else:
             s, z = scale[si], zp[si]
             for k in range(n):
-                dst[_U(dj + k)] = (_float_value(np.int32(x[_U(j + k)]), f32) - z) * s
+                dst[_U(dj + k)] = affine(_float_value(np.int32(x[_U(j + k)]), f32), z, s)
         j += n
 
 
@@ -411,14 +426,18 @@ def sextet_runs(x, fmt, start, end, table, scale, zp, dst, d0, lay):
                 dequantize_sextets(x, b0 + 12 * v, f32, dst, dj + 16 * v, scale[si], zp[si])
         if step:
             for q in range(4 * vectors, whole):
-                word = np.int32(x[_U(b0 + 3 * q)]) | (np.int32(x[_U(b0 + 3 * q + 1)]) << 8) | (np.int32(x[_U(b0 + 3 * q + 2)]) << 16)
+                word = (
+                    np.int32(x[_U(b0 + 3 * q)]) | (np.int32(x[_U(b0 + 3 * q + 1)]) << 8) | (np.int32(x[_U(b0 + 3 * q + 2)]) << 16)
+                )
                 for lane in range(4):
                     v = _finite_value(np.int32((word >> (6 * lane)) & 63), f32)
                     dst[_U(dj + 4 * q + lane)] = (v - zp[_U(sj + 4 * q + lane)]) * scale[_U(sj + 4 * q + lane)]
         else:
             s, z = scale[si], zp[si]
             for q in range(4 * vectors, whole):
-                word = np.int32(x[_U(b0 + 3 * q)]) | (np.int32(x[_U(b0 + 3 * q + 1)]) << 8) | (np.int32(x[_U(b0 + 3 * q + 2)]) << 16)
+                word = (
+                    np.int32(x[_U(b0 + 3 * q)]) | (np.int32(x[_U(b0 + 3 * q + 1)]) << 8) | (np.int32(x[_U(b0 + 3 * q + 2)]) << 16)
+                )
                 for lane in range(4):
                     dst[_U(dj + 4 * q + lane)] = (_finite_value(np.int32((word >> (6 * lane)) & 63), f32) - z) * s
         # The rest: the head, and the codes after the last whole group, one at a time.

@@ -55,6 +55,7 @@ __all__ = [
     "K_SIGNED_BELOW",
     "K_STEP",
     "K_UNIT",
+    "add_zero_point",
     "float_code",
     "float_code_constants",
 ]
@@ -150,6 +151,18 @@ def float_code_constants(t: ElementType, e: np.ndarray) -> np.ndarray | None:
 
 
 @_jit
+def add_zero_point(q, z):
+    """``q + z``, but ``q`` itself where ``q`` is NaN.
+
+    Where two NaNs meet, the processor returns one of them by the operand
+    order its compiler chose; QuantizeLinear keeps the quotient's, the first
+    in the formula, as the reference kernel does (docs/semantics.md).
+    """
+    v = q + z
+    return q if q != q else v
+
+
+@_jit
 def float_code(q, z, has_zp, nan_to_zp, cap, k):
     """The code of ``q + z`` (``q`` alone if not ``has_zp``) for the type ``k`` describes.
 
@@ -163,7 +176,7 @@ def float_code(q, z, has_zp, nan_to_zp, cap, k):
     values from ``K_PMIN`` on, read once per run.
     """
     pmin, unit, step, nan, neg, pos, above, below = k
-    v = q + (z if has_zp else _NEG_ZERO)
+    v = add_zero_point(q, z if has_zp else _NEG_ZERO)
     v = z if nan_to_zp & (v != v) else v
     a = abs(v)
     a = cap if cap < a else a  # written as x86's min reads it, so NaN passes through

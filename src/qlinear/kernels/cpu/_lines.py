@@ -184,6 +184,11 @@ def _load_values(builder, x_data, xj, lanes, x_is_int):
     return builder.sitofp(raw, f32) if x_is_int else raw
 
 
+def _keep_first_nan(builder, first, result):
+    """``result`` of an operation on vector ``first``, but ``first`` in its NaN lanes (``_encode.add_zero_point``)."""
+    return builder.select(builder.fcmp_unordered("uno", first, first), first, result)
+
+
 def _rint(builder, v):
     lanes = v.type.count
     f32 = v.type
@@ -218,7 +223,7 @@ def _float_codes(builder, q, z, has_zp, nan_to_zp, cap, k):
     lanes = f32.count
     i32 = ir.VectorType(ir.IntType(32), lanes)
     pmin, unit, step, nan, neg, pos, above, below = (_splat(builder, builder.extract_value(k, n), f32) for n in range(8))
-    v = builder.fadd(q, builder.select(has_zp, z, ir.Constant(f32, [-0.0] * lanes)))
+    v = _keep_first_nan(builder, q, builder.fadd(q, builder.select(has_zp, z, ir.Constant(f32, [-0.0] * lanes))))
     v = builder.select(
         builder.and_(_splat(builder, nan_to_zp, ir.VectorType(ir.IntType(1), lanes)), builder.fcmp_unordered("!=", v, v)),
         z,
@@ -410,11 +415,19 @@ def _small_float_values(builder, c, fmt, lanes, specials):
     return builder.select(negative, builder.fneg(f), f)
 
 
-def _scaled_line(builder, values, s0, z0, s1, z1, split, dst_data, dj):
-    """Store ``(values - z) * s`` (two scales split at lane ``split``) as a streamed line at ``dst_data[dj]``."""
+def _scaled_line(builder, values, s0, z0, s1, z1, split, dst_data, dj, nan_values=False):
+    """Store ``(values - z) * s`` (two scales split at lane ``split``) as a streamed line at ``dst_data[dj]``.
+
+    Where ``values`` may hold NaN (``nan_values``), the first NaN in the
+    formula is kept, as ``_dequantize_runs.affine`` does.
+    """
     f32 = values.type
     s, z = _split_splat(builder, s0, s1, split, f32), _split_splat(builder, z0, z1, split, f32)
-    _store_line(builder, builder.fmul(builder.fsub(values, z), s), dst_data, dj)
+    if not nan_values:
+        _store_line(builder, builder.fmul(builder.fsub(values, z), s), dst_data, dj)
+        return
+    diff = _keep_first_nan(builder, values, builder.fsub(values, z))
+    _store_line(builder, _keep_first_nan(builder, diff, builder.fmul(diff, s)), dst_data, dj)
 
 
 _F = types.float32
@@ -447,7 +460,7 @@ def dequantize_float8_line(typingctx, x, xj, fmt, dst, dj, s, z, s1, z1, split):
             ir.Constant(ir.VectorType(ir.IntType(32), lanes), [255] * lanes),
         )
         f = _small_float_values(builder, c, fmt_, lanes, specials=True)
-        _scaled_line(builder, f, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_)
+        _scaled_line(builder, f, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_, nan_values=True)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -707,7 +720,9 @@ def dequantize_sextet_steps(typingctx, x, byte, fmt, dst, dj, s, sj, z, zj):
         values = _sextet_values(context, builder, signature, xs, byte_, fmt_)
         scales = _load(builder, _data(context, builder, signature.args[5], s_), sj_, f32)
         zeros = _load(builder, _data(context, builder, signature.args[7], z_), zj_, f32)
-        _store_bytes(builder, builder.fmul(builder.fsub(values, zeros), scales), _data(context, builder, signature.args[3], ds), dj_)
+        _store_bytes(
+            builder, builder.fmul(builder.fsub(values, zeros), scales), _data(context, builder, signature.args[3], ds), dj_
+        )
         return context.get_dummy_value()
 
     return sig, codegen
@@ -730,13 +745,17 @@ def pack_sextets(typingctx, codes, c, out, byte):
         # Four words of four codes each: code 4g + lane at bits 6 * lane of word g.
         word = None
         for lane in range(4):
-            part = builder.zext(builder.shuffle_vector(raw, undefined, ir.Constant(i32x4, [4 * g + lane for g in range(4)])), i32x4)
+            part = builder.zext(
+                builder.shuffle_vector(raw, undefined, ir.Constant(i32x4, [4 * g + lane for g in range(4)])), i32x4
+            )
             if lane:
                 part = builder.shl(part, ir.Constant(i32x4, [6 * lane] * 4))
             word = part if word is None else builder.or_(word, part)
         as_bytes = builder.bitcast(word, ir.VectorType(ir.IntType(8), 16))
         packed = builder.shuffle_vector(
-            as_bytes, ir.Constant(as_bytes.type, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), SEXTET_BYTES), [4 * g + k for g in range(4) for k in range(3)])
+            as_bytes,
+            ir.Constant(as_bytes.type, ir.Undefined),
+            ir.Constant(ir.VectorType(ir.IntType(32), SEXTET_BYTES), [4 * g + k for g in range(4) for k in range(3)]),
         )
         _store_bytes(builder, packed, _data(context, builder, signature.args[2], os_), byte_)
         return context.get_dummy_value()

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from qlinear.dtypes import ElementType, packed_size
+from qlinear.dtypes import ElementType, packed_size, round_to
 from qlinear.kernels.cpu._params import (
     PREC_BF16,
     PREC_F16,
@@ -106,11 +106,14 @@ def quantize(
         return out
     code_dtype = np.uint16 if t.bits == 16 else np.uint8
     prec = precision_code(plan.precision)
+    if x.dtype == np.int32 and prec != PREC_F32:
+        # Rounded once to the 16-bit precision here; the kernel would go through float32 and round twice.
+        x = round_to(x, plan.precision)
     xwide = _WIDE_INPUTS.get(x.dtype, PREC_F32)
     flat_x = np.ascontiguousarray(x).reshape(-1)
     if xwide != PREC_F32:
         flat_x = flat_x.view(np.uint16)
-    scale_f = np.ascontiguousarray(scale.astype(plan.precision, copy=False).astype(np.float32, copy=False)).reshape(-1)
+    scale_f = np.ascontiguousarray(round_to(scale, plan.precision).astype(np.float32, copy=False)).reshape(-1)
     if zero_point is None:
         zp_codes = np.zeros(scale_f.size, code_dtype)
     else:

@@ -41,6 +41,7 @@ from qlinear.kernels.cpu._encode import (
     K_SIGNED_BELOW,
     K_STEP,
     K_UNIT,
+    add_zero_point,
     float_code,
 )
 from qlinear.kernels.cpu._lines import store_fence
@@ -148,10 +149,10 @@ def _to_float(tile, n, zp, step, dst, p, float_args):
     if p[P_HAS_ZP]:
         if step:
             for t in range(n):
-                tile[t] = tile[t] + zp[t]
+                tile[t] = add_zero_point(tile[t], zp[t])
         else:
             for t in range(n):
-                tile[t] = tile[t] + zp[0]
+                tile[t] = add_zero_point(tile[t], zp[0])
         if prec != PREC_F32:
             round_to_precision(tile, n, prec)
     if step:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 from numba import literally, njit
 
-from qlinear.kernels.cpu._encode import float_code
+from qlinear.kernels.cpu._encode import add_zero_point, float_code
 from qlinear.kernels.cpu._lines import (
     BLOCK_CODES,
     LINE,
@@ -56,7 +56,15 @@ from qlinear.kernels.cpu._lines import (
     quantize_nibble_block,
 )
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
-from qlinear.kernels.cpu._tiles import bfloat_value, half_value_by_bits, locate, next_run, pack_codes, round_bfloat, round_half_by_bits
+from qlinear.kernels.cpu._tiles import (
+    bfloat_value,
+    half_value_by_bits,
+    locate,
+    next_run,
+    pack_codes,
+    round_bfloat,
+    round_half_by_bits,
+)
 
 __all__ = ["float_runs", "integer_runs", "integer_period_lines", "integer_zero_point", "pack", "packed_runs"]
 
@@ -325,7 +333,8 @@ def _wide_quotient(bits, s, half):
 def _wide_float_code(q, z, half, has_zp, nan_to_zp, cap, k):
     """:func:`float_code` of the 16-bit quotient ``q`` plus zero point ``z``, their sum rounded to the 16-bit type first."""
     if has_zp:
-        q = round_half_by_bits(q + z) if half else round_bfloat(q + z)
+        v = add_zero_point(q, z)
+        q = round_half_by_bits(v) if half else round_bfloat(v)
     return float_code(q, z, False, nan_to_zp, cap, k)
 
 
@@ -365,7 +374,9 @@ def wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, half, float_out, qmi
                 if float_out:
                     z = ztab[zp[sr]]
                     for q in range(n):
-                        dst[_U(w + q)] = _wide_float_code(_wide_quotient(x[_U(jr + q)], s, half), z, half, has_zp, nan_to_zp, cap, k)
+                        dst[_U(w + q)] = _wide_float_code(
+                            _wide_quotient(x[_U(jr + q)], s, half), z, half, has_zp, nan_to_zp, cap, k
+                        )
                 else:
                     z = integer_zero_point(zp[sr], sign)
                     for q in range(n):

@@ -12,8 +12,10 @@ __all__ = ["expand"]
 def expand(param: np.ndarray, granularity: Granularity, x_shape: tuple[int, ...]) -> np.ndarray:
     """``param`` reshaped or repeated so it broadcasts against ``x_shape``.
 
-    Per-tensor gives a 0-d array and per-axis a view; blocked repeats each
-    scale ``block_size`` times along the axis and trims the ragged last block.
+    Per-tensor gives a 0-d array and per-axis a view; blocked takes, for
+    each index ``d`` along the axis, the scale of block ``d // block_size``,
+    so the result is the size of ``x`` along the axis whatever the block
+    size (a block far longer than the axis costs nothing).
     """
     if granularity.kind == "per_tensor":
         return param.reshape(())
@@ -22,5 +24,4 @@ def expand(param: np.ndarray, granularity: Granularity, x_shape: tuple[int, ...]
         dims = [1] * len(x_shape)
         dims[axis] = param.shape[0]
         return param.reshape(dims)
-    repeated = np.repeat(param, granularity.block_size, axis=axis)
-    return repeated[tuple(slice(0, x_shape[axis]) if i == axis else slice(None) for i in range(len(x_shape)))]
+    return np.take(param, np.arange(x_shape[axis]) // granularity.block_size, axis=axis)

@@ -6,7 +6,18 @@ import numpy as np
 
 from qlinear.dtypes import ElementType
 
-__all__ = ["to_integer", "to_float"]
+__all__ = ["keep_first_nan", "to_integer", "to_float"]
+
+
+def keep_first_nan(first: np.ndarray, result: np.ndarray) -> np.ndarray:
+    """``result`` of an operation on ``first`` and another operand, but ``first`` where ``first`` is NaN.
+
+    Where two NaNs meet, which one the processor returns depends on the
+    operand order its compiler chose; the operators keep the one that comes
+    first in the formula (docs/semantics.md), so both backends say so
+    explicitly.
+    """
+    return np.where(np.isnan(first), first, result)
 
 
 def to_integer(quotient: np.ndarray, zero_point: np.ndarray | None, t: ElementType) -> np.ndarray:
@@ -32,12 +43,12 @@ def to_float(quotient: np.ndarray, zero_point: np.ndarray | None, t: ElementType
     infinities included, become that value; without it they follow ONNX's
     table (NaN, or infinity for float8e5m2). The zero point is added as the
     formula says, in IEEE arithmetic (so ``-0 + 0`` is ``+0``, as ONNX's
-    float4e2m1 backend case expects). NaN becomes the zero point where the
-    type has no NaN.
+    float4e2m1 backend case expects); a NaN quotient stays itself whatever
+    the zero point. NaN becomes the zero point where the type has no NaN.
     """
     q = quotient
     if zero_point is not None:
-        q = q + zero_point.astype(q.dtype)
+        q = keep_first_nan(q, q + zero_point.astype(q.dtype))
     if not t.has_nan:
         q = np.where(np.isnan(q), zero_point.astype(q.dtype) if zero_point is not None else q.dtype.type(0), q)
     if saturate or not t.saturate_applies:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from qlinear.kernels.reference._broadcast import expand
+from qlinear.kernels.reference._convert import keep_first_nan
 from qlinear.spec import DequantizePlan
 
 __all__ = ["dequantize"]
@@ -15,6 +16,8 @@ def dequantize(plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_poin
 
     Integer differences are exact (int64); float differences are taken in
     float32. The product is rounded once in float32, then to the output type.
+    Where two NaNs meet, the first in the formula is kept: ``x``'s over the
+    zero point's, the difference's over the scale's.
     """
     g, shape = plan.granularity, plan.x_shape
     with np.errstate(all="ignore"):
@@ -26,6 +29,6 @@ def dequantize(plan: DequantizePlan, x: np.ndarray, scale: np.ndarray, zero_poin
         else:
             diff = x.astype(np.float32)
             if zero_point is not None:
-                diff = diff - expand(zero_point, g, shape).astype(np.float32)
-        y = diff * expand(scale, g, shape).astype(np.float32)
+                diff = keep_first_nan(diff, diff - expand(zero_point, g, shape).astype(np.float32))
+        y = keep_first_nan(diff, diff * expand(scale, g, shape).astype(np.float32))
         return y.astype(plan.output_dtype, copy=False)
