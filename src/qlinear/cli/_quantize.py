@@ -1,0 +1,167 @@
+"""Quantize a float ONNX model into a smaller, faster standard QDQ model, and report what it kept.
+
+Calibrates activation ranges on your data (an .npz holding one array per
+model input, samples along the first axis), stores Conv, ConvTranspose,
+Gemm, MatMul and embedding weights quantized, places Q/DQ where ONNX
+Runtime fuses them into integer kernels, checks that it did, and compares
+the result with the float model on held-out data. `qlinear quantize --demo`
+runs it on a small digits CNN that ships with qlinear. Exit status 0 on
+success, 2 on bad input (one line on stderr, no file written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize import (
+    ACTIVATION_TYPES,
+    GRANULARITIES,
+    METHODS,
+    WEIGHT_TYPES,
+    QuantizeOptions,
+    print_report,
+    quantize_model,
+    report_json,
+)
+
+_DEMO = "digits_cnn.onnx"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL.onnx", nargs="?", help="the float model (external data is read from beside it)")
+    parser.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the quantized model")
+    parser.add_argument(
+        "--demo", action="store_true", help="quantize the digits CNN that ships with qlinear, evaluated on its held-out digits"
+    )
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--calibration", metavar="DATA.npz", help="calibration inputs: one array per model input, samples along axis 0"
+    )
+    data.add_argument("--calibrate-random", metavar="N", type=int, help="calibrate on N uniform random samples (a smoke test)")
+    data.add_argument(
+        "--eval",
+        metavar="DATA.npz",
+        help="held-out inputs for the report's figures (default: the last 20%% of the calibration data)",
+    )
+    data.add_argument("--labels", metavar="ARRAY", help="the array of --eval holding labels, for accuracy")
+    data.add_argument(
+        "--batch-size", type=int, default=16, metavar="N", help="samples a batch (default 16); the model does not depend on it"
+    )
+    data.add_argument("--save-stats", metavar="STATS.npz", help="write the calibration statistics")
+    data.add_argument("--stats", metavar="STATS.npz", help="quantize from saved statistics instead of calibrating")
+    types = parser.add_argument_group("types")
+    types.add_argument("--weights", default="int8", metavar="TYPE", help=f"weight type: {', '.join(WEIGHT_TYPES)} (default int8)")
+    types.add_argument(
+        "--activations",
+        default="uint8",
+        metavar="TYPE",
+        help=f"activation type: {', '.join(ACTIVATION_TYPES)}, or none for weight-only (default uint8)",
+    )
+    types.add_argument(
+        "--granularity", default="per-channel", metavar="G", help=f"weights: {', '.join(GRANULARITIES)} (default per-channel)"
+    )
+    types.add_argument(
+        "--block-size", type=int, default=0, metavar="N", help="elements a block with --granularity blocked (default 32)"
+    )
+    types.add_argument("--symmetric", action="store_true", help="signed, symmetric activations (zero point 0)")
+    types.add_argument(
+        "--method", default="minmax", metavar="M", help=f"activation ranges: {', '.join(METHODS)} (default minmax)"
+    )
+    types.add_argument(
+        "--percentile",
+        type=float,
+        default=99.999,
+        metavar="P",
+        help="share of values kept by --method percentile (default 99.999)",
+    )
+    types.add_argument(
+        "--weight-clip",
+        default="minmax",
+        metavar="C",
+        help="weight ranges: minmax, or mse (least-error clipping per channel or block)",
+    )
+    types.add_argument(
+        "--exclude", nargs="+", action="extend", default=[], metavar="NAME_OR_OP", help="node names or op types to leave in float"
+    )
+    types.add_argument(
+        "--opset", type=int, metavar="N", help="the output's opset (default: the model's, raised as far as the types need)"
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument("--report", metavar="REPORT.json", help="write the report as JSON")
+    out.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of tables")
+    out.add_argument("--quiet", action="store_true", help="no progress bars and no printed report")
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    try:
+        result = _quantize(args, err)
+        if args.report:
+            _write_text(args.report, report_json(result.report) + "\n")
+    except QuantizationError as e:
+        err.print(f"qlinear quantize: {escape(str(e))}", highlight=False, soft_wrap=True)
+        return 2
+    if args.json:
+        sys.stdout.write(report_json(result.report) + "\n")
+    elif not args.quiet:
+        print_report(result.report, Console())
+    return 0
+
+
+def _quantize(args: argparse.Namespace, err: Console):
+    model, calibration, eval_data, labels, output = args.model, args.calibration, args.eval, args.labels, args.output
+    if args.demo:
+        if model is not None:
+            raise QuantizationError("--demo quantizes the model that ships with qlinear; give no MODEL.onnx with it")
+        demo = resources.files("qlinear.quantize") / "_demo"
+        model = str(demo / _DEMO)
+        if calibration is None and args.calibrate_random is None and args.stats is None:
+            calibration = str(demo / "digits_calibration.npz")
+        if eval_data is None:
+            eval_data, labels = str(demo / "digits_eval.npz"), labels or "label"
+        output = output or "digits_cnn.qdq.onnx"
+    elif model is None:
+        raise QuantizationError("give MODEL.onnx, or --demo")
+    if output is None:
+        raise QuantizationError("give the output path with -o OUT.onnx")
+    activations = None if args.activations == "none" else args.activations
+    options = QuantizeOptions(
+        weights=args.weights,
+        activations=activations,
+        method=args.method,
+        granularity=args.granularity,
+        block_size=args.block_size,
+        symmetric=args.symmetric,
+        weight_clip=args.weight_clip,
+        exclude=tuple(args.exclude),
+        percentile=args.percentile,
+        opset=args.opset,
+        batch_size=args.batch_size,
+    )
+    return quantize_model(
+        model,
+        output,
+        calibration,
+        eval=eval_data,
+        labels=labels,
+        calibrate_random=args.calibrate_random,
+        stats=args.stats,
+        save_stats_to=args.save_stats,
+        options=options,
+        console=err,
+        progress=not args.quiet,
+    )
+
+
+def _write_text(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise QuantizationError(f"cannot write the report to {path}: {e.strerror}") from None

@@ -1,0 +1,253 @@
+"""The convert pass: the float model rewritten as a QDQ model.
+
+Every quantized activation gets one QuantizeLinear right after its producer
+and a DequantizeLinear of its own in front of each consumer that reads it
+quantized (ONNX Runtime then groups each DQ with exactly one node). Weights
+are stored quantized (2/4/6-bit types packed, as ONNX stores them) behind a
+DequantizeLinear; Conv and Gemm biases as int32 with scale
+``activation scale x weight scale`` where the activation is quantized. The
+weights' codes come from :func:`qlinear.quantize_linear`, so the model's
+DequantizeLinear of each weight is bit for bit ``qlinear.dequantize_linear``
+of what is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import qlinear
+from qlinear._errors import QuantizationError
+from qlinear.dtypes import to_tensor_proto
+from qlinear.quantize._choose import QuantParams, weight_params
+from qlinear.quantize._model import FloatModel
+from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._plan import DATA_MOVEMENT_OPS, NodePlan, Plan
+
+__all__ = ["ConvertedNode", "convert", "required_opset", "sqnr_db"]
+
+_INT32 = np.iinfo(np.int32)
+# The first ai.onnx opset that holds each type in QuantizeLinear/DequantizeLinear.
+_TYPE_OPSET = {
+    "uint8": 10, "int8": 10, "int32": 10, "float8e4m3fn": 19, "float8e5m2": 19, "uint16": 21, "int16": 21,
+    "uint4": 21, "int4": 21, "float4e2m1": 23, "uint2": 25, "int2": 25,
+}  # fmt: skip
+
+
+@dataclass
+class ConvertedNode:
+    """What the convert pass did to one node."""
+
+    name: str
+    op_type: str
+    weight_type: str | None
+    activation_type: str | None
+    weight_sqnr_db: float | None
+    weight_bytes_before: int
+    weight_bytes_after: int
+    bias_int32: bool
+
+
+def sqnr_db(signal_power: float, noise_power: float) -> float | None:
+    """``10 log10(signal / noise)``; None where there is no noise (exact)."""
+    if noise_power <= 0:
+        return None
+    if signal_power <= 0:
+        return -math.inf
+    return 10.0 * math.log10(signal_power / noise_power)
+
+
+def required_opset(options: QuantizeOptions) -> int:
+    """The lowest ai.onnx opset whose QuantizeLinear/DequantizeLinear hold the chosen types and granularity."""
+    need = max(13, _TYPE_OPSET[options.weights])  # 13: per-channel (axis)
+    if options.activations is not None:
+        need = max(need, _TYPE_OPSET[options.activations])
+    if options.granularity == "blocked":
+        need = max(need, 21)
+    return need
+
+
+def convert(
+    fm: FloatModel, plan: Plan, options: QuantizeOptions, activation_params: dict[str, QuantParams], opset: int
+) -> tuple[onnx.ModelProto, dict[str, ConvertedNode]]:
+    """The QDQ model for ``plan``, at ``opset``, and what was done to each quantized node."""
+    model = _at_opset(fm.model, opset)
+    g = model.graph
+    names = _Names(
+        {t.name for t in g.initializer} | {n for node in g.node for n in (*node.input, *node.output)} | {n.name for n in g.node}
+    )
+    act_type = options.activation_type
+    new_inits: list[TensorProto] = []
+    # Activation parameters: one scale/zero point pair for each calibrated tensor, shared ones point to it.
+    param_names: dict[str, tuple[str, str]] = {}
+    for t in plan.calibrate:
+        p = activation_params[t]
+        scale_name, zp_name = names.fresh(f"{t}_scale"), names.fresh(f"{t}_zero_point")
+        new_inits += [numpy_helper.from_array(p.scale, scale_name), to_tensor_proto(p.zero_point, zp_name)]
+        param_names[t] = (scale_name, zp_name)
+    quantized_name = {t: names.fresh(f"{t}_quantized") for t in plan.activations}
+    node_plans = {p.name: p for p in plan.nodes}
+    reads_quantized = _quantized_reads(plan, g)
+    converted: dict[str, ConvertedNode] = {}
+    weight_cache: dict[tuple[str, int, int], tuple[str, str, str | None, int, int, QuantParams, float | None, int]] = {}
+    nodes: list[onnx.NodeProto] = []
+
+    def emit_q(t: str) -> None:
+        scale_name, zp_name = param_names[plan.root(t)]
+        nodes.append(
+            helper.make_node(
+                "QuantizeLinear", [t, scale_name, zp_name], [quantized_name[t]], name=names.fresh(f"{t}_QuantizeLinear")
+            )
+        )
+
+    def emit_dq(t: str, consumer: str) -> str:
+        scale_name, zp_name = param_names[plan.root(t)]
+        out = names.fresh(f"{t}_dequantized")
+        nodes.append(
+            helper.make_node(
+                "DequantizeLinear",
+                [quantized_name[t], scale_name, zp_name],
+                [out],
+                name=names.fresh(f"{t}_DequantizeLinear_{consumer}"),
+            )
+        )
+        return out
+
+    activations = set(plan.activations)
+    for t in fm.input_names:
+        if t in activations:
+            emit_q(t)
+    for node in g.node:
+        np_ = node_plans.get(node.name)
+        for k, t in enumerate(node.input):
+            if t in activations and (t in plan.all_consumers_dequantize or (node.name, t) in reads_quantized):
+                node.input[k] = emit_dq(t, node.name)
+        if np_ is not None:
+            converted[node.name] = _convert_node(
+                node, np_, fm, options, act_type, param_names, activation_params, plan, names, nodes, new_inits, weight_cache
+            )
+        nodes.append(node)
+        for o in node.output:
+            if o in activations:
+                emit_q(o)
+    del g.node[:]
+    g.node.extend(nodes)
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    kept = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(kept + new_inits)
+    # Inferred intermediate types of the float model may no longer hold (a weight's name now names codes).
+    del g.value_info[:]
+    return model, converted
+
+
+def _quantized_reads(plan: Plan, g: onnx.GraphProto) -> set[tuple[str, str]]:
+    """``(node, tensor)`` pairs where the node reads the tensor quantized: compute nodes and data movement."""
+    reads = {(p.name, t) for p in plan.nodes for t in p.activations}
+    for node in g.node:
+        if node.op_type in DATA_MOVEMENT_OPS and node.output and node.output[0] in plan.shared:
+            reads.add((node.name, plan.shared[node.output[0]]))
+    return reads
+
+
+def _convert_node(
+    node, p: NodePlan, fm, options, act_type, param_names, activation_params, plan, names, nodes, new_inits, cache
+) -> ConvertedNode:
+    wt = options.weight_type
+    result = ConvertedNode(p.name, p.op_type, None, act_type.name if act_type and p.activations else None, None, 0, 0, False)
+    if p.weight is None:
+        return result
+    w = fm.constant(p.weight.tensor)
+    key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis)
+    if key not in cache:
+        params, axis, block = weight_params(
+            w, wt, granularity=options.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
+            block_size=options.block_size, clip=options.weight_clip,
+        )  # fmt: skip
+        codes = qlinear.quantize_linear(
+            w.astype(np.float32), params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name
+        )
+        back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
+        w64 = w.astype(np.float64)
+        sqnr = sqnr_db(float((w64**2).sum()), float(((w64 - back) ** 2).sum()))
+        q_name = names.fresh(f"{p.weight.tensor}_quantized")
+        s_name = names.fresh(f"{p.weight.tensor}_scale")
+        z_name = names.fresh(f"{p.weight.tensor}_zero_point") if params.zero_point is not None else None
+        q_proto = to_tensor_proto(codes, q_name)
+        new_inits += [q_proto, numpy_helper.from_array(params.scale, s_name)]
+        if z_name:
+            new_inits.append(to_tensor_proto(params.zero_point, z_name))
+        after = len(q_proto.raw_data) + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
+        cache[key] = (q_name, s_name, z_name, axis, block, params, sqnr, after)
+    q_name, s_name, z_name, axis, block, params, sqnr, after = cache[key]
+    dq_out = names.fresh(f"{p.weight.tensor}_dequantized")
+    attrs = {"axis": axis} if params.scale.ndim else {}
+    if block:
+        attrs["block_size"] = block
+    nodes.append(
+        helper.make_node(
+            "DequantizeLinear",
+            [q_name, s_name, *([z_name] if z_name else [])],
+            [dq_out],
+            name=names.fresh(f"{p.weight.tensor}_DequantizeLinear"),
+            **attrs,
+        )
+    )
+    node.input[p.weight.index] = dq_out
+    result.weight_type, result.weight_sqnr_db = wt.name, sqnr
+    result.weight_bytes_before, result.weight_bytes_after = w.astype(np.float32).nbytes, after
+    if p.bias is not None and not block and p.activations:
+        act_scale = activation_params[plan.root(p.activations[0])].scale
+        bias_scale = (np.float32(act_scale) * params.scale).astype(np.float32)
+        b = fm.constant(p.bias).astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.clip(np.rint(b / bias_scale.astype(np.float64)), _INT32.min, _INT32.max)
+        q = np.where(np.isfinite(q), q, 0).astype(np.int32)
+        bq, bs = names.fresh(f"{p.bias}_quantized"), names.fresh(f"{p.bias}_scale")
+        new_inits += [numpy_helper.from_array(q, bq), numpy_helper.from_array(np.ascontiguousarray(bias_scale), bs)]
+        b_out = names.fresh(f"{p.bias}_dequantized")
+        battrs = {"axis": 0} if bias_scale.ndim else {}
+        nodes.append(
+            helper.make_node("DequantizeLinear", [bq, bs], [b_out], name=names.fresh(f"{p.bias}_DequantizeLinear"), **battrs)
+        )
+        node.input[2] = b_out
+        result.bias_int32 = True
+    return result
+
+
+def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """A copy of ``model`` whose ai.onnx opset is ``opset`` (converted by onnx's version converter when raised)."""
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < current:
+        raise QuantizationError(f"quantize: opset must be at least the model's opset {current}, got {opset}")
+    if opset == current:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    else:
+        try:
+            out = onnx.version_converter.convert_version(model, opset)
+        except Exception as e:
+            raise QuantizationError(
+                f"quantize: the chosen types need opset {opset}, and converting the model from opset {current} failed: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            ) from None
+    out.ir_version = max(out.ir_version, helper.find_min_ir_version_for([helper.make_opsetid("", opset)], ignore_unknown=True))
+    return out
+
+
+class _Names:
+    """Fresh tensor and node names, none clashing with the model's."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self._taken = set(taken)
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self._taken:
+            name, k = f"{base}_{k}", k + 1
+        self._taken.add(name)
+        return name

@@ -1,0 +1,186 @@
+"""Calibration and evaluation data: read, checked against the model's inputs, batched.
+
+Data is a set of arrays, one per model input and named after it, whose
+first axis counts samples (an ``.npz`` file, or a dict of arrays); or, in
+Python, any iterable of ``{input name: array}`` batches. Integer inputs
+(token ids, byte values) pass through as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import helper
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize._model import FloatModel
+
+__all__ = ["Dataset", "InputSpec", "input_specs", "load_dataset", "random_dataset"]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A model input: name, numpy dtype, shape (None or a name for symbolic dimensions)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple
+
+
+def input_specs(fm: FloatModel) -> list[InputSpec]:
+    specs = []
+    for vi in fm.graph.input:
+        if vi.name in fm.initializers:
+            continue
+        tt = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        specs.append(InputSpec(vi.name, dtype, shape))
+    return specs
+
+
+class Dataset:
+    """Samples for the model's inputs, walked in batches of a fixed size.
+
+    ``arrays`` maps input names to arrays of ``samples`` along axis 0; a
+    dataset made from an iterable of batches has ``arrays=None`` and walks
+    those batches as they come.
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray] | None, batches: Iterable[Mapping[str, np.ndarray]] | None, source: str):
+        self.arrays = arrays
+        self._batches = batches
+        self.source = source
+        self.labels: np.ndarray | None = None
+        self.random = False  # uniform random samples: a smoke test
+
+    @property
+    def samples(self) -> int | None:
+        if self.arrays is None:
+            return None
+        return next(iter(self.arrays.values())).shape[0] if self.arrays else 0
+
+    def split(self, held_out: float) -> tuple[Dataset, Dataset]:
+        """The first part and the last ``held_out`` share of the samples (at least one each)."""
+        n = self.samples
+        if n is None:
+            raise QuantizationError("quantize: a stream of batches cannot be split; pass eval data")
+        k = min(n - 1, max(1, round(n * held_out)))
+        first = Dataset({name: a[: n - k] for name, a in self.arrays.items()}, None, f"{self.source} samples 0-{n - k - 1}")
+        last = Dataset(
+            {name: a[n - k :] for name, a in self.arrays.items()}, None, f"{self.source} samples {n - k}-{n - 1} (held out)"
+        )
+        first.random = last.random = self.random
+        if self.labels is not None:
+            first.labels, last.labels = self.labels[: n - k], self.labels[n - k :]
+        return first, last
+
+    def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        if self.arrays is None:
+            yield from (dict(b) for b in self._batches)  # type: ignore[union-attr]
+            return
+        n = self.samples or 0
+        for start in range(0, n, batch_size):
+            yield {name: a[start : start + batch_size] for name, a in self.arrays.items()}
+
+    def batch_count(self, batch_size: int) -> int | None:
+        n = self.samples
+        return None if n is None else -(-n // batch_size)
+
+
+def load_dataset(data: Any, fm: FloatModel, *, what: str, labels: str | None = None) -> Dataset:
+    """``data`` (a path to an .npz, a dict of arrays, or an iterable of batches) checked against ``fm``'s inputs.
+
+    Raises:
+        QuantizationError: the file cannot be read; an input is missing, or
+            an array's dtype or shape does not fit its input (naming the
+            input, what was expected and what was given); ``labels`` names
+            no array.
+    """
+    specs = input_specs(fm)
+    source = what
+    if isinstance(data, (str, PathLike)):
+        source = f"{what} {Path(data).name}"
+        try:
+            with np.load(data, allow_pickle=False) as f:
+                data = {k: f[k] for k in f.files}
+        except (OSError, ValueError, EOFError) as e:
+            raise QuantizationError(f"quantize: {what} {data} cannot be read as an .npz file: {e}") from None
+    if isinstance(data, Mapping):
+        arrays = {k: np.asarray(v) for k, v in data.items()}
+        label_array = None
+        if labels is not None:
+            if labels not in arrays:
+                raise QuantizationError(f"quantize: labels {labels!r} is not an array in the {what}; it holds {sorted(arrays)}")
+            label_array = arrays.pop(labels)
+        _check(arrays, specs, what)
+        fed = {s.name: arrays[s.name] for s in specs}
+        counts = {name: a.shape[0] for name, a in fed.items()}
+        if len(set(counts.values())) > 1:
+            raise QuantizationError(f"quantize: {what} arrays hold different numbers of samples: {counts}")
+        n = next(iter(counts.values()), 0)
+        if n == 0:
+            raise QuantizationError(f"quantize: {what} holds no samples")
+        if label_array is not None and label_array.shape[0] != n:
+            raise QuantizationError(f"quantize: labels {labels!r} hold {label_array.shape[0]} values for {n} samples")
+        ds = Dataset(fed, None, source)
+        ds.labels = label_array
+        return ds
+    if isinstance(data, Iterable):
+        return Dataset(None, _checked_batches(data, specs, what), source)
+    raise QuantizationError(
+        f"quantize: {what} must be an .npz path, a dict of arrays or an iterable of dicts, got {type(data).__name__}"
+    )
+
+
+def _checked_batches(batches: Iterable, specs: list[InputSpec], what: str) -> Iterator[dict[str, np.ndarray]]:
+    for i, b in enumerate(batches):
+        if not isinstance(b, Mapping):
+            raise QuantizationError(f"quantize: {what} batch {i} must be a dict of arrays, got {type(b).__name__}")
+        arrays = {k: np.asarray(v) for k, v in b.items()}
+        _check(arrays, specs, f"{what} batch {i}")
+        yield {s.name: arrays[s.name] for s in specs}
+
+
+def _check(arrays: dict[str, np.ndarray], specs: list[InputSpec], what: str) -> None:
+    names = [s.name for s in specs]
+    for s in specs:
+        if s.name not in arrays:
+            raise QuantizationError(
+                f"quantize: {what} has no array for model input {s.name!r}; the model's inputs are {names}, given {sorted(arrays)}"
+            )
+        a = arrays[s.name]
+        if a.dtype != s.dtype:
+            raise QuantizationError(
+                f"quantize: {what} array {s.name!r} has dtype {a.dtype}, expected {s.dtype} (the model input's type)"
+            )
+        if s.shape and (
+            a.ndim != len(s.shape)
+            or any(isinstance(d, int) and d > 0 and d != n for d, n in zip(s.shape[1:], a.shape[1:], strict=True))
+        ):
+            expected = "(samples, " + ", ".join(str(d) if isinstance(d, int) and d > 0 else "?" for d in s.shape[1:]) + ")"
+            raise QuantizationError(
+                f"quantize: {what} array {s.name!r} has shape {a.shape}, expected {expected} for model input {s.name!r}"
+            )
+
+
+def random_dataset(fm: FloatModel, samples: int, *, seed: int = 0) -> Dataset:
+    """Uniform random samples for every input (a smoke test: real data gives real ranges)."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for s in input_specs(fm):
+        shape = (samples, *(d if isinstance(d, int) and d > 0 else 1 for d in s.shape[1:]))
+        if np.issubdtype(s.dtype, np.integer):
+            arrays[s.name] = rng.integers(0, 2, shape).astype(s.dtype)
+        elif s.dtype == np.bool_:
+            arrays[s.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            arrays[s.name] = rng.uniform(-1, 1, shape).astype(s.dtype)
+    ds = Dataset(arrays, None, f"{samples} random samples (uniform in [-1, 1]; a smoke test, not a calibration)")
+    ds.random = True
+    return ds

@@ -1,0 +1,143 @@
+"""The evaluate pass: the quantized model against the float model on held-out data.
+
+Both models run batch by batch; only sums are kept (signal and noise power
+for the output and for each quantized node's output, agreement and label
+counts), so evaluation memory does not grow with the data either. The
+quantized model runs on ONNX Runtime, or on qlinear's own engine where ONNX
+Runtime has no kernels for its types (int2, float4).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize._calibrate import session, with_outputs
+from qlinear.quantize._convert import sqnr_db
+from qlinear.quantize._data import Dataset
+
+__all__ = ["Evaluation", "Runner", "evaluate", "latency_ms"]
+
+
+class Runner:
+    """Runs a model batch by batch: on ONNX Runtime if it can, else on qlinear's engine."""
+
+    def __init__(self, model: onnx.ModelProto, outputs: list[str]) -> None:
+        self.model = with_outputs(model, outputs)
+        self.outputs = [o.name for o in self.model.graph.output]
+        try:
+            self._session = session(self.model)
+            self.backend = "onnxruntime"
+        except Exception:
+            self._session = None
+            self.backend = "qlinear"
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._session is not None:
+            return dict(zip(self.outputs, self._session.run(self.outputs, feeds), strict=True))
+        from qlinear.onnx import run
+
+        return run(self.model, feeds, backend="qlinear", output_names=self.outputs)
+
+
+@dataclass
+class _Power:
+    signal: float = 0.0
+    noise: float = 0.0
+
+    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
+        ref64, got64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+        finite = np.isfinite(ref64)
+        self.signal += float((ref64[finite] ** 2).sum())
+        self.noise += float(((ref64[finite] - got64[finite]) ** 2).sum())
+
+    @property
+    def db(self) -> float | None:
+        return sqnr_db(self.signal, self.noise)
+
+
+@dataclass
+class Evaluation:
+    """Figures of the quantized model against the float model."""
+
+    samples: int = 0
+    output_sqnr_db: float | None = None
+    top1_agreement: float | None = None
+    accuracy_before: float | None = None
+    accuracy_after: float | None = None
+    node_sqnr_db: dict[str, float | None] = field(default_factory=dict)
+    backend: str = "onnxruntime"
+
+
+def evaluate(
+    float_model: onnx.ModelProto,
+    quant_model: onnx.ModelProto,
+    node_outputs: dict[str, str],
+    data: Dataset,
+    *,
+    batch_size: int,
+    progress: Callable[[int], None] | None = None,
+) -> Evaluation:
+    """Compare the models' first outputs (and ``node_outputs``: node name -> tensor) on ``data``."""
+    tensors = list(dict.fromkeys(node_outputs.values()))
+    reference = Runner(float_model, tensors)
+    candidate = Runner(quant_model, tensors)
+    first = float_model.graph.output[0].name
+    out_power = _Power()
+    node_power = {t: _Power() for t in tensors}
+    agree = correct_before = correct_after = rows = samples = 0
+    offset = 0
+    labels = data.labels
+    for feeds in data.batches(batch_size):
+        ref, got = reference(feeds), candidate(feeds)
+        out_power.add(ref[first], got[first])
+        for t in tensors:
+            node_power[t].add(ref[t], got[t])
+        ref_top, got_top = np.argmax(ref[first], axis=-1), np.argmax(got[first], axis=-1)
+        agree += int((ref_top == got_top).sum())
+        rows += ref_top.size
+        n = next(iter(feeds.values())).shape[0]
+        if labels is not None:
+            batch_labels = labels[offset : offset + n]
+            if batch_labels.shape != ref_top.shape:
+                raise QuantizationError(
+                    f"quantize: labels have shape {batch_labels.shape} a batch, expected {ref_top.shape} (the argmax of output {first!r})"
+                )
+            correct_before += int((ref_top == batch_labels).sum())
+            correct_after += int((got_top == batch_labels).sum())
+        offset += n
+        samples += n
+        if progress:
+            progress(1)
+    result = Evaluation(samples=samples, backend=candidate.backend)
+    result.output_sqnr_db = out_power.db
+    result.top1_agreement = agree / rows if rows else None
+    if labels is not None and rows:
+        result.accuracy_before, result.accuracy_after = correct_before / rows, correct_after / rows
+    result.node_sqnr_db = {node: node_power[t].db for node, t in node_outputs.items()}
+    return result
+
+
+def latency_ms(
+    float_model: onnx.ModelProto, quant_model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, repeats: int = 15
+) -> tuple[float, float] | None:
+    """Median ONNX Runtime latency of one batch, float and quantized, timed in alternating pairs; None if ORT cannot run both."""
+    try:
+        sessions = [session(float_model), session(quant_model)]
+    except Exception:
+        return None
+    times: list[list[float]] = [[], []]
+    for s in sessions:  # warm-up: first runs allocate and pick kernels
+        s.run(None, feeds)
+    for _ in range(repeats):
+        for k, s in enumerate(sessions):
+            start = time.perf_counter()
+            s.run(None, feeds)
+            times[k].append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])

@@ -1,0 +1,79 @@
+"""The fusion check: which quantized nodes ONNX Runtime really runs as integer kernels.
+
+ONNX Runtime's graph optimizations turn ``DQ -> op -> Q`` groups into
+integer operators; where the layout does not match a selector the Q/DQ
+nodes stay and the op runs in float, and the "quantized" model is no
+faster. The check saves the graph ONNX Runtime optimized and looks for
+each quantized node there: fused if what took its place is an integer (or
+packed-weight) kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import onnx
+
+from qlinear.quantize._calibrate import session
+
+__all__ = ["INTEGER_KERNELS", "FusionCheck", "check_fusion"]
+
+# The operators ONNX Runtime's QDQ fusions produce on the CPU.
+INTEGER_KERNELS = frozenset(
+    {
+        "QLinearConv",
+        "QLinearConvTranspose",
+        "QLinearMatMul",
+        "QGemm",
+        "MatMulIntegerToFloat",
+        "MatMulNBits",
+        "DynamicQuantizeMatMul",
+        "GatherBlockQuantized",
+        "QLinearAdd",
+        "QLinearMul",
+    }
+)
+
+
+@dataclass
+class FusionCheck:
+    """Per quantized node: the operator ONNX Runtime runs in its place, and whether it is an integer kernel."""
+
+    runs_as: dict[str, str]
+    fused: dict[str, bool]
+    qdq_nodes_left: int
+
+    @property
+    def unfused(self) -> list[str]:
+        return [n for n, f in self.fused.items() if not f]
+
+
+def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None:
+    """Optimize ``model`` with ONNX Runtime and find each of ``nodes`` in the result; None if ORT cannot load it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "optimized.onnx")
+        try:
+            session(model, optimized_path=path)
+        except Exception:
+            return None
+        optimized = onnx.load(path, load_external_data=False)
+    runs_as: dict[str, str] = {}
+    for name in nodes:
+        match = [n for n in optimized.graph.node if _descends_from(n.name, name)]
+        integer = [n for n in match if n.op_type in INTEGER_KERNELS]
+        runs_as[name] = (integer or match)[0].op_type if match else "removed"
+    fused = {n: op in INTEGER_KERNELS for n, op in runs_as.items()}
+    left = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
+    return FusionCheck(runs_as, fused, left)
+
+
+def _descends_from(optimized_name: str, name: str) -> bool:
+    """Whether ONNX Runtime's node ``optimized_name`` replaced node ``name`` (its fusions keep the name as a stem)."""
+    if optimized_name == name:
+        return True
+    for sep in ("_token", "/", "_quant", " "):
+        if optimized_name.startswith(name + sep):
+            return True
+    return optimized_name.startswith("fused " + name)

@@ -1,0 +1,161 @@
+"""The load pass: a float model read, checked and indexed for the passes after it.
+
+Weights held in ``Constant`` nodes become initializers here, so every later
+pass sees one kind of constant (exporters write them either way, and a
+quantizer that looks only at initializers leaves such weights in float).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from qlinear._errors import QuantizationError
+from qlinear.onnx import load
+
+__all__ = ["FloatModel", "index", "load_float_model"]
+
+_FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+@dataclass
+class FloatModel:
+    """A float model and the indices the passes read: producers, consumers, constants, types.
+
+    ``model`` is the caller's model with Constant nodes folded into
+    initializers (a copy: the caller's model is never modified).
+    """
+
+    model: onnx.ModelProto
+    digest: str
+    producer: dict[str, onnx.NodeProto] = field(default_factory=dict)
+    consumers: dict[str, list[onnx.NodeProto]] = field(default_factory=lambda: defaultdict(list))
+    initializers: dict[str, TensorProto] = field(default_factory=dict)
+    elem_types: dict[str, int] = field(default_factory=dict)
+    shapes: dict[str, tuple] = field(default_factory=dict)
+
+    @property
+    def graph(self) -> onnx.GraphProto:
+        return self.model.graph
+
+    @property
+    def opset(self) -> int:
+        return next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.graph.input if i.name not in self.initializers]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.graph.output]
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of initializer ``name``, or None if it is not a constant."""
+        t = self.initializers.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    def is_float(self, name: str) -> bool:
+        return self.elem_types.get(name, TensorProto.FLOAT) in _FLOAT_TYPES
+
+    def producer_output(self, node_name: str) -> str:
+        """The first output of node ``node_name``."""
+        return next(n.output[0] for n in self.graph.node if n.name == node_name)
+
+    def size_bytes(self) -> int:
+        return self.model.ByteSize()
+
+
+def load_float_model(model: onnx.ModelProto | str | PathLike[str]) -> FloatModel:
+    """Read ``model`` (a path or a ModelProto), fold its Constant nodes and index it.
+
+    Raises:
+        QuantizationError: the file is missing, not ONNX or truncated; the
+            model has no graph, no nodes or a node without an op type.
+    """
+    if isinstance(model, (str, PathLike)):
+        path = Path(model)
+        if path.is_dir():
+            raise QuantizationError(f"quantize: model {path} is a directory, expected an .onnx file")
+        proto = load(path)
+    elif isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+    else:
+        raise QuantizationError(f"quantize: model must be a path or an onnx.ModelProto, got {type(model).__name__}")
+    if not proto.graph.node:
+        raise QuantizationError("quantize: the model's graph has no nodes")
+    digest = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()[:16]
+    _fold_constants(proto.graph)
+    fm = FloatModel(proto, digest)
+    index(fm)
+    return fm
+
+
+def _fold_constants(graph: onnx.GraphProto) -> None:
+    """Turn each tensor-valued Constant node into an initializer of the same name."""
+    keep = []
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
+            attr = node.attribute[0]
+            value = None
+            if attr.name == "value":
+                value = numpy_helper.to_array(attr.t)
+            elif attr.name in ("value_float", "value_int"):
+                value = np.array(
+                    attr.f if attr.name == "value_float" else attr.i, np.float32 if attr.name == "value_float" else np.int64
+                )
+            elif attr.name in ("value_floats", "value_ints"):
+                value = np.array(
+                    attr.floats if attr.name == "value_floats" else attr.ints,
+                    np.float32 if attr.name == "value_floats" else np.int64,
+                )
+            if value is not None:
+                graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+                continue
+        keep.append(node)
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def index(fm: FloatModel) -> None:
+    """(Re)build ``fm``'s indices from its graph; nodes without a name get one."""
+    g = fm.graph
+    fm.producer, fm.consumers, fm.elem_types, fm.shapes = {}, defaultdict(list), {}, {}
+    taken = {n.name for n in g.node}
+    for i, node in enumerate(g.node):
+        if not node.name:  # every pass and the report name nodes; unnamed ones get the op type and position
+            node.name = next(
+                n for n in (f"{node.op_type}_{i}", *(f"{node.op_type}_{i}_{k}" for k in range(1, 1 << 30))) if n not in taken
+            )
+            taken.add(node.name)
+    fm.initializers = {t.name: t for t in g.initializer}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(fm.model, data_prop=True)
+    except Exception:
+        inferred = fm.model
+    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        tt = vi.type.tensor_type
+        fm.elem_types[vi.name] = tt.elem_type
+        if tt.HasField("shape"):
+            fm.shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+    for t in g.initializer:
+        fm.elem_types[t.name] = t.data_type
+        fm.shapes[t.name] = tuple(t.dims)
+    for node in g.node:
+        if not node.op_type:
+            raise QuantizationError(f"quantize: node {node.name!r} has no op type")
+        for o in node.output:
+            if o:
+                fm.producer[o] = node
+        for i in node.input:
+            if i:
+                fm.consumers[i].append(node)

@@ -1,0 +1,108 @@
+"""What the user asked the quantizer for, checked once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qlinear._errors import QuantizationError
+from qlinear.dtypes import ElementType, element_type
+
+__all__ = ["ACTIVATION_TYPES", "GRANULARITIES", "METHODS", "WEIGHT_TYPES", "QuantizeOptions"]
+
+WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "float8e4m3fn", "float8e5m2", "float4e2m1")
+ACTIVATION_TYPES = ("uint8", "int8", "uint16", "int16", "float8e4m3fn")
+METHODS = ("minmax", "percentile", "entropy", "mse")
+GRANULARITIES = ("per-tensor", "per-channel", "blocked")
+WEIGHT_CLIPS = ("minmax", "mse")
+# The operators quantized by default: the ones that do the arithmetic.
+COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """The quantizer's settings (the command line's flags, one field each).
+
+    Attributes:
+        weights: the weights' type (``WEIGHT_TYPES``).
+        activations: the activations' type (``ACTIVATION_TYPES``), or None
+            for weight-only quantization.
+        method: how activation ranges are chosen from the statistics.
+        granularity: weights per tensor, per output channel (the default)
+            or in blocks along the reduction axis.
+        block_size: elements a block; default 32 for 2/4-bit weights with
+            ``granularity="blocked"``; 0 otherwise.
+        symmetric: activations signed and symmetric (zero point 0).
+        weight_clip: ``"minmax"`` (the default) or ``"mse"`` (per channel or
+            block, the clipping range of least squared error).
+        exclude: node names or op types left in float.
+        percentile: the share of values inside the range for ``method="percentile"``.
+        opset: the output's ai.onnx opset; None: the lowest that holds the types.
+        batch_size: samples a calibration batch.
+    """
+
+    weights: str = "int8"
+    activations: str | None = "uint8"
+    method: str = "minmax"
+    granularity: str = "per-channel"
+    block_size: int = 0
+    symmetric: bool = False
+    weight_clip: str = "minmax"
+    exclude: tuple[str, ...] = field(default_factory=tuple)
+    percentile: float = 99.999
+    opset: int | None = None
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        _one_of("weights", self.weights, WEIGHT_TYPES)
+        if self.activations is not None:
+            _one_of("activations", self.activations, ACTIVATION_TYPES)
+        _one_of("method", self.method, METHODS)
+        _one_of("granularity", self.granularity, GRANULARITIES)
+        _one_of("weight_clip", self.weight_clip, WEIGHT_CLIPS)
+        if not isinstance(self.block_size, int) or self.block_size < 0:
+            raise QuantizationError(f"quantize: block_size must be an int >= 0, got {self.block_size!r}")
+        if self.granularity == "blocked" and self.block_size == 0:
+            object.__setattr__(self, "block_size", 32)
+        if self.granularity != "blocked" and self.block_size:
+            raise QuantizationError(
+                f"quantize: block_size needs granularity='blocked', got block_size={self.block_size} with granularity={self.granularity!r}"
+            )
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise QuantizationError(f"quantize: batch_size must be an int >= 1, got {self.batch_size!r}")
+        if not 50.0 <= float(self.percentile) <= 100.0:
+            raise QuantizationError(f"quantize: percentile must be in [50, 100], got {self.percentile!r}")
+        if self.opset is not None and not (isinstance(self.opset, int) and 10 <= self.opset):
+            raise QuantizationError(f"quantize: opset must be an int >= 10, got {self.opset!r}")
+        if self.symmetric and self.activations in ("uint8", "uint16"):
+            signed = "int" + self.activations[4:]
+            object.__setattr__(self, "activations", signed)
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
+    @property
+    def weight_type(self) -> ElementType:
+        return element_type(self.weights)
+
+    @property
+    def activation_type(self) -> ElementType | None:
+        return None if self.activations is None else element_type(self.activations)
+
+    def to_dict(self) -> dict:
+        """The settings as plain values, enough to repeat the run."""
+        return {
+            "weights": self.weights,
+            "activations": self.activations,
+            "method": self.method,
+            "granularity": self.granularity,
+            "block_size": self.block_size,
+            "symmetric": self.symmetric,
+            "weight_clip": self.weight_clip,
+            "exclude": list(self.exclude),
+            "percentile": self.percentile,
+            "opset": self.opset,
+            "batch_size": self.batch_size,
+        }
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise QuantizationError(f"quantize: {name} must be one of {', '.join(allowed)}, got {value!r}")

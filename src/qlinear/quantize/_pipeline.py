@@ -1,0 +1,314 @@
+"""``quantize_model``: the passes in order, from a float model to a saved QDQ model and its report.
+
+load -> prepare -> plan -> calibrate (or saved statistics) -> choose ->
+convert -> check fusion -> evaluate -> report -> save. Each pass is a module
+of this package with its own tests; this one only wires them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import onnx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from qlinear._errors import QuantizationError
+from qlinear.onnx import save
+from qlinear.quantize._calibrate import CalibrationRun, calibrate
+from qlinear.quantize._choose import activation_params
+from qlinear.quantize._convert import convert, required_opset
+from qlinear.quantize._data import Dataset, load_dataset, random_dataset
+from qlinear.quantize._evaluate import evaluate, latency_ms
+from qlinear.quantize._fusion import check_fusion
+from qlinear.quantize._model import load_float_model
+from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._plan import plan
+from qlinear.quantize._prepare import prepare
+from qlinear.quantize._stats import load_stats, save_stats
+
+__all__ = ["HELD_OUT", "QuantizeResult", "quantize_model"]
+
+HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
+
+
+@dataclass
+class QuantizeResult:
+    """The quantized model, where it was written, and the report (a JSON-able dict)."""
+
+    model: onnx.ModelProto
+    path: Path | None
+    report: dict[str, Any]
+
+
+def quantize_model(
+    model: onnx.ModelProto | str | PathLike[str],
+    output: str | PathLike[str] | None,
+    calibration: Any = None,
+    *,
+    eval: Any = None,
+    labels: str | None = None,
+    calibrate_random: int | None = None,
+    stats: str | PathLike[str] | None = None,
+    save_stats_to: str | PathLike[str] | None = None,
+    options: QuantizeOptions | None = None,
+    console: Console | None = None,
+    progress: bool = False,
+    **option_values: Any,
+) -> QuantizeResult:
+    """Quantize a float ONNX model into a standard QDQ model, calibrated on ``calibration``.
+
+    Args:
+        model: the float model (a path or a ModelProto; never modified).
+        output: where to write the quantized model (None: not written).
+            Written to a temporary file beside it first, then renamed, so a
+            failed run leaves nothing behind.
+        calibration: an ``.npz`` path, a dict of arrays (one per input,
+            samples along axis 0) or an iterable of ``{input: array}`` batches.
+        eval: held-out data in the same forms (with labels if ``labels``
+            names an array in it); default: the last 20% of ``calibration``.
+        labels: the name of the label array in ``eval``.
+        calibrate_random: calibrate on this many uniform random samples
+            instead (a smoke test; the report says so).
+        stats: calibrate from statistics saved by an earlier run.
+        save_stats_to: write the calibration statistics here.
+        options: a :class:`QuantizeOptions`, or its fields as keywords.
+        console: where the report and progress go (default: stderr... none
+            is printed unless ``progress`` or a console is given).
+        progress: show progress bars.
+
+    Returns:
+        A :class:`QuantizeResult`.
+
+    Raises:
+        QuantizationError: an unreadable or invalid model, data that does
+            not fit its inputs, unknown options, an output path that cannot
+            be written or that names the input.
+    """
+    options = options or QuantizeOptions(**option_values)
+    out_path = _check_output(model, output)
+    fm = load_float_model(model)
+    weight_only = options.activations is None
+    prepare(fm, weight_only=weight_only)
+    planned = plan(fm, options)
+    if not planned.nodes:
+        raise QuantizationError(
+            "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
+        )
+    cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only)
+    bars = _Bars(console if progress else None)
+    run: CalibrationRun | None = None
+    stats_path = str(stats) if stats is not None else None
+    if planned.calibrate and not weight_only:
+        if stats_path is not None:
+            saved = load_stats(stats_path, model_digest=fm.digest)
+            missing = [t for t in planned.calibrate if t not in saved]
+            if missing:
+                raise QuantizationError(f"quantize: stats {stats_path} hold no statistics for {missing[:3]}; calibrate again")
+            run = CalibrationRun({t: saved[t] for t in planned.calibrate}, 0, 0, 0.0, 0)
+        else:
+            with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
+                run = calibrate(fm, planned.calibrate, cal_data, batch_size=options.batch_size, progress=step)
+        if save_stats_to is not None:
+            save_stats(run.stats, str(save_stats_to), model_digest=fm.digest)
+    act_type = options.activation_type
+    params = {}
+    if run is not None and act_type is not None:
+        params = {
+            t: activation_params(
+                run.stats[t], act_type, method=options.method, symmetric=options.symmetric, percentile=options.percentile
+            )
+            for t in planned.calibrate
+        }
+    opset = max(fm.opset, options.opset or 0, required_opset(options))
+    if options.opset is not None and options.opset < required_opset(options):
+        raise QuantizationError(
+            f"quantize: opset {options.opset} cannot hold the chosen types; they need opset >= {required_opset(options)}"
+        )
+    with bars.task("converting weights", 1) as step:
+        qmodel, converted = convert(fm, planned, options, params, opset)
+        step(1)
+    onnx.checker.check_model(qmodel, full_check=True)
+    fusion = check_fusion(qmodel, [p.name for p in planned.nodes])
+    node_outputs = {p.name: fm.producer_output(p.name) for p in planned.nodes}
+    with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
+        evaluation = evaluate(fm.model, qmodel, node_outputs, eval_data, batch_size=options.batch_size, progress=step)
+    first_batch = next(eval_data.batches(options.batch_size))
+    latency = latency_ms(fm.model, qmodel, first_batch)
+    report = _report(
+        fm,
+        model,
+        out_path,
+        options,
+        opset,
+        qmodel,
+        planned,
+        converted,
+        run,
+        cal_data,
+        stats_path,
+        eval_data,
+        evaluation,
+        fusion,
+        latency,
+        first_batch,
+    )
+    if out_path is not None:
+        _write(qmodel, out_path)
+    return QuantizeResult(qmodel, out_path, report)
+
+
+def _check_output(model: Any, output: Any) -> Path | None:
+    if output is None:
+        return None
+    out = Path(output)
+    if isinstance(model, (str, PathLike)) and Path(model).resolve() == out.resolve():
+        raise QuantizationError(f"quantize: output {out} is the input model; choose another path (the input is never modified)")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise QuantizationError(f"quantize: output {out} cannot be written: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise QuantizationError(f"quantize: output {out} cannot be written: permission denied")
+    if out.is_dir():
+        raise QuantizationError(f"quantize: output {out} is a directory, expected a file path")
+    return out
+
+
+def _datasets(fm, calibration, eval_data, labels, calibrate_random, stats, weight_only) -> tuple[Dataset, Dataset]:
+    if calibrate_random is not None and calibration is not None:
+        raise QuantizationError("quantize: give calibration data or calibrate_random, not both")
+    if calibrate_random is not None:
+        if not (isinstance(calibrate_random, int) and calibrate_random >= 2):
+            raise QuantizationError(f"quantize: calibrate_random must be an int >= 2, got {calibrate_random!r}")
+        cal = random_dataset(fm, calibrate_random)
+    elif calibration is not None:
+        cal = load_dataset(calibration, fm, what="calibration")
+    elif stats is not None and eval_data is not None:
+        cal = None
+    elif weight_only and eval_data is not None:
+        cal = None
+    else:
+        raise QuantizationError(
+            "quantize: calibration data is needed (an .npz with one array per model input), or calibrate_random for a smoke test"
+        )
+    if eval_data is not None:
+        ev = load_dataset(eval_data, fm, what="eval data", labels=labels)
+    else:
+        if labels is not None:
+            raise QuantizationError("quantize: labels name an array of the eval data; give eval data too")
+        cal, ev = cal.split(HELD_OUT)
+    return cal if cal is not None else ev, ev
+
+
+def _report(
+    fm,
+    model,
+    out_path,
+    options,
+    opset,
+    qmodel,
+    planned,
+    converted,
+    run,
+    cal_data,
+    stats_path,
+    eval_data,
+    evaluation,
+    fusion,
+    latency,
+    first_batch,
+):
+    nodes = []
+    for p in planned.nodes:
+        c = converted[p.name]
+        nodes.append(
+            {
+                "name": p.name,
+                "op_type": p.op_type,
+                "weight_type": c.weight_type,
+                "activation_type": c.activation_type,
+                "weight_sqnr_db": c.weight_sqnr_db,
+                "output_sqnr_db": evaluation.node_sqnr_db.get(p.name),
+                "fused": None if fusion is None else fusion.fused[p.name],
+                "runs_as": None if fusion is None else fusion.runs_as[p.name],
+                "bias_int32": c.bias_int32,
+                "weight_bytes": {"before": c.weight_bytes_before, "after": c.weight_bytes_after},
+            }
+        )
+    warnings = []
+    if run is not None and cal_data.random:
+        warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
+    if fusion is not None and fusion.unfused:
+        warnings.append(f"ONNX Runtime runs {len(fusion.unfused)} quantized node(s) in float: {', '.join(fusion.unfused[:5])}")
+    batch = next(iter(first_batch.values())).shape[0]
+    return {
+        "model": {
+            "input": str(model) if isinstance(model, (str, PathLike)) else "<ModelProto>",
+            "output": str(out_path) if out_path else None,
+        },
+        "settings": {**options.to_dict(), "opset": opset},
+        "size_bytes": {"before": fm.size_bytes(), "after": qmodel.ByteSize()},
+        "latency_ms": None if latency is None else {"before": latency[0], "after": latency[1], "batch": batch},
+        "calibration": {
+            "method": options.method if options.activations else None,
+            "source": None if options.activations is None else cal_data.source,
+            "batches": run.batches if run else 0,
+            "samples": run.samples if run else 0,
+            "seconds": run.seconds if run else 0.0,
+            "peak_rss_bytes": run.peak_rss_bytes if run else 0,
+            "from_stats": stats_path,
+        },
+        "eval": {"source": eval_data.source, "samples": evaluation.samples, "backend": evaluation.backend},
+        "output": {
+            "sqnr_db": evaluation.output_sqnr_db,
+            "top1_agreement": evaluation.top1_agreement,
+            "accuracy": None
+            if evaluation.accuracy_after is None
+            else {"before": evaluation.accuracy_before, "after": evaluation.accuracy_after},
+        },
+        "fusion": {
+            "checked": fusion is not None,
+            "unfused": [] if fusion is None else fusion.unfused,
+            "qdq_nodes_left": None if fusion is None else fusion.qdq_nodes_left,
+        },
+        "nodes": nodes,
+        "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in planned.left_float],
+        "warnings": warnings,
+    }
+
+
+def _write(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``model`` (and its external data file, if any) to a temporary folder beside ``path``, then move it in place."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.resolve().parent))
+    try:
+        save(model, tmp / path.name)
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, path.resolve().parent / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Bars:
+    """Progress bars on a console, or nothing."""
+
+    def __init__(self, console: Console | None) -> None:
+        # Bars only on a terminal: piped, they would leave blank lines behind.
+        self.console = console if console is not None and console.is_terminal else None
+
+    @contextmanager
+    def task(self, description: str, total: int | None) -> Iterator:
+        if self.console is None:
+            yield lambda n: None
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.console, transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n: bar.advance(task, n)

@@ -1,0 +1,244 @@
+"""The plan pass: which tensors are quantized, and how, in the layout ONNX Runtime fuses.
+
+The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
+``DQ -> op -> Q`` groups into integer kernels):
+
+- Conv and ConvTranspose: the input activation, the weight (per output
+  channel by default) and the bias (int32) through DequantizeLinear, and the
+  output through QuantizeLinear, which QLinearConv needs; a Relu or Clip
+  right after the Conv is folded in by the runtime when the Q's range starts
+  at zero, so the Q goes after it.
+- MatMul and Gemm: the inputs through DequantizeLinear and no Q on the
+  output: ONNX Runtime runs these as MatMulIntegerToFloat / QGemm with a
+  float result, so the output keeps full precision for whatever follows.
+  With blocked weights the activations stay float: that runs as
+  MatMulNBits. Integer activations go only with 8- and 4-bit integer
+  weights: with 2-bit, float8 or float4 weights a node keeps float
+  activations (ONNX Runtime fuses such pairs into integer kernels that
+  then reject the weight type).
+- Gather on a constant table (embeddings): the table only.
+- Data movement (Reshape, Transpose, MaxPool, ...) on a quantized tensor:
+  its output shares the input's scale and zero point, so the pair around it
+  is exact and the runtime drops it; no requantization appears.
+- Everything else stays float: element-wise arithmetic (a LayerNorm written
+  as ReduceMean/Sub/Mul, an attention mask of -3.4e38 added to scores),
+  normalizations, Softmax, reductions, Concat; graph outputs are never
+  quantized (a Concat of box coordinates and class scores keeps both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from qlinear.quantize._model import FloatModel
+from qlinear.quantize._options import COMPUTE_OPS, QuantizeOptions
+
+__all__ = ["DATA_MOVEMENT_OPS", "NodePlan", "Plan", "WeightPlan", "plan"]
+
+# Ops whose output values are a subset or rearrangement of the input's: they
+# can run on quantized values with the input's parameters, exactly.
+DATA_MOVEMENT_OPS = frozenset(
+    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice", "Split", "DepthToSpace", "SpaceToDepth"}
+)
+# Weight types ONNX Runtime's integer kernels take beside integer activations.
+_PAIRS_WITH_INTEGER_ACTIVATIONS = frozenset({"int8", "uint8", "int4", "uint4"})
+# Ops a Q right after a Conv may absorb (ONNX Runtime's redundant-clip rule).
+_ACTIVATIONS_FOLDED = frozenset({"Relu", "Clip"})
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """A constant input stored quantized: initializer ``tensor`` (input ``index`` of its node).
+
+    ``channel_axis`` is the output-channel axis (per-channel scales);
+    ``reduction_axis`` the axis blocks run along.
+    """
+
+    tensor: str
+    index: int
+    channel_axis: int
+    reduction_axis: int
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """How one compute node is quantized."""
+
+    name: str
+    op_type: str
+    weight: WeightPlan | None
+    activations: tuple[str, ...]  # inputs quantized as activations
+    bias: str | None = None  # Conv/Gemm bias initializer, stored as int32 when activations are quantized
+    output: str | None = None  # the tensor that takes the Q after the node (its output, or a folded Relu's)
+
+
+@dataclass
+class Plan:
+    """The plan for a whole model.
+
+    Attributes:
+        nodes: the compute nodes quantized, in graph order.
+        calibrate: activations whose statistics decide their parameters.
+        shared: data-movement outputs and the tensor whose parameters each shares.
+        all_consumers_dequantize: tensors whose every consumer reads the
+            dequantized value (the producer's group needs its output edges
+            to go through Q only).
+        left_float: ``(node name, op type, reason)`` for the nodes of
+            quantizable type left in float.
+    """
+
+    nodes: list[NodePlan] = field(default_factory=list)
+    calibrate: list[str] = field(default_factory=list)
+    shared: dict[str, str] = field(default_factory=dict)
+    all_consumers_dequantize: set[str] = field(default_factory=set)
+    left_float: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def activations(self) -> list[str]:
+        """Every tensor that takes a QuantizeLinear: calibrated ones, then shared ones."""
+        return [*self.calibrate, *self.shared]
+
+    def root(self, tensor: str) -> str:
+        """The calibrated tensor whose parameters ``tensor`` uses."""
+        while tensor in self.shared:
+            tensor = self.shared[tensor]
+        return tensor
+
+
+def plan(fm: FloatModel, options: QuantizeOptions) -> Plan:
+    """The plan for ``fm`` under ``options``."""
+    result = Plan()
+    quantize_activations = options.activations is not None
+    calibrated: dict[str, None] = {}  # ordered set
+    excluded = set(options.exclude)
+    act = options.activation_type
+    weights_pair = not (act is not None and act.is_integer) or options.weights in _PAIRS_WITH_INTEGER_ACTIVATIONS
+    graph_outputs = set(fm.output_names)
+    for node in fm.graph.node:
+        if node.op_type not in (*COMPUTE_OPS, "Gather") or node.domain not in ("", "ai.onnx"):
+            continue
+        if node.name in excluded or node.op_type in excluded:
+            result.left_float.append((node.name, node.op_type, "excluded"))
+            continue
+        node_plan = _node_plan(fm, node, quantize_activations, options.granularity == "blocked", weights_pair, graph_outputs)
+        if isinstance(node_plan, str):
+            result.left_float.append((node.name, node.op_type, node_plan))
+            continue
+        result.nodes.append(node_plan)
+        for t in node_plan.activations:
+            calibrated[t] = None
+        if node_plan.output is not None:
+            calibrated[node_plan.output] = None
+            result.all_consumers_dequantize.add(node_plan.output)
+    if quantize_activations:
+        _share_through_data_movement(fm, result, calibrated, excluded, graph_outputs)
+    result.calibrate = list(calibrated)
+    return result
+
+
+def _node_plan(
+    fm: FloatModel, node: onnx.NodeProto, quantize_activations: bool, blocked: bool, weights_pair: bool, graph_outputs: set[str]
+) -> NodePlan | str:
+    """The node's plan, or the reason it stays float."""
+    inputs = list(node.input)
+    op = node.op_type
+    const = [bool(i) and i in fm.initializers for i in inputs]
+    if op == "Gather":
+        if not const[0] or not fm.is_float(inputs[0]) or len(fm.shapes.get(inputs[0], ())) != 2:
+            return "not a constant 2-D float table"
+        return NodePlan(node.name, op, WeightPlan(inputs[0], 0, 0, 1), ())
+    if len(inputs) < 2 or not fm.is_float(inputs[0]):
+        return "not a float operation"
+    weight = None
+    if const[1] and fm.is_float(inputs[1]):
+        weight = _weight(fm, node, 1)
+    elif op == "MatMul" and const[0] and fm.is_float(inputs[0]) and len(fm.shapes.get(inputs[0], ())) == 2:
+        weight = WeightPlan(inputs[0], 0, 0, 1)
+    # Blocked weights on MatMul/Gemm go with float activations: ONNX Runtime runs that as MatMulNBits,
+    # while its integer MatMul kernels take per-tensor or per-column weights only (a blocked DQ there is
+    # fused into MatMulIntegerToFloat all the same, which then fails at run time).
+    blocked_matmul = blocked and op in ("MatMul", "Gemm") and weight is not None
+    # Integer activations pair only with 8- and 4-bit integer weights: ONNX Runtime fuses the other
+    # weight types (2-bit, float8, float4) into QLinearConv or MatMulIntegerToFloat all the same, which
+    # then reject them and the model does not load.
+    unpaired = not weights_pair and weight is not None
+    quantize_activations = quantize_activations and not blocked_matmul and not unpaired
+    activations = (
+        tuple(i for k, i in enumerate(inputs[:2]) if i and not const[k] and fm.is_float(i)) if quantize_activations else ()
+    )
+    if weight is None and not activations:
+        return "no constant weight"
+    if op in ("Conv", "ConvTranspose") and weight is None:
+        return "weight is not a constant"
+    bias = None
+    if op in ("Conv", "ConvTranspose", "Gemm") and len(inputs) > 2 and const[2] and weight is not None and activations:
+        bias = _usable_bias(fm, node, weight)
+    output = None
+    if quantize_activations and op in ("Conv", "ConvTranspose") and activations:
+        output = _output_for_q(fm, node, graph_outputs)
+    return NodePlan(node.name, op, weight, activations, bias, output)
+
+
+def _weight(fm: FloatModel, node: onnx.NodeProto, index: int) -> WeightPlan:
+    name = node.input[index]
+    rank = len(fm.shapes.get(name, ()))
+    op = node.op_type
+    if op == "Conv":
+        return WeightPlan(name, index, 0, 1)
+    if op == "ConvTranspose":
+        return WeightPlan(name, index, 1, 0)
+    if op == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return WeightPlan(name, index, 0, 1) if trans_b else WeightPlan(name, index, 1, 0)
+    # MatMul: (..., K, N) times the activation's (..., M, K).
+    return WeightPlan(name, index, rank - 1, rank - 2) if rank >= 2 else WeightPlan(name, index, 0, 0)
+
+
+def _usable_bias(fm: FloatModel, node: onnx.NodeProto, weight: WeightPlan) -> str | None:
+    """The bias, if it is a 1-D float constant with one value per output channel (then storable as int32)."""
+    name = node.input[2]
+    shape = fm.shapes.get(name, ())
+    channels = fm.shapes.get(weight.tensor, ())[weight.channel_axis] if fm.shapes.get(weight.tensor) else None
+    if not fm.is_float(name) or len(shape) != 1 or shape[0] != channels:
+        return None
+    if node.op_type == "Gemm" and any(a.name == "beta" and a.f != 1.0 for a in node.attribute):
+        return None
+    if node.op_type == "ConvTranspose" and any(a.name == "group" and a.i != 1 for a in node.attribute):
+        return None  # its weight scales run over M/group channels, not the bias's M
+    return name
+
+
+def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str]) -> str | None:
+    """Where the Q after a Conv goes: its output, or past a Relu/Clip that is its only consumer."""
+    out = node.output[0]
+    if out in graph_outputs:
+        return None
+    users = fm.consumers.get(out, [])
+    if len(users) == 1 and users[0].op_type in _ACTIVATIONS_FOLDED and users[0].output[0] not in graph_outputs:
+        return users[0].output[0]
+    return out
+
+
+def _share_through_data_movement(
+    fm: FloatModel, result: Plan, calibrated: dict[str, None], excluded: set[str], graph_outputs: set[str]
+) -> None:
+    """Data-movement nodes on a quantized tensor pass its parameters to their outputs."""
+    quantized = set(calibrated)
+    for node in fm.graph.node:
+        if node.op_type not in DATA_MOVEMENT_OPS or node.name in excluded or node.op_type in excluded:
+            continue
+        source = node.input[0] if node.input else ""
+        if source not in quantized or not fm.is_float(source):
+            continue
+        outputs = [o for o in node.output if o]
+        if any(o in graph_outputs for o in outputs):
+            continue
+        for o in outputs:
+            # An output that a compute node reads as its activation takes the shared parameters
+            # instead of its own: no requantization between the two.
+            calibrated.pop(o, None)
+            result.shared[o] = source
+            result.all_consumers_dequantize.add(o)
+            quantized.add(o)

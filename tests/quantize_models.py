@@ -1,0 +1,95 @@
+"""Small float models for the quantizer's tests, built op by op with qlinear.onnx.Graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+import qlinear.onnx as qo
+
+RNG_SEED = 0
+
+
+def _w(rng, *shape, scale=0.3):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def single_op(op: str, *, opset: int = 17) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A model of one compute op (with bias where it has one) after a Relu, and calibration data for it."""
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph(f"one_{op.lower()}", opset=opset)
+    if op in ("Conv", "ConvTranspose"):
+        x = g.input("x", "float", ("N", 8, 6, 6))
+        h = g.op("Relu", [x], name="relu_in")
+        w = _w(rng, 16, 8, 3, 3) if op == "Conv" else _w(rng, 8, 16, 3, 3)
+        y = g.op(op, [h, w, _w(rng, 16)], name="layer", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        data = rng.standard_normal((40, 8, 6, 6)).astype(np.float32)
+    else:
+        x = g.input("x", "float", ("N", 64))
+        h = g.op("Relu", [x], name="relu_in")
+        if op == "Gemm":
+            y = g.op("Gemm", [h, _w(rng, 48, 64), _w(rng, 48)], name="layer", transB=1)
+        else:
+            y = g.op("MatMul", [h, _w(rng, 64, 48)], name="layer")
+        data = rng.standard_normal((40, 64)).astype(np.float32)
+    g.output(g.op("Relu", [y], name="relu_out", output_names=["y"]))
+    return g.to_model(), {"x": data}
+
+
+def layernorm_attention(*, mask_value: float = -3.4e38) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Token embedding, one attention block with an additive mask, a LayerNorm written out, and a head.
+
+    The traps of real transformers: a LayerNorm as ReduceMean/Sub/Mul/Div,
+    an additive attention mask of ``mask_value``, residual Adds, an
+    embedding Gather and weights held in a Constant node.
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    d, t, vocab = 32, 12, 50
+    g = qo.Graph("tiny_transformer", opset=17)
+    ids = g.input("ids", "int64", ("N", t))
+    mask = g.input("mask", "float", ("N", 1, t))
+    table = (rng.standard_normal((vocab, d)) * 0.5).astype(np.float32)
+    x = g.op("Gather", [table, ids], name="embed")
+    mean = g.op("ReduceMean", [x], name="ln_mean", axes=[-1], keepdims=1)
+    c = g.op("Sub", [x, mean], name="ln_sub")
+    var = g.op("ReduceMean", [g.op("Mul", [c, c], name="ln_sq")], name="ln_var", axes=[-1], keepdims=1)
+    h = g.op("Div", [c, g.op("Sqrt", [g.op("Add", [var, np.float32(1e-5)], name="ln_eps")], name="ln_sqrt")], name="ln_div")
+    q = g.op("MatMul", [h, _w(rng, d, d)], name="q_proj")
+    k = g.op("MatMul", [h, _w(rng, d, d)], name="k_proj")
+    v = g.op("MatMul", [h, _w(rng, d, d)], name="v_proj")
+    scores = g.op("MatMul", [q, g.op("Transpose", [k], name="k_t", perm=[0, 2, 1])], name="scores")
+    # The mask is 0 where attention is allowed and mask_value where not.
+    masked = g.op("Add", [g.op("Mul", [scores, np.float32(d**-0.5)], name="scale"), mask], name="add_mask")
+    attn = g.op("Softmax", [masked], name="softmax", axis=-1)
+    ctx = g.op("MatMul", [attn, v], name="context")
+    wo = g.op("Constant", [], name="o_weight", value=onnx.numpy_helper.from_array(_w(rng, d, d), "o_weight"))
+    x = g.op("Add", [x, g.op("MatMul", [ctx, wo], name="o_proj")], name="residual")
+    pooled = g.op("ReduceMean", [x], name="pool", axes=[1], keepdims=0)
+    g.output(g.op("Gemm", [pooled, _w(rng, 10, d), _w(rng, 10)], name="head", transB=1, output_names=["logits"]))
+    n = 48
+    ids_data = rng.integers(0, vocab, (n, t)).astype(np.int64)
+    lengths = rng.integers(3, t + 1, n)
+    mask_data = np.where(np.arange(t)[None, None, :] < lengths[:, None, None], 0.0, mask_value).astype(np.float32)
+    return g.to_model(), {"ids": ids_data, "mask": mask_data}
+
+
+def detection_head() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A Conv backbone whose output concatenates box coordinates (0-320) with class scores (0-1)."""
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("detector", opset=17)
+    x = g.input("image", "float", ("N", 3, 8, 8))
+    h = g.op("Relu", [g.op("Conv", [x, _w(rng, 8, 3, 3, 3), _w(rng, 8)], name="backbone", pads=[1, 1, 1, 1])], name="act")
+    flat = g.op("Flatten", [h], name="flat")
+    boxes = g.op(
+        "Mul",
+        [
+            g.op("Sigmoid", [g.op("Gemm", [flat, _w(rng, 4, 512, scale=0.05)], name="box_fc", transB=1)], name="box_sig"),
+            np.float32(320),
+        ],
+        name="box_px",
+    )
+    scores = g.op(
+        "Softmax", [g.op("Gemm", [flat, _w(rng, 3, 512, scale=0.05)], name="cls_fc", transB=1)], name="cls_prob", axis=-1
+    )
+    g.output(g.op("Concat", [boxes, scores], name="detections", axis=-1, output_names=["detections"]))
+    return g.to_model(), {"image": rng.uniform(0, 1, (32, 3, 8, 8)).astype(np.float32)}

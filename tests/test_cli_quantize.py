@@ -1,0 +1,128 @@
+"""`qlinear quantize`: the demo from a fresh process, and every class of bad input met with one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import resources
+
+import numpy as np
+import pytest
+
+import qlinear.onnx as qo
+from qlinear.cli import main
+from quantize_models import single_op
+
+DEMO = resources.files("qlinear.quantize") / "_demo"
+MODEL, CALIBRATION = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz")
+
+
+def test_demo_runs_and_writes_model_and_report(tmp_path):
+    out, report = tmp_path / "demo.onnx", tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "qlinear.cli", "quantize", "--demo", "-o", str(out), "--report", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "top-1 agreement" in proc.stdout and "accuracy" in proc.stdout and "QLinearConv" in proc.stdout
+    r = json.loads(report.read_text())
+    assert r["output"]["accuracy"]["after"] > 0.98 and out.exists()
+
+
+def test_json_prints_the_report_on_stdout(tmp_path, capsys):
+    assert main(["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--json", "--quiet"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["settings"]["weights"] == "int8" and len(r["nodes"]) == 4
+
+
+def _fails(argv, capsys, message, out_path):
+    status = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert len(err.splitlines()) == 1 and err.startswith("qlinear quantize: ") and message in err, err
+    assert not os.path.exists(out_path)
+    folder = os.path.dirname(out_path) or "."
+    assert not os.path.isdir(folder) or not [p for p in os.listdir(folder) if p.startswith(".")]  # no temporary left
+
+
+def test_bad_model_files(tmp_path, capsys):
+    out = str(tmp_path / "q.onnx")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not an onnx model")
+    _fails(["quantize", str(junk), "-o", out, "--calibration", CALIBRATION], capsys, "truncated or corrupt", out)
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(open(MODEL, "rb").read()[:3000])
+    _fails(["quantize", str(cut), "-o", out, "--calibration", CALIBRATION], capsys, "truncated or corrupt", out)
+    _fails(["quantize", str(tmp_path / "missing.onnx"), "-o", out, "--calibration", CALIBRATION], capsys, "cannot read", out)
+
+
+def test_model_with_nothing_to_quantize(tmp_path, capsys):
+    g = qo.Graph("relu_only", opset=17)
+    g.output(g.op("Relu", [g.input("x", "float", ("N", 4))], name="r", output_names=["y"]))
+    path = tmp_path / "relu.onnx"
+    g.save(str(path))
+    out = str(tmp_path / "q.onnx")
+    _fails(["quantize", str(path), "-o", out, "--calibrate-random", "8"], capsys, "nothing to quantize", out)
+
+
+def test_calibration_that_does_not_fit(tmp_path, capsys):
+    out = str(tmp_path / "q.onnx")
+    images = np.load(CALIBRATION)["image"]
+    for arrays, message in (
+        ({"pixels": images}, "no array for model input 'image'"),
+        ({"image": images.astype(np.float16)}, "dtype float16, expected float32"),
+        ({"image": images[:, 0]}, "expected (samples, 1, 8, 8)"),
+    ):
+        path = tmp_path / "cal.npz"
+        np.savez(path, **arrays)
+        _fails(["quantize", MODEL, "-o", out, "--calibration", str(path)], capsys, message, out)
+    (tmp_path / "bad.npz").write_bytes(b"nope")
+    _fails(["quantize", MODEL, "-o", out, "--calibration", str(tmp_path / "bad.npz")], capsys, "cannot be read as an .npz", out)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--weights", "int3"], "weights must be one of int8"),
+        (["--activations", "uint4"], "activations must be one of"),
+        (["--method", "kl"], "method must be one of minmax"),
+        (["--granularity", "per-row"], "granularity must be one of"),
+    ],
+)
+def test_unknown_type_method_granularity(tmp_path, capsys, flags, message):
+    out = str(tmp_path / "q.onnx")
+    _fails(["quantize", MODEL, "-o", out, "--calibration", CALIBRATION, *flags], capsys, message, out)
+
+
+def test_output_paths(tmp_path, capsys):
+    _fails(
+        ["quantize", MODEL, "-o", str(tmp_path / "no" / "such" / "q.onnx"), "--calibration", CALIBRATION],
+        capsys,
+        "does not exist",
+        str(tmp_path / "no" / "such" / "q.onnx"),
+    )
+    model, _ = single_op("Gemm")
+    path = tmp_path / "m.onnx"
+    qo.save(model, str(path))
+    before = path.read_bytes()
+    assert main(["quantize", str(path), "-o", str(path), "--calibrate-random", "8"]) == 2
+    assert "is the input model" in capsys.readouterr().err and path.read_bytes() == before
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user whose writes ignore file modes (root without dropped capabilities)")
+        _fails(
+            ["quantize", MODEL, "-o", str(locked / "q.onnx"), "--calibration", CALIBRATION],
+            capsys,
+            "permission denied",
+            str(locked / "q.onnx"),
+        )
+    finally:
+        os.chmod(locked, 0o700)

@@ -1,0 +1,157 @@
+"""quantize_model end to end on real data: the shipped digits CNN, a transformer block, a detector head."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from importlib import resources
+
+import numpy as np
+import onnx
+import pytest
+
+import qlinear.onnx as qo
+import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
+from qlinear.quantize._calibrate import calibrate
+from qlinear.quantize._data import load_dataset
+from qlinear.quantize._model import load_float_model
+from qlinear.quantize._plan import plan
+from quantize_models import detection_head, layernorm_attention
+
+DEMO = resources.files("qlinear.quantize") / "_demo"
+MODEL, CALIBRATION, EVAL = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz"), str(DEMO / "digits_eval.npz")
+
+
+def test_demo_model_keeps_its_accuracy(tmp_path):
+    out = tmp_path / "q.onnx"
+    result = qq.quantize_model(MODEL, out, CALIBRATION, eval=EVAL, labels="label")
+    r = result.report
+    assert out.exists() and r["size_bytes"]["after"] < 0.45 * r["size_bytes"]["before"]
+    assert (
+        r["output"]["accuracy"]["before"] > 0.99 and r["output"]["accuracy"]["after"] >= r["output"]["accuracy"]["before"] - 0.005
+    )
+    assert r["output"]["top1_agreement"] >= 0.995 and r["output"]["sqnr_db"] > 30
+    assert r["fusion"]["unfused"] == [] and {n["runs_as"] for n in r["nodes"]} == {"QLinearConv", "QGemm"}
+    # The MatMul whose weight sat in a Constant node is quantized too (as a Gemm with its bias).
+    fc2 = next(n for n in r["nodes"] if n["name"] == "fc2")
+    assert fc2["weight_type"] == "int8" and fc2["bias_int32"]
+    # The saved model runs on ONNX Runtime and gives the accuracy the report states.
+    data = np.load(EVAL)
+    logits = qo.run(str(out), {"image": data["image"]}, backend="onnxruntime")["logits"]
+    assert float((logits.argmax(1) == data["label"]).mean()) == r["output"]["accuracy"]["after"]
+    # The report is strict JSON with the fields tools read.
+    parsed = json.loads(qq.report_json(r))
+    for key in ("size_bytes", "nodes", "output", "latency_ms", "calibration", "fusion", "settings"):
+        assert key in parsed
+    assert set(parsed["nodes"][0]) >= {
+        "name",
+        "op_type",
+        "weight_type",
+        "activation_type",
+        "weight_sqnr_db",
+        "output_sqnr_db",
+        "fused",
+    }
+
+
+def test_same_model_for_any_batch_size():
+    models = [
+        qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL, method=m, batch_size=b).model
+        for m in ("entropy",)
+        for b in (1, 7, 64)
+    ]
+    blobs = {m.SerializeToString(deterministic=True) for m in models}
+    assert len(blobs) == 1
+
+
+def test_calibration_memory_does_not_grow_with_batches():
+    fm = load_float_model(MODEL)
+    p = plan(fm, qq.QuantizeOptions())
+    images = np.load(CALIBRATION)["image"][:64]
+    peaks = []
+    for repeat in (1, 20):
+        data = load_dataset({"image": np.concatenate([images] * repeat)}, fm, what="calibration")
+        tracemalloc.start()
+        calibrate(fm, p.calibrate, data, batch_size=16)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    # 20 times the batches: the same peak (one batch's tensors and the statistics), within noise.
+    assert peaks[1] < 1.3 * peaks[0]
+
+
+def test_saved_statistics_give_the_same_model(tmp_path):
+    stats = tmp_path / "stats.npz"
+    first = qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL, method="percentile", save_stats_to=stats)
+    again = qq.quantize_model(MODEL, None, None, eval=EVAL, method="percentile", stats=stats)
+    assert first.model.SerializeToString(deterministic=True) == again.model.SerializeToString(deterministic=True)
+    assert again.report["calibration"]["from_stats"] == str(stats)
+    # Other settings from the same statistics: seconds, no calibration.
+    int4 = qq.quantize_model(MODEL, None, None, eval=EVAL, weights="int4", stats=stats)
+    assert int4.report["settings"]["weights"] == "int4"
+
+
+def test_transformer_with_additive_mask_and_layernorm_keeps_agreement():
+    model, data = layernorm_attention()
+    r = qq.quantize_model(model, None, data).report
+    # The -3.4e38 mask and the LayerNorm stay float, so the output stays close (held-out: 10 of the 48 sequences).
+    assert r["output"]["sqnr_db"] > 25 and r["output"]["top1_agreement"] >= 0.9
+    assert "add_mask" not in {n["name"] for n in r["nodes"]}
+
+
+def test_detector_keeps_boxes_and_scores_apart():
+    model, data = detection_head()
+    r = qq.quantize_model(model, None, data)
+    ref = qo.run(model, data, backend="onnxruntime")["detections"]
+    got = qo.run(r.model, data, backend="onnxruntime")["detections"]
+    # Class scores (0-1) keep their resolution: under one scale with the boxes (0-320) they would move by 0.6.
+    assert np.abs(got[:, 4:] - ref[:, 4:]).max() < 0.02
+    assert np.abs(got[:, :4] - ref[:, :4]).max() < 3.0
+
+
+def test_held_out_split_and_random_calibration_are_reported():
+    r = qq.quantize_model(MODEL, None, CALIBRATION).report
+    assert "held out" in r["eval"]["source"] and r["eval"]["samples"] == 60
+    r = qq.quantize_model(MODEL, None, calibrate_random=20).report
+    assert any("random" in w for w in r["warnings"]) and "random" in r["calibration"]["source"]
+
+
+def test_iterable_of_batches_calibrates():
+    images = np.load(CALIBRATION)["image"]
+    batches = [{"image": images[i : i + 10]} for i in range(0, 100, 10)]
+    r = qq.quantize_model(MODEL, None, batches, eval=EVAL, labels="label").report
+    assert r["calibration"]["batches"] == 10 and r["output"]["accuracy"]["after"] > 0.98
+
+
+def test_input_model_is_never_modified(tmp_path):
+    before = onnx.load(MODEL).SerializeToString()
+    model = onnx.load(MODEL)
+    qq.quantize_model(model, tmp_path / "q.onnx", CALIBRATION)
+    assert model.SerializeToString() == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"weights": "int3"}, "weights must be one of"),
+        ({"method": "kl"}, "method must be one of"),
+        ({"granularity": "per-row"}, "granularity must be one of"),
+        ({"activations": "uint4"}, "activations must be one of"),
+        ({"block_size": 16}, "block_size needs granularity='blocked'"),
+    ],
+)
+def test_bad_options_are_named(kwargs, message):
+    with pytest.raises(QuantizationError, match=message):
+        qq.quantize_model(MODEL, None, CALIBRATION, **kwargs)
+
+
+def test_bad_calibration_data_names_the_input():
+    images = np.load(CALIBRATION)["image"]
+    cases = [
+        ({"img": images}, "no array for model input 'image'"),
+        ({"image": images.astype(np.float64)}, "has dtype float64, expected float32"),
+        ({"image": images[:, :, :4]}, r"has shape \(300, 1, 4, 8\), expected \(samples, 1, 8, 8\)"),
+    ]
+    for data, message in cases:
+        with pytest.raises(QuantizationError, match=message):
+            qq.quantize_model(MODEL, None, data)

@@ -1,0 +1,95 @@
+"""Where Q/DQ goes: compute ops and the data movement between them; the traps of real models stay float."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import qlinear.onnx as qo
+from qlinear.quantize import QuantizeOptions
+from qlinear.quantize._model import load_float_model
+from qlinear.quantize._plan import plan
+from qlinear.quantize._prepare import prepare
+from quantize_models import detection_head, layernorm_attention, single_op
+
+
+def _plan(model, **options):
+    opts = QuantizeOptions(**options)
+    fm = prepare(load_float_model(model), weight_only=opts.activations is None)
+    return fm, plan(fm, opts)
+
+
+def test_plan_transformer_keeps_norm_mask_and_softmax_float():
+    model, _ = layernorm_attention()
+    fm, p = _plan(model)
+    planned = {n.name: n for n in p.nodes}
+    assert set(planned) == {"embed", "q_proj", "k_proj", "v_proj", "scores", "context", "o_proj", "head"}
+    # The LayerNorm's inside, the scaled and masked scores, the residual Add: their outputs take no Q.
+    # (The LayerNorm's result and the Softmax's are quantized: they are the inputs of MatMuls.)
+    for node in ("ln_sub", "ln_sq", "ln_var", "ln_sqrt", "scale", "add_mask", "residual"):
+        assert fm.producer_output(node) not in p.activations, node
+    assert fm.producer_output("ln_div") in p.calibrate and fm.producer_output("softmax") in p.calibrate
+    # The mask itself (-3.4e38) is never observed for a range.
+    assert "mask" not in p.calibrate
+    # The embedding table: weights only; the o_proj weight came from a Constant node.
+    assert planned["embed"].weight.tensor in fm.initializers and planned["embed"].activations == ()
+    assert planned["o_proj"].weight is not None and planned["o_proj"].weight.tensor == "o_weight_output"
+    # scores = q @ k^T: both activations, each with its own range (k_proj's output is not quantized itself).
+    assert planned["scores"].activations == (fm.producer_output("q_proj"), fm.producer_output("k_t"))
+    assert p.shared == {}
+
+
+def test_plan_concat_of_boxes_and_scores_stays_float():
+    model, _ = detection_head()
+    fm, p = _plan(model)
+    assert "detections" not in p.activations
+    assert {n.name for n in p.nodes} == {"backbone", "box_fc", "cls_fc"}
+    for node in ("box_px", "cls_prob"):
+        assert fm.producer_output(node) not in p.activations
+
+
+def test_plan_conv_relu_q_after_the_relu_and_pool_shares():
+    model, _ = single_op("Conv")
+    fm, p = _plan(model)
+    (conv,) = p.nodes
+    # Its Relu makes the graph output, which takes no Q: the Q goes on the Conv's own output.
+    assert conv.output == fm.producer_output("layer")
+    assert conv.bias is not None and conv.weight.channel_axis == 0 and conv.weight.reduction_axis == 1
+    g = qo.Graph("conv_relu_pool", opset=17)
+    x = g.input("x", "float", ("N", 2, 4, 4))
+    h = g.op("Relu", [g.op("Conv", [x, np.ones((3, 2, 1, 1), np.float32)], name="c1")], name="r1")
+    h = g.op("MaxPool", [h], name="pool", kernel_shape=[2, 2])
+    g.output(g.op("Conv", [h, np.ones((2, 3, 1, 1), np.float32)], name="c2", output_names=["y"]))
+    fm, p = _plan(g.to_model())
+    c1 = next(n for n in p.nodes if n.name == "c1")
+    assert c1.output == fm.producer_output("r1")  # Q after the Relu: ORT folds the Relu into QLinearConv
+    assert p.shared[fm.producer_output("pool")] == fm.producer_output("r1")  # MaxPool shares, no requantization
+    assert fm.producer_output("pool") not in p.calibrate
+
+
+def test_plan_exclude_by_name_and_op_type_and_weight_only():
+    model, _ = layernorm_attention()
+    _, p = _plan(model, exclude=("MatMul", "head"))
+    assert {n.name for n in p.nodes} == {"embed"}
+    assert ("head", "Gemm", "excluded") in p.left_float
+    _, p = _plan(model, activations=None)
+    assert p.calibrate == [] and all(n.activations == () for n in p.nodes)
+    # Activations times activations (scores, context) have no weight: nothing to do weight-only.
+    assert {n.name for n in p.nodes} == {"embed", "q_proj", "k_proj", "v_proj", "o_proj", "head"}
+
+
+def test_prepare_matmul_add_becomes_gemm_with_the_matmul_name():
+    g = qo.Graph("linear", opset=17)
+    x = g.input("x", "float", ("N", 4))
+    y = g.op(
+        "Add",
+        [g.op("MatMul", [x, np.ones((4, 3), np.float32)], name="fc"), np.ones(3, np.float32)],
+        name="fc_bias",
+        output_names=["y"],
+    )
+    g.output(y)
+    fm, p = _plan(g.to_model())
+    assert [(n.name, n.op_type) for n in fm.graph.node] == [("fc", "Gemm")]
+    assert p.nodes[0].bias is not None
+    ref = qo.run(g.to_model(), {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}, backend="onnxruntime")["y"]
+    got = qo.run(fm.model, {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}, backend="onnxruntime")["y"]
+    np.testing.assert_array_equal(ref, got)
