@@ -25,7 +25,17 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from qlinear.bench import GRANULARITIES, MORE_TYPES, TYPES, X_DTYPES, run_benchmark, run_ort_pairs, run_startup, run_store_pairs, startup_table
+from qlinear.bench import (
+    GRANULARITIES,
+    MORE_TYPES,
+    TYPES,
+    X_DTYPES,
+    run_benchmark,
+    run_ort_pairs,
+    run_startup,
+    run_store_pairs,
+    startup_table,
+)
 
 __all__ = ["add_arguments", "run"]
 

@@ -20,7 +20,7 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._stats import TensorStats
 
-__all__ = ["CalibrationRun", "calibrate", "session"]
+__all__ = ["CalibrationRun", "calibrate", "peak_rss_bytes", "session"]
 
 
 @dataclass
@@ -79,5 +79,21 @@ def calibrate(
         samples += next(iter(feeds.values())).shape[0] if feeds else 0
         if progress:
             progress(1)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return CalibrationRun(stats, batches, samples, time.perf_counter() - start, peak)
+    return CalibrationRun(stats, batches, samples, time.perf_counter() - start, peak_rss_bytes())
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory.
+
+    Linux's ``VmHWM`` where there is one: ``ru_maxrss`` is carried across
+    ``exec``, so a process started by a large one would report its parent's
+    peak.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

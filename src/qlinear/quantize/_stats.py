@@ -57,20 +57,27 @@ class TensorStats:
     def of(cls, values: np.ndarray) -> TensorStats:
         """The statistics of ``values`` (any shape, any float type)."""
         flat = np.asarray(values).reshape(-1)
-        finite = np.isfinite(flat)
-        nonfinite = int(flat.size - np.count_nonzero(finite))
-        if nonfinite:
-            flat = flat[finite]
+        if flat.dtype not in (np.float32, np.float64):
+            flat = flat.astype(np.float32)
+        nonfinite = 0
+        if flat.size:
+            low, high = flat.min(), flat.max()
+            if not (np.isfinite(low) and np.isfinite(high)):  # NaN makes both NaN: only then look element by element
+                finite = np.isfinite(flat)
+                nonfinite = int(flat.size - np.count_nonzero(finite))
+                flat = flat[finite]
         if flat.size == 0:
             return cls(0, nonfinite, 0.0, 0.0, _MIN_EXPONENT, 0, np.zeros(0, np.int64))
-        flat = flat.astype(np.float64, copy=False)
         low, high = float(flat.min()), float(flat.max())
         exponent = _exponent(low, high)
         first = _bin(low, exponent)
-        counts = np.bincount(
-            np.floor(np.ldexp(flat, -exponent)).astype(np.int64) - first, minlength=_bin(high, exponent) - first + 1
-        )
-        return cls(int(flat.size), nonfinite, low, high, exponent, first, counts.astype(np.int64))
+        # x * 2**-e is exact in x's own type (e keeps it below 2**62, and a result too small to be
+        # exact floors to 0 or -1 all the same), so no wider copy of the values is made.
+        scaled = flat * flat.dtype.type(math.ldexp(1.0, -exponent))
+        index = np.floor(scaled, out=scaled).astype(np.int64)
+        index -= first
+        counts = np.bincount(index, minlength=_bin(high, exponent) - first + 1)
+        return cls(int(flat.size), nonfinite, low, high, exponent, first, counts.astype(np.int64, copy=False))
 
     def merge(self, other: TensorStats) -> TensorStats:
         """The statistics of the values of both."""
@@ -85,8 +92,11 @@ class TensorStats:
         counts = np.zeros(_bin(high, exponent) - first + 1, np.int64)
         for s in (self, other):
             shift = exponent - s.exponent
+            if shift == 0:
+                counts[s.first - first : s.first - first + s.counts.size] += s.counts
+                continue
             k = (np.arange(s.first, s.first + s.counts.size, dtype=np.int64) >> shift) - first
-            np.add.at(counts, k, s.counts)
+            counts += np.bincount(k, weights=s.counts, minlength=counts.size).astype(np.int64)
         return TensorStats(self.count + other.count, self.nonfinite + other.nonfinite, low, high, exponent, first, counts)
 
     @property

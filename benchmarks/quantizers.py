@@ -1,0 +1,265 @@
+"""qlinear quantize against ONNX Runtime's quantizer, side by side, in one run.
+
+Two models on real data:
+
+- ``digits``: the CNN `qlinear quantize --demo` ships (scikit-learn's 8x8
+  digits), calibrated on its 300 training images, evaluated on the 450
+  held-out ones with labels;
+- ``text``: a character-level transformer (benchmarks/text_model.py)
+  trained here for a few seconds on Python's own standard library source,
+  calibrated on 2048 windows of the training text and evaluated on 400
+  windows of held-out text (next-character labels).
+
+Each quantizer runs in a fresh process (its time and peak RSS are that
+process's), the same calibration data for all: qlinear at several
+settings, ONNX Runtime's ``quantize_static`` (QDQ, per-channel, uint8
+activations, int8 weights; MinMax, Entropy and Percentile) and ``quantize_dynamic``
+(int8 weights). Each result is then evaluated against the float model on
+the same held-out data: top-1 agreement, accuracy, output SQNR, file size,
+and ONNX Runtime latency against the float model (one batch, alternating
+pairs, medians).
+
+    pip install -e '.[examples]'
+    python benchmarks/quantizers.py [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+HERE = Path(__file__).resolve().parent
+CALIBRATION_WINDOWS = 2048  # text windows of 32 tokens to calibrate on
+sys.path.insert(0, str(HERE))
+
+# (label, quantizer, settings): qlinear keywords, or ORT's quantizer and its method.
+RUNS = [
+    ("qlinear int8/uint8 minmax", "qlinear", {}),
+    ("qlinear int8/uint8 entropy", "qlinear", {"method": "entropy"}),
+    ("qlinear int8/uint8 percentile", "qlinear", {"method": "percentile"}),
+    ("qlinear int4 blocked, weight-only", "qlinear", {"weights": "int4", "granularity": "blocked", "activations": None}),
+    ("qlinear int4 per-channel/uint8", "qlinear", {"weights": "int4"}),
+    (
+        "qlinear int2 blocked, weight-only",
+        "qlinear",
+        {"weights": "int2", "granularity": "blocked", "block_size": 16, "activations": None},
+    ),
+    ("qlinear float8 per-channel", "qlinear", {"weights": "float8e4m3fn", "activations": "float8e4m3fn"}),
+    ("qlinear float4 blocked, weight-only", "qlinear", {"weights": "float4e2m1", "granularity": "blocked", "activations": None}),
+    ("ORT static QDQ minmax", "ort_static", {"method": "MinMax"}),
+    ("ORT static QDQ entropy", "ort_static", {"method": "Entropy"}),
+    ("ORT static QDQ percentile", "ort_static", {"method": "Percentile"}),
+    ("ORT dynamic int8", "ort_dynamic", {}),
+]
+
+
+def datasets(work: Path) -> dict[str, dict]:
+    """Each model's float file, calibration arrays and eval arrays (with labels)."""
+    demo = resources.files("qlinear.quantize") / "_demo"
+    cal = dict(np.load(str(demo / "digits_calibration.npz")))
+    ev = dict(np.load(str(demo / "digits_eval.npz")))
+    out = {"digits": {"model": str(demo / "digits_cnn.onnx"), "cal": cal, "eval": {"image": ev["image"]}, "labels": ev["label"]}}
+    import text_model as tm
+
+    model, tokens, split = tm.train()
+    path = work / "char_transformer.onnx"
+    onnx.save(tm.to_onnx(model), path)
+    cx, _ = tm.windows(tokens[:split], CALIBRATION_WINDOWS, 2)
+    ex, ey = tm.windows(tokens[split:], 400, 1)
+    out["text"] = {"model": str(path), "cal": {"ids": cx}, "eval": {"ids": ex}, "labels": ey}
+    return out
+
+
+def peak_rss_bytes() -> int:
+    from qlinear.quantize._calibrate import peak_rss_bytes as peak
+
+    return peak()
+
+
+def worker(spec: dict) -> dict:
+    """Quantize once (in this fresh process) and say how long it took and the peak RSS."""
+    cal = dict(np.load(spec["cal"]))
+    start = time.perf_counter()
+    extra = {}
+    if spec["quantizer"] == "qlinear":
+        import qlinear.quantize as qq
+
+        report = qq.quantize_model(spec["model"], spec["out"], cal, **spec["settings"]).report
+        if report["calibration"]["batches"]:
+            extra = {
+                "calibration_seconds": report["calibration"]["seconds"],
+                "inference_seconds": _plain_inference(spec["model"], cal),
+            }
+    else:
+        from onnxruntime.quantization import (
+            CalibrationDataReader,
+            CalibrationMethod,
+            QuantFormat,
+            QuantType,
+            quantize_dynamic,
+            quantize_static,
+        )
+
+        if spec["quantizer"] == "ort_dynamic":
+            quantize_dynamic(spec["model"], spec["out"], weight_type=QuantType.QInt8)
+        else:
+
+            class Reader(CalibrationDataReader):
+                def __init__(self) -> None:
+                    n = next(iter(cal.values())).shape[0]
+                    self.batches = iter([{k: v[i : i + 16] for k, v in cal.items()} for i in range(0, n, 16)])
+
+                def get_next(self):
+                    return next(self.batches, None)
+
+            quantize_static(
+                spec["model"], spec["out"], Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                calibrate_method=getattr(CalibrationMethod, spec["settings"]["method"]),
+            )  # fmt: skip
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_rss_bytes": peak_rss_bytes(), **extra}
+
+
+def _plain_inference(model: str, cal: dict) -> float:
+    """Seconds ONNX Runtime takes to run the float model over the calibration inputs (80%, as calibrated), batches of 16."""
+    from qlinear.quantize._calibrate import session
+
+    s = session(onnx.load(model))
+    n = next(iter(cal.values())).shape[0]
+    n -= max(1, round(n * 0.2))
+    start = time.perf_counter()
+    for i in range(0, n, 16):
+        s.run(None, {k: v[i : min(i + 16, n)] for k, v in cal.items()})
+    return time.perf_counter() - start
+
+
+def memory_growth(d: dict, work: Path) -> None:
+    """Peak RSS of a calibration on the text windows and on 20 times as many, for qlinear and ORT."""
+    print("\n| quantizer | calibration windows | peak RSS | time |\n| --- | --: | --: | --: |")
+    base = {k: v[:256] for k, v in d["cal"].items()}
+    for label, quantizer, settings in (
+        ("qlinear minmax", "qlinear", {}),
+        ("qlinear entropy", "qlinear", {"method": "entropy"}),
+        ("ORT static QDQ minmax", "ort_static", {"method": "MinMax"}),
+        ("ORT static QDQ percentile", "ort_static", {"method": "Percentile"}),
+    ):
+        for times in (1, 20):
+            path = work / f"mem_{times}.npz"
+            np.savez(path, **{k: np.concatenate([v] * times) for k, v in base.items()})
+            spec = {
+                "quantizer": quantizer,
+                "settings": settings,
+                "model": d["model"],
+                "cal": str(path),
+                "out": str(work / "mem.onnx"),
+            }
+            proc = subprocess.run(
+                [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True, check=False
+            )
+            if proc.returncode:
+                print(
+                    f"| {label} | {256 * times} | error: {(proc.stderr.strip().splitlines() or ['failed'])[-1][:100]} | |",
+                    flush=True,
+                )
+                continue
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(f"| {label} | {256 * times} | {r['peak_rss_bytes'] / 2**20:.0f} MiB | {r['seconds']:.2f} s |", flush=True)
+
+
+def evaluate(float_path: str, path: str, feeds: dict, labels: np.ndarray) -> dict:
+    from qlinear.quantize._evaluate import Runner, latency_ms
+
+    fm, qm = onnx.load(float_path), onnx.load(path)
+    ref = Runner(fm, [])(feeds)
+    runner = Runner(qm, [])
+    got = runner(feeds)
+    name = fm.graph.output[0].name
+    r, g = ref[name].astype(np.float64), got[name].astype(np.float64)
+    noise = float(((r - g) ** 2).sum())
+    batch = {k: v[:16] for k, v in feeds.items()}
+    lat = latency_ms(fm, qm, batch, repeats=21)
+    size = os.path.getsize(path) + (os.path.getsize(path + ".data") if os.path.exists(path + ".data") else 0)
+    return {
+        "agreement": float((r.argmax(-1) == g.argmax(-1)).mean()),
+        "accuracy": float((g.argmax(-1) == labels).mean()),
+        "float_accuracy": float((r.argmax(-1) == labels).mean()),
+        "sqnr_db": 10 * np.log10(float((r**2).sum()) / noise) if noise else None,
+        "size_bytes": size,
+        "float_size_bytes": os.path.getsize(float_path),
+        "latency_ratio": None if lat is None else lat[1] / lat[0],
+        "runs_on": runner.backend,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for model_name, d in datasets(work).items():
+            cal_path = work / f"{model_name}_cal.npz"
+            np.savez(cal_path, **d["cal"])
+            for label, quantizer, settings in RUNS:
+                out = work / f"{model_name}_{len(results)}.onnx"
+                spec = {"quantizer": quantizer, "settings": settings, "model": d["model"], "cal": str(cal_path), "out": str(out)}
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True, check=False
+                )
+                row = {"model": model_name, "run": label}
+                if proc.returncode != 0 or not out.exists():
+                    row["error"] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:160]
+                else:
+                    row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+                    try:
+                        row.update(evaluate(d["model"], str(out), d["eval"], d["labels"]))
+                    except Exception as e:
+                        row["error"] = f"evaluation failed: {str(e).splitlines()[0][:160]}"
+                results.append(row)
+                _print_row(row)
+            if model_name == "text":
+                memory_growth(d, work)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def _print_row(r: dict) -> None:
+    if "error" in r:
+        print(f"| {r['model']} | {r['run']} | error: {r['error']} |", flush=True)
+        return
+    print(
+        f"| {r['model']} | {r['run']} | {100 * r['agreement']:.2f}% | {100 * r['float_accuracy']:.2f}% -> {100 * r['accuracy']:.2f}% "
+        f"| {_fmt(r['sqnr_db'], '.1f')} | {r['size_bytes'] / 1024:.0f} / {r['float_size_bytes'] / 1024:.0f} KiB "
+        f"| {_fmt(r['latency_ratio'], '.2f')} | {r['seconds']:.2f} s | {r['peak_rss_bytes'] / 2**20:.0f} MiB | {r['runs_on']} "
+        f"| {_fmt(r.get('calibration_seconds'), '.2f')} / {_fmt(r.get('inference_seconds'), '.2f')} s |",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    print(
+        "| model | quantizer | top-1 agreement | accuracy | output SQNR dB | size | ORT latency / float | time | peak RSS | runs on "
+        "| calibration / plain inference |"
+    )
+    print("| --- | --- | --: | --: | --: | --: | --: | --: | --: | --- | --: |")
+    main()
