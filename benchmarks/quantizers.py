@@ -1,10 +1,13 @@
 """qlinear quantize against ONNX Runtime's quantizer, side by side, in one run.
 
-Two models on real data:
+Three models on real data:
 
 - ``digits``: the CNN `qlinear quantize --demo` ships (scikit-learn's 8x8
   digits), calibrated on its 300 training images, evaluated on the 450
   held-out ones with labels;
+- ``digits32``: a CNN of realistic layer sizes (32-64 channels, 32x32
+  images: the digits enlarged; benchmarks/image_model.py) trained here for
+  a few seconds, calibrated and evaluated likewise;
 - ``text``: a character-level transformer (benchmarks/text_model.py)
   trained here for a few seconds on Python's own standard library source,
   calibrated on 2048 windows of the training text and evaluated on 400
@@ -69,6 +72,12 @@ def datasets(work: Path) -> dict[str, dict]:
     cal = dict(np.load(str(demo / "digits_calibration.npz")))
     ev = dict(np.load(str(demo / "digits_eval.npz")))
     out = {"digits": {"model": str(demo / "digits_cnn.onnx"), "cal": cal, "eval": {"image": ev["image"]}, "labels": ev["label"]}}
+    import image_model as im
+
+    x_train, y_train, x_test, y_test = im.images()
+    path = work / "digits32_cnn.onnx"
+    onnx.save(im.to_onnx(im.train(x_train, y_train)), path)
+    out["digits32"] = {"model": str(path), "cal": {"image": x_train[:300]}, "eval": {"image": x_test}, "labels": y_test}
     import text_model as tm
 
     model, tokens, split = tm.train()
