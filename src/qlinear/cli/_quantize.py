@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         if args.report:
             _write_text(args.report, report_json(result.report) + "\n")
     except QuantizationError as e:
-        err.print(f"qlinear quantize: {escape(str(e))}", highlight=False, soft_wrap=True)
+        message = str(e).removeprefix("quantize: ")  # the library's own prefix, said once by the command's
+        err.print(f"qlinear quantize: {escape(message)}", highlight=False, soft_wrap=True)
         return 2
     if args.json:
         sys.stdout.write(report_json(result.report) + "\n")
