@@ -6,6 +6,7 @@ payloads, the sign of zero and float8 NaN encodings are all checked.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -394,14 +395,48 @@ def test_import_does_not_load_numba():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_kernel_calls_hand_tasks_out_dynamically_and_restore_the_callers_setting():
+    import numba
+
+    from qlinear.kernels.cpu import _schedule
+
+    seen = []
+    before = numba.set_parallel_chunksize(5)  # a user's own setting
+    try:
+        with _schedule.dynamic_tasks():
+            seen.append(numba.get_parallel_chunksize())
+        x = np.ones(1 << 16, np.float32)
+        qlinear.quantize_linear(x, np.float32(0.5), backend="cpu")
+        qlinear.dequantize_linear(np.ones(1 << 16, np.uint8), np.float32(0.5), backend="cpu")
+        assert seen == [1] and numba.get_parallel_chunksize() == 5
+    finally:
+        numba.set_parallel_chunksize(before)
+
+
+def test_numba_runs_the_kernels_on_tbb_where_it_is_installed():
+    # pyproject.toml installs tbb on Linux x86_64; numba must then find its library and take it.
+    from pathlib import Path
+
+    if not (Path(sys.prefix) / "lib" / "libtbb.so.12").exists():
+        pytest.skip("tbb is not installed here (it is a dependency on Linux x86_64 only)")
+    code = (
+        "import numpy as np, numba, qlinear; "
+        "qlinear.quantize_linear(np.ones(1 << 16, np.float32), np.float32(1), backend='cpu'); print(numba.threading_layer())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "tbb"
+
+
 def test_parallel_task_size_follows_size_and_threads():
-    from qlinear.kernels.cpu._params import MAX_CHUNK, MIN_CHUNK, chunk_elements
+    from qlinear.kernels.cpu._params import MAX_CHUNK, MIN_CHUNK, TASKS_PER_THREAD, chunk_elements
 
     assert chunk_elements(100, 2) == MIN_CHUNK
     assert chunk_elements(1 << 24, 2) == MAX_CHUNK
-    # Two tasks a thread in between, rounded up to whole 64-element groups.
-    assert chunk_elements(4 * 20000, 2) == 20032
-    assert chunk_elements(8 * 20000, 4) == 20032
+    # Eight tasks a thread in between, rounded up to whole 64-element groups.
+    assert TASKS_PER_THREAD == 8
+    assert chunk_elements(16 * 20000, 2) == 20032
+    assert chunk_elements(32 * 20000, 4) == 20032
     for n in (1, 5000, 65537, 999_999, 1 << 22):
         for threads in (1, 2, 3, 16):
             c = chunk_elements(n, threads)
@@ -415,11 +450,11 @@ def test_cpu_tasks_longer_than_the_smallest(name):
     # rows and blocks of every layout, and after a packed byte's first code.
     import numba
 
-    from qlinear.kernels.cpu._params import MIN_CHUNK, chunk_elements
+    from qlinear.kernels.cpu._params import MIN_CHUNK, TASKS_PER_THREAD, chunk_elements
 
     rng = np.random.default_rng(QUANTIZED.index(name))
     threads = numba.get_num_threads()
-    rows = -(-2 * threads * (MIN_CHUNK + 100) // 257)
+    rows = -(-TASKS_PER_THREAD * threads * (MIN_CHUNK + 100) // 257)
     shape = (rows, 257)
     task = chunk_elements(rows * 257, threads)
     assert task != MIN_CHUNK and task % 257

@@ -5,7 +5,10 @@
 table; :func:`run_benchmark` returns the measurements. ``--startup``
 measures start-up and compile times in fresh processes instead
 (:func:`run_startup`); ``--stores`` and ``--ort-pairs`` time two ways in
-alternating pairs (:func:`run_store_pairs`, :func:`run_ort_pairs`).
+alternating pairs (:func:`run_store_pairs`, :func:`run_ort_pairs`);
+``--load N`` times qlinear and ONNX Runtime with N cores kept busy, and
+``--after-ort`` qlinear right after an ONNX Runtime run (:func:`run_load`,
+:func:`run_after_ort`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from qlinear.bench._cases import GRANULARITIES, MORE_TYPES, TYPES, X_DTYPES, Case, cases, inputs, qlinear_calls
+from qlinear.bench._load import run_after_ort, run_load
 from qlinear.bench._measure import best_time, copy_bandwidth, peak_extra_bytes
 from qlinear.bench._ort_pairs import run_ort_pairs
 from qlinear.bench._others import ort_runner, reference_runner
@@ -23,7 +27,19 @@ from qlinear.bench._startup import run_startup, startup_table
 from qlinear.bench._stores import run_store_pairs
 from qlinear.ops import quantize_linear
 
-__all__ = ["GRANULARITIES", "MORE_TYPES", "TYPES", "X_DTYPES", "run_benchmark", "run_ort_pairs", "run_startup", "run_store_pairs", "startup_table"]
+__all__ = [
+    "GRANULARITIES",
+    "MORE_TYPES",
+    "TYPES",
+    "X_DTYPES",
+    "run_after_ort",
+    "run_benchmark",
+    "run_load",
+    "run_ort_pairs",
+    "run_startup",
+    "run_store_pairs",
+    "startup_table",
+]
 
 
 def run_benchmark(

@@ -30,12 +30,15 @@ from qlinear.bench import (
     MORE_TYPES,
     TYPES,
     X_DTYPES,
+    run_after_ort,
     run_benchmark,
+    run_load,
     run_ort_pairs,
     run_startup,
     run_store_pairs,
     startup_table,
 )
+from qlinear.bench._measure import SETTLE_S
 
 __all__ = ["add_arguments", "run"]
 
@@ -65,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(TYPES),
         choices=TYPES + MORE_TYPES,
         metavar="TYPE",
-        help=f"element types (default: {' '.join(TYPES)}; also {' '.join(MORE_TYPES)})"
+        help=f"element types (default: {' '.join(TYPES)}; also {' '.join(MORE_TYPES)})",
     )
     parser.add_argument(
         "--granularities",
@@ -89,6 +92,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ort-pairs",
         action="store_true",
         help="instead, time qlinear against ONNX Runtime in pairs, back to back (--repeats pairs a case)",
+    )
+    parser.add_argument(
+        "--load",
+        type=int,
+        metavar="N",
+        help="instead, keep N cores busy with other processes and time qlinear (on --threads and on 1 thread) and ONNX Runtime, --repeats rounds a case",
+    )
+    parser.add_argument(
+        "--after-ort",
+        action="store_true",
+        help="instead, time qlinear right after an ONNX Runtime run, no pause, against after a pause (--repeats rounds a case)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the measurements as JSON to PATH")
 
@@ -177,8 +191,69 @@ def _run_ort_pairs(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _case_cells(row: dict) -> tuple[str, str, str]:
+    return row["op"], row["type"] + (" (packed)" if row["packed"] else ""), row["granularity"]
+
+
+def _run_load(args: argparse.Namespace, console: Console) -> int:
+    cases = dict(types=tuple(args.types), granularities=tuple(args.granularities))
+    report = _with_progress(
+        console, "under load", run_load, size=args.size, threads=args.threads, rounds=args.repeats, load=args.load, **cases
+    )
+    n = report["threads"]
+    title = (
+        f"{report['size']:,} elements with {report['load']} core(s) kept busy by other processes: qlinear on {n} threads and on 1, "
+        f"ONNX Runtime on {n}; medians of {report['rounds']} rounds"
+    )
+    table = Table(title=title)
+    for column in ("op", "type", "granularity", f"qlinear {n}T ms", "qlinear 1T ms", "ORT ms", f"{n}T/ORT", f"{n}T/1T"):
+        table.add_column(column, justify="left" if column in ("op", "type", "granularity") else "right")
+    for row in report["rows"]:
+        ort = _ms(row["ort_s"]) + ("*" if row["ort_mode"] == "Q+DQ pair" else "") if row["ort_s"] is not None else row["ort_mode"]
+        table.add_row(
+            *_case_cells(row),
+            _ms(row["qlinear_s"]),
+            _ms(row["qlinear_1_s"]),
+            ort,
+            _ratio(row["qlinear_s"], row["ort_s"]),
+            _ratio(row["qlinear_s"], row["qlinear_1_s"]),
+        )
+    console.print(table)
+    console.print("*: ONNX Runtime runs a Q+DQ pair (it cannot hand the type to numpy); qlinear runs Q then DQ.")
+    _write_json(report, args.json)
+    return 0
+
+
+def _run_after_ort(args: argparse.Namespace, console: Console) -> int:
+    cases = dict(types=tuple(args.types), granularities=tuple(args.granularities))
+    report = _with_progress(
+        console, "after ONNX Runtime", run_after_ort, size=args.size, threads=args.threads, rounds=args.repeats, **cases
+    )
+    title = (
+        f"qlinear right after an ONNX Runtime run and after a {SETTLE_S * 1e3:.0f} ms pause, {report['size']:,} elements, "
+        f"{report['threads']} threads, medians of {report['rounds']} rounds"
+    )
+    table = Table(title=title)
+    for column in ("op", "type", "granularity", "after ORT ms", "after pause ms", "ratio"):
+        table.add_column(column, justify="left" if column in ("op", "type", "granularity") else "right")
+    for row in report["rows"]:
+        table.add_row(
+            *_case_cells(row), _ms(row["after_ort_s"]), _ms(row["settled_s"]), _ratio(row["after_ort_s"], row["settled_s"])
+        )
+    console.print(table)
+    _write_json(report, args.json)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(width=150)  # the table is wide; a narrower terminal wraps lines rather than cells
+    if args.load is not None:
+        if args.load < 0:
+            Console(stderr=True).print(f"qlinear bench: --load must be >= 0, got {args.load}", highlight=False)
+            return 2
+        return _run_load(args, console)
+    if args.after_ort:
+        return _run_after_ort(args, console)
     if args.startup:
         return _run_startup(args, console)
     if args.stores:

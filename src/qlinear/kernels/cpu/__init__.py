@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from qlinear.kernels.cpu._dequantize import dequantize
 from qlinear.kernels.cpu._quantize import quantize
+from qlinear.kernels.cpu._schedule import make_tbb_loadable
+
+# Before numba starts its threads (kernels/cpu/_schedule.py says why TBB's).
+make_tbb_loadable()
 
 __all__ = ["FUSED_OUTPUT", "dequantize", "quantize"]
 

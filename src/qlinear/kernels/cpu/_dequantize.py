@@ -11,6 +11,7 @@ import numpy as np
 
 from qlinear.dtypes import ElementType
 from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, layout, scale_period
+from qlinear.kernels.cpu._schedule import dynamic_tasks
 from qlinear.spec import DequantizePlan
 
 __all__ = ["dequantize"]
@@ -123,5 +124,6 @@ def dequantize(
     p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes, values)
     lanes = LINE // values.itemsize
     p[kernel.P_PERIOD], p[kernel.P_COUNT] = scale_period(plan.granularity, plan.x_shape, scale.shape, lanes)
-    kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p)
+    with dynamic_tasks():
+        kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p)
     return out

@@ -21,6 +21,7 @@ from qlinear.kernels.cpu._params import (
     precision_code,
     scale_period,
 )
+from qlinear.kernels.cpu._schedule import dynamic_tasks
 from qlinear.spec import QuantizePlan
 
 __all__ = ["quantize"]
@@ -143,5 +144,6 @@ def quantize(
         p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte, BLOCK_CODES)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     run = kernel.quantize_packed_kernel if packed else kernel.quantize_kernel
-    run(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk)
+    with dynamic_tasks():
+        run(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk)
     return out
