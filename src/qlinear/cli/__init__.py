@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "bench": "qlinear.cli._bench",
     "conformance": "qlinear.cli._conformance",
     "inspect": "qlinear.cli._inspect",
+    "warmup": "qlinear.cli._warmup",
 }
 
 

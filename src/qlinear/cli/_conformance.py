@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from qlinear.cli._warmup import warm_up
 from qlinear.onnx._conformance import run_conformance
 
 
@@ -31,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json == "-")
+    # The cpu backend's kernels first, under a line that says so: in a fresh
+    # environment they compile (minutes), which a progress bar would hide.
+    warm_up(console, verbose=False)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("conformance", total=None)
         report = run_conformance(

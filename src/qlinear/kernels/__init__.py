@@ -1,17 +1,19 @@
 """Kernels by name; a plan is computed by whichever backend the caller picks.
 
 Every backend is a module with ``quantize(plan, x, scale, zero_point)`` and
-``dequantize(plan, x, scale, zero_point)``. A backend that also writes into a
-caller's buffer and reads and writes ONNX's packed bytes itself takes
-``out=`` and ``packed=`` keywords and says so with ``FUSED_OUTPUT = True``;
-:func:`quantize` and :func:`dequantize` here give every backend those
-keywords, doing the packing and copying around the others.
+``dequantize(plan, x, scale, zero_point)``. The cpu backend also writes into
+a caller's buffer and reads and writes ONNX's packed bytes itself (``out=``
+and ``packed=``); :func:`quantize` and :func:`dequantize` here give the
+reference backend those keywords, doing the packing and copying around it.
 
 ``"auto"``, the operators' default, is not a backend of its own: it names
 ``"reference"`` for calls on fewer than :data:`AUTO_REFERENCE_BELOW`
-elements and ``"cpu"`` for the rest. Both give the same bits, so the choice
-changes only the time: a small call is as fast on numpy and does not pay
-numba's start-up (0.3-0.5 s in a fresh process, docs/performance.md).
+elements and ``"cpu"`` for the rest, but ``"reference"`` again while the cpu
+kernel for the call is not compiled yet (it compiles in the background:
+cpu/_warm.py). Both give the same bits, so the choice changes only the
+time: a small call is as fast on numpy and does not pay numba's start-up
+(0.3-0.5 s in a fresh process, docs/performance.md), and no call waits
+for the compiler.
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ def quantize(
 ) -> np.ndarray:
     """QuantizeLinear on backend ``name``, into ``out`` and/or packed if asked."""
     module = backend(name, size=math.prod(plan.x_shape), caller=caller)
-    if getattr(module, "FUSED_OUTPUT", False):
-        return module.quantize(plan, x, scale, zero_point, out=out, packed=packed)
+    if module is cpu:
+        y = cpu.quantize(plan, x, scale, zero_point, out=out, packed=packed, wait=name != AUTO)
+        if y is not None:
+            return y
+        module = reference  # "auto" while the cpu kernel compiles in the background
     y = module.quantize(plan, x, scale, zero_point)
     return _deliver(pack(y) if packed else y, out)
 
@@ -92,8 +97,11 @@ def dequantize(
 ) -> np.ndarray:
     """DequantizeLinear on backend ``name``; ``x`` is packed bytes if ``packed``."""
     module = backend(name, size=math.prod(plan.x_shape), caller=caller)
-    if getattr(module, "FUSED_OUTPUT", False):
-        return module.dequantize(plan, x, scale, zero_point, out=out, packed=packed)
+    if module is cpu:
+        y = cpu.dequantize(plan, x, scale, zero_point, out=out, packed=packed, wait=name != AUTO)
+        if y is not None:
+            return y
+        module = reference  # "auto" while the cpu kernel compiles in the background
     if packed:
         x = unpack(x, plan.input_type, plan.x_shape)
     return _deliver(module.dequantize(plan, x, scale, zero_point), out)

@@ -12,6 +12,7 @@ import numpy as np
 from qlinear.dtypes import ElementType
 from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, layout, scale_period
 from qlinear.kernels.cpu._schedule import dynamic_tasks
+from qlinear.kernels.cpu._warm import ready
 from qlinear.spec import DequantizePlan
 
 __all__ = ["dequantize"]
@@ -83,12 +84,14 @@ def dequantize(
     *,
     out: np.ndarray | None = None,
     packed: bool = False,
-) -> np.ndarray:
+    wait: bool = True,
+) -> np.ndarray | None:
     """``y = (x - zero_point) * scale`` for a validated plan, fused.
 
     Bit-exact with the reference kernel. With ``packed``, ``x`` holds ONNX's
     packed bytes of ``plan.input_type`` for ``plan.x_shape``; ``out``
-    (already checked by the caller) receives the result.
+    (already checked by the caller) receives the result. Without ``wait``,
+    returns None instead of waiting for the kernel to compile (:mod:`._warm`).
     """
     import numba
 
@@ -124,6 +127,9 @@ def dequantize(
     p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes, values)
     lanes = LINE // values.itemsize
     p[kernel.P_PERIOD], p[kernel.P_COUNT] = scale_period(plan.granularity, plan.x_shape, scale.shape, lanes)
+    args = (*xs, table, scale_f, zp_f, *outs, lay, p)
+    if not wait and not ready(kernel.dequantize_kernel, args):
+        return None
     with dynamic_tasks():
-        kernel.dequantize_kernel(*xs, table, scale_f, zp_f, *outs, lay, p)
+        kernel.dequantize_kernel(*args)
     return out

@@ -22,6 +22,7 @@ from qlinear.kernels.cpu._params import (
     scale_period,
 )
 from qlinear.kernels.cpu._schedule import dynamic_tasks
+from qlinear.kernels.cpu._warm import ready
 from qlinear.spec import QuantizePlan
 
 __all__ = ["quantize"]
@@ -86,13 +87,16 @@ def quantize(
     *,
     out: np.ndarray | None = None,
     packed: bool = False,
-) -> np.ndarray:
+    wait: bool = True,
+) -> np.ndarray | None:
     """``y = saturate(round(x / scale) + zero_point)`` for a validated plan, fused.
 
     Bit-exact with the reference kernel. ``packed`` writes 2/4/6-bit outputs
     in ONNX's byte layout; ``out`` (already checked by the caller to have the
     result's dtype and shape, C-contiguous) receives the result. Zero points
     reach the kernel as their own bytes (or 16-bit words), not copied.
+    Without ``wait``, returns None instead of waiting for the kernel to
+    compile (:mod:`._warm`), ``out`` left unwritten.
     """
     import numba
 
@@ -144,6 +148,9 @@ def quantize(
         p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte, BLOCK_CODES)
     lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
     run = kernel.quantize_packed_kernel if packed else kernel.quantize_kernel
+    args = (flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk)
+    if not wait and not ready(run, args):
+        return None
     with dynamic_tasks():
-        run(flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk)
+        run(*args)
     return out

@@ -1,0 +1,49 @@
+"""No call waits for numba's compiler: "auto" runs on the reference while a kernel compiles, and the cache is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from qlinear.cli import main
+
+# In a fresh numba cache: the first auto call returns while its kernel compiles in the background.
+_FIRST = """
+import json, time, numpy as np, qlinear
+from qlinear.kernels.cpu import compiling
+x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+start = time.perf_counter()
+y = qlinear.quantize_linear(x, np.float32(0.1), np.uint8(128))
+seconds = time.perf_counter() - start
+same = bool((y == qlinear.quantize_linear(x, np.float32(0.1), np.uint8(128), backend="reference")).all())
+print(json.dumps({"seconds": seconds, "same": same, "compiling": compiling()}))
+"""
+
+# A later process: the kernel comes from the cache the first one wrote at exit.
+_LATER = """
+import json, numpy as np, qlinear
+from qlinear.kernels.cpu import compiling
+qlinear.quantize_linear(np.ones(1 << 20, np.float32), np.float32(0.1), np.uint8(128))
+print(json.dumps({"compiling": compiling()}))
+"""
+
+
+def _run(code: str, cache: str) -> dict:
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_first_call_runs_on_the_reference_while_the_kernel_compiles(tmp_path):
+    first = _run(_FIRST, str(tmp_path))
+    assert first["same"] and first["compiling"] == ["quantize_kernel"]
+    assert first["seconds"] < 5.0  # a 1 s wait for a cache that is not there, then numpy (a compile takes 10-16 s)
+    assert _run(_LATER, str(tmp_path))["compiling"] == []
+
+
+def test_warmup_command_loads_every_kernel(capsys):
+    assert main(["warmup"]) == 0
+    err = capsys.readouterr().err
+    assert "cpu kernels ready" in err and "DequantizeLinear" in err and "int4 (packed)" in err
