@@ -27,7 +27,7 @@ def test_run_benchmark_reports_every_case():
     ]
     assert len(rows) == 8 and report["copy_bandwidth"] > 0
     for r in rows:
-        assert r["qlinear_s"] > 0 and r["floor_s"] > 0 and r["reference_s"] > 0
+        assert r["qlinear_s"] > 0 and r["qlinear_plain_s"] > 0 and r["floor_s"] > 0 and r["reference_s"] > 0
         # A copy is timed before each type and granularity; the floor takes their median.
         assert r["floor_s"] == pytest.approx(r["bytes_moved"] / report["copy_bandwidth"])
         low, high = report["copy_bandwidth_range"]

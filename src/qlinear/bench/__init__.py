@@ -64,8 +64,10 @@ def run_benchmark(
     ``peak_extra_bytes`` and ``output_bytes``. The report's
     ``copy_bandwidth``, the median of the rows' own, gives every floor.
     With a pair, ``qlinear_pair_s`` is qlinear's Q plus DQ time, the one to
-    hold against ONNX Runtime's. qlinear writes into reused ``out=``
-    buffers when timed and allocates its output when its memory is measured.
+    hold against ONNX Runtime's. ``qlinear_s`` writes into reused ``out=``
+    buffers; ``qlinear_plain_s`` (and ``qlinear_plain_pair_s``) is the plain
+    call, a fresh result each time, as users call it. qlinear allocates its
+    output when its memory is measured.
     """
     import numba
 
@@ -89,6 +91,9 @@ def run_benchmark(
             # ONNX Runtime's session for this input starts threads of its own.
             q_time = best_time(run_q, repeats, settle_s=0)
             dq_time = best_time(run_dq, repeats, settle_s=0)
+            # The plain call, as users make it: no out=, a fresh result each time.
+            q_plain = best_time(alloc_q, repeats, settle_s=0)
+            dq_plain = best_time(alloc_dq, repeats, settle_s=0)
             ort_q_case = Case("Q", case.type_name, case.granularity)
             ort_q, ort_mode = ort_runner(ort_q_case, x, q, scale, zp, threads)
             unpacked = quantize_linear(x, scale, zp, axis=case.axis, block_size=case.block_size) if case.packed else q
@@ -102,6 +107,7 @@ def run_benchmark(
                 allocating={"Q": alloc_q, "DQ": alloc_dq},
                 q_time=q_time,
                 dq_time=dq_time,
+                plain={"Q": q_plain, "DQ": dq_plain},
                 ort_q=(ort_q, ort_mode),
             )
         shared = by_input[key]
@@ -125,6 +131,8 @@ def run_benchmark(
                 "granularity": case.granularity,
                 "packed": case.packed,
                 "qlinear_s": own,
+                "qlinear_plain_s": shared["plain"][case.op],
+                "qlinear_plain_pair_s": shared["plain"]["Q"] + shared["plain"]["DQ"] if ort_mode == "Q+DQ pair" else None,
                 "ort_s": ort_s,
                 "ort_mode": ort_mode,
                 "qlinear_pair_s": shared["q_time"] + shared["dq_time"] if ort_mode == "Q+DQ pair" else None,

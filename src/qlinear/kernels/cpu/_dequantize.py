@@ -11,6 +11,7 @@ import numpy as np
 
 from qlinear.dtypes import ElementType
 from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, layout, scale_period
+from qlinear.kernels.cpu._pool import empty
 from qlinear.kernels.cpu._schedule import dynamic_tasks
 from qlinear.kernels.cpu._warm import ready
 from qlinear.spec import DequantizePlan
@@ -100,7 +101,7 @@ def dequantize(
 
     t = plan.input_type
     if out is None:
-        out = np.empty(plan.x_shape, plan.output_dtype)
+        out = empty(plan.x_shape, plan.output_dtype)
     if math.prod(plan.x_shape) == 0:
         return out
     p, table = _read(kernel, t, packed)

@@ -21,6 +21,7 @@ from qlinear.kernels.cpu._params import (
     precision_code,
     scale_period,
 )
+from qlinear.kernels.cpu._pool import empty
 from qlinear.kernels.cpu._schedule import dynamic_tasks
 from qlinear.kernels.cpu._warm import ready
 from qlinear.spec import QuantizePlan
@@ -106,7 +107,7 @@ def quantize(
     t = plan.output_type
     count = math.prod(plan.x_shape)
     if out is None:
-        out = np.empty(packed_size(count, t.bits), np.uint8) if packed else np.empty(plan.x_shape, t.dtype)
+        out = empty((packed_size(count, t.bits),), np.uint8) if packed else empty(plan.x_shape, t.dtype)
     if count == 0:
         return out
     code_dtype = np.uint16 if t.bits == 16 else np.uint8
