@@ -54,6 +54,20 @@ def test_pooled_results_are_ordinary_arrays():
     assert np.array_equal(np.asarray(y.reshape(2, -1)[0, :1]), [7])
 
 
+@pytest.mark.parametrize("name", ["float8e4m3fn", "int4", "uint16", "float4e2m1"])
+def test_pooled_outputs_keep_every_type(name):
+    # Every quantized type, ml_dtypes ones included, one element a value, above the pool's threshold.
+    x = np.random.default_rng(1).standard_normal(4 << 20).astype(np.float32)
+    y = qlinear.quantize_linear(x, np.float32(0.05), output_dtype=name, backend="cpu")
+    want = qlinear.quantize_linear(x, np.float32(0.05), output_dtype=name, backend="reference")
+    assert y.dtype == want.dtype and y.shape == want.shape
+    np.testing.assert_array_equal(
+        y.view(np.uint8 if y.itemsize == 1 else np.uint16), want.view(np.uint8 if y.itemsize == 1 else np.uint16)
+    )
+    back = qlinear.dequantize_linear(y, np.float32(0.05), output_dtype="float16", backend="cpu")
+    assert back.dtype == np.float16 and back.shape == x.shape
+
+
 def test_pool_limit_zero_allocates_fresh():
     _pool.set_pool_limit(0)
     codes = np.zeros(N, np.uint8)

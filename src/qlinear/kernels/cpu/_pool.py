@@ -40,9 +40,10 @@ class _Owner:
 
     __slots__ = ("__array_interface__", "__weakref__", "block")
 
-    def __init__(self, block: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def __init__(self, block: np.ndarray, nbytes: int) -> None:
         self.block = block
-        self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": shape, "typestr": dtype.str, "version": 3}
+        # Bytes here; the caller views them as its dtype (the interface's type strings cannot name ml_dtypes' types).
+        self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
 
 
 def pool_limit() -> int:
@@ -75,10 +76,10 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
                 del _free[size]
     if block is None:
         block = np.empty(size, np.uint8)
-    owner = _Owner(block, tuple(int(d) for d in shape), dtype)
+    owner = _Owner(block, nbytes)
     done = weakref.finalize(owner, _give_back, block)
     done.atexit = False
-    return np.asarray(owner)
+    return np.asarray(owner).view(dtype).reshape(shape)
 
 
 def _give_back(block: np.ndarray) -> None:
