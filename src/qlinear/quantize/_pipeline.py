@@ -33,6 +33,7 @@ from qlinear.quantize._model import load_float_model
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import plan
 from qlinear.quantize._prepare import prepare
+from qlinear.quantize._report import PassResults, build_report
 from qlinear.quantize._stats import load_stats, save_stats
 
 __all__ = ["HELD_OUT", "QuantizeResult", "quantize_model"]
@@ -143,23 +144,25 @@ def quantize_model(
         evaluation = evaluate(fm.model, qmodel, node_outputs, eval_data, batch_size=options.batch_size, progress=step)
     first_batch = next(eval_data.batches(options.batch_size))
     latency = latency_ms(fm.model, qmodel, first_batch)
-    report = _report(
-        fm,
-        model,
-        out_path,
-        options,
-        opset,
-        qmodel,
-        planned,
-        converted,
-        run,
-        cal_data,
-        stats_path,
-        eval_data,
-        evaluation,
-        fusion,
-        latency,
-        first_batch,
+    report = build_report(
+        PassResults(
+            model_name=str(model) if isinstance(model, (str, PathLike)) else "<ModelProto>",
+            output=out_path,
+            options=options,
+            opset=opset,
+            size_before=fm.size_bytes(),
+            size_after=qmodel.ByteSize(),
+            plan=planned,
+            converted=converted,
+            calibration=run,
+            calibration_data=cal_data,
+            stats_path=stats_path,
+            eval_data=eval_data,
+            evaluation=evaluation,
+            fusion=fusion,
+            latency=latency,
+            latency_batch=next(iter(first_batch.values())).shape[0],
+        )
     )
     if out_path is not None:
         _write(qmodel, out_path)
@@ -206,83 +209,6 @@ def _datasets(fm, calibration, eval_data, labels, calibrate_random, stats, weigh
             raise QuantizationError("quantize: labels name an array of the eval data; give eval data too")
         cal, ev = cal.split(HELD_OUT)
     return cal if cal is not None else ev, ev
-
-
-def _report(
-    fm,
-    model,
-    out_path,
-    options,
-    opset,
-    qmodel,
-    planned,
-    converted,
-    run,
-    cal_data,
-    stats_path,
-    eval_data,
-    evaluation,
-    fusion,
-    latency,
-    first_batch,
-):
-    nodes = []
-    for p in planned.nodes:
-        c = converted[p.name]
-        nodes.append(
-            {
-                "name": p.name,
-                "op_type": p.op_type,
-                "weight_type": c.weight_type,
-                "activation_type": c.activation_type,
-                "weight_sqnr_db": c.weight_sqnr_db,
-                "output_sqnr_db": evaluation.node_sqnr_db.get(p.name),
-                "fused": None if fusion is None else fusion.fused[p.name],
-                "runs_as": None if fusion is None else fusion.runs_as[p.name],
-                "bias_int32": c.bias_int32,
-                "weight_bytes": {"before": c.weight_bytes_before, "after": c.weight_bytes_after},
-            }
-        )
-    warnings = []
-    if run is not None and cal_data.random:
-        warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
-    if fusion is not None and fusion.unfused:
-        warnings.append(f"ONNX Runtime runs {len(fusion.unfused)} quantized node(s) in float: {', '.join(fusion.unfused[:5])}")
-    batch = next(iter(first_batch.values())).shape[0]
-    return {
-        "model": {
-            "input": str(model) if isinstance(model, (str, PathLike)) else "<ModelProto>",
-            "output": str(out_path) if out_path else None,
-        },
-        "settings": {**options.to_dict(), "opset": opset},
-        "size_bytes": {"before": fm.size_bytes(), "after": qmodel.ByteSize()},
-        "latency_ms": None if latency is None else {"before": latency[0], "after": latency[1], "batch": batch},
-        "calibration": {
-            "method": options.method if options.activations else None,
-            "source": None if options.activations is None else cal_data.source,
-            "batches": run.batches if run else 0,
-            "samples": run.samples if run else 0,
-            "seconds": run.seconds if run else 0.0,
-            "peak_rss_bytes": run.peak_rss_bytes if run else 0,
-            "from_stats": stats_path,
-        },
-        "eval": {"source": eval_data.source, "samples": evaluation.samples, "backend": evaluation.backend},
-        "output": {
-            "sqnr_db": evaluation.output_sqnr_db,
-            "top1_agreement": evaluation.top1_agreement,
-            "accuracy": None
-            if evaluation.accuracy_after is None
-            else {"before": evaluation.accuracy_before, "after": evaluation.accuracy_after},
-        },
-        "fusion": {
-            "checked": fusion is not None,
-            "unfused": [] if fusion is None else fusion.unfused,
-            "qdq_nodes_left": None if fusion is None else fusion.qdq_nodes_left,
-        },
-        "nodes": nodes,
-        "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in planned.left_float],
-        "warnings": warnings,
-    }
 
 
 def _write(model: onnx.ModelProto, path: Path) -> None:

@@ -4,14 +4,101 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["MOST_DEGRADED", "print_report", "report_json"]
+from qlinear.quantize._calibrate import CalibrationRun
+from qlinear.quantize._convert import ConvertedNode
+from qlinear.quantize._data import Dataset
+from qlinear.quantize._evaluate import Evaluation
+from qlinear.quantize._fusion import FusionCheck
+from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._plan import Plan
+
+__all__ = ["MOST_DEGRADED", "PassResults", "build_report", "print_report", "report_json"]
 
 MOST_DEGRADED = 15
+
+
+@dataclass
+class PassResults:
+    """What each pass of one run produced, as the report reads it."""
+
+    model_name: str
+    output: Path | None
+    options: QuantizeOptions
+    opset: int
+    size_before: int
+    size_after: int
+    plan: Plan
+    converted: dict[str, ConvertedNode]
+    calibration: CalibrationRun | None  # None: weight-only
+    calibration_data: Dataset
+    stats_path: str | None
+    eval_data: Dataset
+    evaluation: Evaluation
+    fusion: FusionCheck | None  # None: ONNX Runtime cannot load the model
+    latency: tuple[float, float] | None
+    latency_batch: int
+
+
+def build_report(r: PassResults) -> dict[str, Any]:
+    """The report: the run's settings and every figure, as plain JSON-able values."""
+    fusion, evaluation, run, options = r.fusion, r.evaluation, r.calibration, r.options
+    nodes = []
+    for p in r.plan.nodes:
+        c = r.converted[p.name]
+        nodes.append(
+            {
+                "name": p.name,
+                "op_type": p.op_type,
+                "weight_type": c.weight_type,
+                "activation_type": c.activation_type,
+                "weight_sqnr_db": c.weight_sqnr_db,
+                "output_sqnr_db": evaluation.node_sqnr_db.get(p.name),
+                "fused": None if fusion is None else fusion.fused[p.name],
+                "runs_as": None if fusion is None else fusion.runs_as[p.name],
+                "bias_int32": c.bias_int32,
+                "weight_bytes": {"before": c.weight_bytes_before, "after": c.weight_bytes_after},
+            }
+        )
+    warnings = []
+    if run is not None and r.calibration_data.random:
+        warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
+    if fusion is not None and fusion.unfused:
+        warnings.append(f"ONNX Runtime runs {len(fusion.unfused)} quantized node(s) in float: {', '.join(fusion.unfused[:5])}")
+    accuracy = None
+    if evaluation.accuracy_after is not None:
+        accuracy = {"before": evaluation.accuracy_before, "after": evaluation.accuracy_after}
+    return {
+        "model": {"input": r.model_name, "output": str(r.output) if r.output else None},
+        "settings": {**options.to_dict(), "opset": r.opset},
+        "size_bytes": {"before": r.size_before, "after": r.size_after},
+        "latency_ms": None if r.latency is None else {"before": r.latency[0], "after": r.latency[1], "batch": r.latency_batch},
+        "calibration": {
+            "method": options.method if options.activations else None,
+            "source": None if options.activations is None else r.calibration_data.source,
+            "batches": run.batches if run else 0,
+            "samples": run.samples if run else 0,
+            "seconds": run.seconds if run else 0.0,
+            "peak_rss_bytes": run.peak_rss_bytes if run else 0,
+            "from_stats": r.stats_path,
+        },
+        "eval": {"source": r.eval_data.source, "samples": evaluation.samples, "backend": evaluation.backend},
+        "output": {"sqnr_db": evaluation.output_sqnr_db, "top1_agreement": evaluation.top1_agreement, "accuracy": accuracy},
+        "fusion": {
+            "checked": fusion is not None,
+            "unfused": [] if fusion is None else fusion.unfused,
+            "qdq_nodes_left": None if fusion is None else fusion.qdq_nodes_left,
+        },
+        "nodes": nodes,
+        "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
+        "warnings": warnings,
+    }
 
 
 def report_json(report: dict[str, Any]) -> str:
