@@ -82,9 +82,8 @@ def quantize_model(
         stats: calibrate from statistics saved by an earlier run.
         save_stats_to: write the calibration statistics here.
         options: a :class:`QuantizeOptions`, or its fields as keywords.
-        console: where the report and progress go (default: stderr... none
-            is printed unless ``progress`` or a console is given).
-        progress: show progress bars.
+        console: where progress bars go (nothing is printed without one).
+        progress: show progress bars on ``console`` (only if it is a terminal).
 
     Returns:
         A :class:`QuantizeResult`.

@@ -81,7 +81,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
         "latency_ms": None if r.latency is None else {"before": r.latency[0], "after": r.latency[1], "batch": r.latency_batch},
         "calibration": {
             "method": options.method if options.activations else None,
-            "source": None if options.activations is None else r.calibration_data.source,
+            "source": None if options.activations is None or r.stats_path else r.calibration_data.source,
             "batches": run.batches if run else 0,
             "samples": run.samples if run else 0,
             "seconds": run.seconds if run else 0.0,
