@@ -138,7 +138,7 @@ def _kl(centers, counts, low, high, scale, zp, qmin, qmax) -> float:
     level's mass evenly over its non-empty bins.
     """
     inside = (centers >= low) & (centers <= high)
-    if inside.sum() < min(128, qmax - qmin + 1):  # fewer bins than levels: the histogram cannot show the loss
+    if inside.sum() < qmax - qmin + 1:  # fewer bins than levels: the histogram cannot show the rounding loss
         return np.inf
     unfolded = counts[inside]
     p = unfolded.copy()
