@@ -6,7 +6,8 @@ next, rows where both are at the bandwidth floor then trade places from
 run to run. Here each case is timed as pairs instead: qlinear and ONNX
 Runtime back to back, their order alternating, each after the pause that
 lets the other's threads go to sleep, and the median of the pairs' ratios
-is kept (:func:`._measure.paired_ratio`). Where ONNX Runtime runs a
+is kept (:func:`._measure.paired_ratio`). qlinear's side is the plain
+call, a fresh result each time. Where ONNX Runtime runs a
 QuantizeLinear+DequantizeLinear pair (types it cannot hand to numpy), the
 case is that pair against qlinear's Q then DQ.
 """
@@ -92,7 +93,8 @@ def run_ort_pairs(
     rows = []
     for done, case in enumerate(groups.values()):
         x, scale, zp = inputs(case, size)
-        run_q, run_dq, _, _, q = qlinear_calls(case, x, scale, zp)
+        # The plain calls (a fresh result each), as users make them.
+        _, _, run_q, run_dq, q = qlinear_calls(case, x, scale, zp)
         ort_q, q_mode = ort_runner(Case("Q", case.type_name, case.granularity), x, q, scale, zp, threads)
         rows.append(_measure("Q", case, ort_q, q_mode, run_q, run_dq, pairs))
         if q_mode != _PAIR:  # a pair already stands for both
