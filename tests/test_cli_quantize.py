@@ -129,3 +129,21 @@ def test_output_paths(tmp_path, capsys):
         )
     finally:
         os.chmod(locked, 0o700)
+
+
+def test_model_onnx_runtime_cannot_run(tmp_path, capsys):
+    # A valid model that fails inside ONNX Runtime on this data (16 values reshaped into rows of 5):
+    # the runtime's error becomes one line naming the batch, not a traceback.
+    g = qo.Graph("bad_reshape", opset=17)
+    x = g.input("x", "float", ("N", 4))
+    y = g.op("MatMul", [x, np.ones((4, 2), np.float32)], name="mm")
+    g.output(g.op("Reshape", [y, np.array([-1, 5], np.int64)], name="rows_of_5", output_names=["y"]))
+    path = tmp_path / "bad.onnx"
+    g.save(str(path))
+    out = str(tmp_path / "q.onnx")
+    cal = tmp_path / "cal.npz"
+    np.savez(cal, x=np.ones((8, 4), np.float32))
+    status = main(["quantize", str(path), "-o", out, "--calibration", str(cal), "--batch-size", "8"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1 and not os.path.exists(out), err
+    assert "ONNX Runtime failed on calibration batch 0:" in err

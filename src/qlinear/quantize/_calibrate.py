@@ -8,7 +8,9 @@ there are.
 
 from __future__ import annotations
 
+import os
 import resource
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,11 +18,12 @@ from dataclasses import dataclass
 import onnx
 import onnxruntime as ort
 
+from qlinear._errors import QuantizationError
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._stats import TensorStats
 
-__all__ = ["CalibrationRun", "calibrate", "peak_rss_bytes", "session"]
+__all__ = ["CalibrationRun", "calibrate", "peak_rss_bytes", "run_batch", "session"]
 
 
 @dataclass
@@ -34,10 +37,18 @@ class CalibrationRun:
     peak_rss_bytes: int
 
 
+# Protobuf cannot serialize a message of 2 GiB or more; such models go to ONNX Runtime through a file.
+_PROTOBUF_LIMIT = (2 << 30) - (64 << 20)
+
+
 def session(
     model: onnx.ModelProto, *, threads: int = 0, optimize: bool = True, optimized_path: str | None = None
 ) -> ort.InferenceSession:
-    """An ONNX Runtime CPU session for ``model``."""
+    """An ONNX Runtime CPU session for ``model``.
+
+    Raises:
+        QuantizationError: ONNX Runtime cannot load the model (its first line of error).
+    """
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if threads:
@@ -47,7 +58,28 @@ def session(
     )
     if optimized_path:
         so.optimized_model_filepath = optimized_path
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    try:
+        if model.ByteSize() < _PROTOBUF_LIMIT:
+            return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.onnx")
+            onnx.save(model, path, save_as_external_data=True, location="model.onnx.data")
+            return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ONNX Runtime raises its own exception types; the user needs the one line
+        raise QuantizationError(f"quantize: ONNX Runtime cannot load the model: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def run_batch(sess: ort.InferenceSession, names: list[str] | None, feeds: dict, what: str) -> list:
+    """``sess.run``, its failure said in one line naming what was being run."""
+    try:
+        return sess.run(names, feeds)
+    except Exception as e:  # ONNX Runtime raises its own exception types
+        raise QuantizationError(f"quantize: ONNX Runtime failed on {what}: {_first_line(e)}") from None
 
 
 def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
@@ -71,7 +103,7 @@ def calibrate(
     stats = {t: TensorStats.empty() for t in tensors}
     batches = samples = 0
     for feeds in data.batches(batch_size):
-        values = sess.run(tensors, feeds) if tensors else []
+        values = run_batch(sess, tensors, feeds, f"calibration batch {batches}") if tensors else []
         for name, v in zip(tensors, values, strict=True):
             stats[name] = stats[name].merge(TensorStats.of(v))
         del values

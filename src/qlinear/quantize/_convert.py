@@ -230,7 +230,7 @@ def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     else:
         try:
             out = onnx.version_converter.convert_version(model, opset)
-        except Exception as e:
+        except Exception as e:  # the converter raises many types; the user needs the one line
             raise QuantizationError(
                 f"quantize: the chosen types need opset {opset}, and converting the model from opset {current} failed: "
                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"

@@ -140,7 +140,7 @@ def index(fm: FloatModel) -> None:
     fm.initializers = {t.name: t for t in g.initializer}
     try:
         inferred = onnx.shape_inference.infer_shapes(fm.model, data_prop=True)
-    except Exception:
+    except Exception:  # inference is a help, not a requirement: unknown types default to float
         inferred = fm.model
     for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
         tt = vi.type.tensor_type
