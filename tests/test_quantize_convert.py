@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import qlinear
+import qlinear.onnx as qo
 import qlinear.quantize as qq
 from quantize_models import single_op
 
@@ -137,3 +138,29 @@ def test_conv_bias_is_int32_with_the_product_scale():
     act_scale = numpy_helper.to_array(inits[x_dq.input[1]])
     w_scale = numpy_helper.to_array(inits[w_dq.input[1]])
     np.testing.assert_array_equal(numpy_helper.to_array(inits[bias_dq.input[1]]), (act_scale * w_scale).astype(np.float32))
+
+
+@pytest.mark.parametrize("op", ["Conv", "MatMul"])
+def test_float16_model_keeps_its_type(op):
+    # Scales in the tensors' own type (float16), the opset raised to 19 where QuantizeLinear takes float16.
+    rng = np.random.default_rng(3)
+    g = qo.Graph("half", opset=17)
+    if op == "Conv":
+        x = g.input("x", "float16", ("N", 4, 6, 6))
+        y = g.op(
+            "Conv", [g.op("Relu", [x], name="r"), (rng.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float16)], name="layer"
+        )
+        data = {"x": rng.standard_normal((40, 4, 6, 6)).astype(np.float16)}
+    else:
+        x = g.input("x", "float16", ("N", 64))
+        y = g.op("MatMul", [g.op("Relu", [x], name="r"), (rng.standard_normal((64, 32)) * 0.2).astype(np.float16)], name="layer")
+        data = {"x": rng.standard_normal((40, 64)).astype(np.float16)}
+    g.output(g.op("Relu", [y], name="out", output_names=["y"]))
+    result = qq.quantize_model(g.to_model(), None, data)
+    q = result.model
+    onnx.checker.check_model(q, full_check=True)
+    assert next(o.version for o in q.opset_import if o.domain == "") == 19
+    inits = {t.name: t for t in q.graph.initializer}
+    scales = [inits[n.input[1]] for n in q.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert scales and all(s.data_type == onnx.TensorProto.FLOAT16 for s in scales)
+    assert result.report["output"]["sqnr_db"] > 30

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -61,9 +62,13 @@ def sqnr_db(signal_power: float, noise_power: float) -> float | None:
     return 10.0 * math.log10(signal_power / noise_power)
 
 
-def required_opset(options: QuantizeOptions) -> int:
-    """The lowest ai.onnx opset whose QuantizeLinear/DequantizeLinear hold the chosen types and granularity."""
-    need = max(13, _TYPE_OPSET[options.weights])  # 13: per-channel (axis)
+def required_opset(options: QuantizeOptions, *, sixteen_bit_floats: bool = False) -> int:
+    """The lowest ai.onnx opset whose QuantizeLinear/DequantizeLinear hold the chosen types and granularity.
+
+    ``sixteen_bit_floats``: some quantized tensor is float16 or bfloat16,
+    which QuantizeLinear takes from version 19.
+    """
+    need = max(19 if sixteen_bit_floats else 13, _TYPE_OPSET[options.weights])  # 13: per-channel (axis)
     if options.activations is not None:
         need = max(need, _TYPE_OPSET[options.activations])
     if options.granularity == "blocked":
@@ -87,7 +92,8 @@ def convert(
     for t in plan.calibrate:
         p = activation_params[t]
         scale_name, zp_name = names.fresh(f"{t}_scale"), names.fresh(f"{t}_zero_point")
-        new_inits += [numpy_helper.from_array(p.scale, scale_name), to_tensor_proto(p.zero_point, zp_name)]
+        scale = _in_float_type(p.scale, fm.elem_types.get(t, TensorProto.FLOAT))
+        new_inits += [to_tensor_proto(scale, scale_name), to_tensor_proto(p.zero_point, zp_name)]
         param_names[t] = (scale_name, zp_name)
     quantized_name = {t: names.fresh(f"{t}_quantized") for t in plan.activations}
     node_plans = {p.name: p for p in plan.nodes}
@@ -168,9 +174,12 @@ def _convert_node(
             w, wt, granularity=options.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
             block_size=options.block_size, clip=options.weight_clip,
         )  # fmt: skip
-        codes = qlinear.quantize_linear(
-            w.astype(np.float32), params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name
+        # In the weight's own float type: a float16 model's DequantizeLinear gives float16 (the scale's type).
+        params = QuantParams(
+            _in_float_type(params.scale, fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point
         )
+        x = w if params.scale.dtype != np.float32 else w.astype(np.float32)
+        codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
         back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
         w64 = w.astype(np.float64)
         sqnr = sqnr_db(float((w64**2).sum()), float(((w64 - back) ** 2).sum()))
@@ -178,7 +187,7 @@ def _convert_node(
         s_name = names.fresh(f"{p.weight.tensor}_scale")
         z_name = names.fresh(f"{p.weight.tensor}_zero_point") if params.zero_point is not None else None
         q_proto = to_tensor_proto(codes, q_name)
-        new_inits += [q_proto, numpy_helper.from_array(params.scale, s_name)]
+        new_inits += [q_proto, to_tensor_proto(params.scale, s_name)]
         if z_name:
             new_inits.append(to_tensor_proto(params.zero_point, z_name))
         after = len(q_proto.raw_data) + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
@@ -202,13 +211,14 @@ def _convert_node(
     result.weight_bytes_before, result.weight_bytes_after = w.astype(np.float32).nbytes, after
     if p.bias is not None and not block and p.activations:
         act_scale = activation_params[plan.root(p.activations[0])].scale
-        bias_scale = (np.float32(act_scale) * params.scale).astype(np.float32)
+        bias_type = fm.elem_types.get(p.bias, TensorProto.FLOAT)
+        bias_scale = _in_float_type((np.float32(act_scale) * params.scale.astype(np.float32)).astype(np.float32), bias_type)
         b = fm.constant(p.bias).astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             q = np.clip(np.rint(b / bias_scale.astype(np.float64)), _INT32.min, _INT32.max)
         q = np.where(np.isfinite(q), q, 0).astype(np.int32)
         bq, bs = names.fresh(f"{p.bias}_quantized"), names.fresh(f"{p.bias}_scale")
-        new_inits += [numpy_helper.from_array(q, bq), numpy_helper.from_array(np.ascontiguousarray(bias_scale), bs)]
+        new_inits += [numpy_helper.from_array(q, bq), to_tensor_proto(bias_scale, bs)]
         b_out = names.fresh(f"{p.bias}_dequantized")
         battrs = {"axis": 0} if bias_scale.ndim else {}
         nodes.append(
@@ -217,6 +227,20 @@ def _convert_node(
         node.input[2] = b_out
         result.bias_int32 = True
     return result
+
+
+# The float types a model's tensors come in, and the smallest normal value of each (scales never go below it).
+_FLOAT_TYPES = {
+    TensorProto.FLOAT: (np.dtype(np.float32), 2.0**-126),
+    TensorProto.FLOAT16: (np.dtype(np.float16), 2.0**-14),
+    TensorProto.BFLOAT16: (np.dtype(ml_dtypes.bfloat16), 2.0**-126),
+}
+
+
+def _in_float_type(scale: np.ndarray, elem_type: int) -> np.ndarray:
+    """``scale`` in the float type of the tensor it scales (float32 for any other), never below its smallest normal value."""
+    dtype, smallest = _FLOAT_TYPES.get(elem_type, _FLOAT_TYPES[TensorProto.FLOAT])
+    return np.asarray(np.maximum(scale.astype(np.float64), smallest), dtype)
 
 
 def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:

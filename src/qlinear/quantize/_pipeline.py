@@ -128,11 +128,12 @@ def quantize_model(
             )
             for t in planned.calibrate
         }
-    opset = max(fm.opset, options.opset or 0, required_opset(options))
-    if options.opset is not None and options.opset < required_opset(options):
-        raise QuantizationError(
-            f"quantize: opset {options.opset} cannot hold the chosen types; they need opset >= {required_opset(options)}"
-        )
+    quantized_tensors = [*planned.activations, *(p.weight.tensor for p in planned.nodes if p.weight is not None)]
+    sixteen_bit = any(fm.elem_types.get(t) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) for t in quantized_tensors)
+    need = required_opset(options, sixteen_bit_floats=sixteen_bit)
+    opset = max(fm.opset, options.opset or 0, need)
+    if options.opset is not None and options.opset < need:
+        raise QuantizationError(f"quantize: opset {options.opset} cannot hold the chosen types; they need opset >= {need}")
     with bars.task("converting weights", 1) as step:
         qmodel, converted = convert(fm, planned, options, params, opset)
         step(1)
