@@ -155,3 +155,20 @@ def test_bad_calibration_data_names_the_input():
     for data, message in cases:
         with pytest.raises(QuantizationError, match=message):
             qq.quantize_model(MODEL, None, data)
+
+
+def test_output_without_classes_has_sqnr_but_no_top1():
+    # A regression head (one value a sample): agreement along a last axis of 1 means nothing.
+    g = qo.Graph("regress", opset=17)
+    x = g.input("x", "float", ("N", 16))
+    g.output(
+        g.op(
+            "Gemm",
+            [x, np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)],
+            name="head",
+            transB=1,
+            output_names=["y"],
+        )
+    )
+    r = qq.quantize_model(g.to_model(), None, {"x": np.random.default_rng(1).standard_normal((50, 16)).astype(np.float32)}).report
+    assert r["output"]["top1_agreement"] is None and r["output"]["sqnr_db"] > 20

@@ -100,10 +100,18 @@ def evaluate(
         out_power.add(ref[first], got[first])
         for t in tensors:
             node_power[t].add(ref[t], got[t])
+        n = next(iter(feeds.values())).shape[0]
+        # Top-1 is read along the last axis of a float output with classes there; other outputs have only their SQNR.
+        output = np.asarray(ref[first])
+        if output.ndim == 0 or output.shape[-1] < 2 or not np.issubdtype(output.dtype, np.floating):
+            offset += n
+            samples += n
+            if progress:
+                progress(1)
+            continue
         ref_top, got_top = np.argmax(ref[first], axis=-1), np.argmax(got[first], axis=-1)
         agree += int((ref_top == got_top).sum())
         rows += ref_top.size
-        n = next(iter(feeds.values())).shape[0]
         if labels is not None:
             batch_labels = labels[offset : offset + n]
             if batch_labels.shape != ref_top.shape:
