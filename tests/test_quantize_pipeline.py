@@ -172,3 +172,16 @@ def test_output_without_classes_has_sqnr_but_no_top1():
     )
     r = qq.quantize_model(g.to_model(), None, {"x": np.random.default_rng(1).standard_normal((50, 16)).astype(np.float32)}).report
     assert r["output"]["top1_agreement"] is None and r["output"]["sqnr_db"] > 20
+
+
+def test_streams_of_batches_for_calibration_and_evaluation():
+    # Generators are read once: calibration, evaluation and the latency runs all work from one pass each.
+    data = np.load(EVAL)
+
+    def stream(images, labels=None):
+        for i in range(0, len(images), 50):
+            yield {"image": images[i : i + 50]}
+
+    images = np.load(CALIBRATION)["image"]
+    r = qq.quantize_model(MODEL, None, stream(images), eval=stream(data["image"])).report
+    assert r["eval"]["samples"] == 450 and r["latency_ms"]["batch"] == 50 and r["output"]["top1_agreement"] > 0.99

@@ -74,6 +74,7 @@ class Evaluation:
     accuracy_after: float | None = None
     node_sqnr_db: dict[str, float | None] = field(default_factory=dict)
     backend: str = "onnxruntime"
+    first_batch: dict[str, np.ndarray] | None = None  # kept for the latency runs: a stream of batches cannot be read twice
 
 
 def evaluate(
@@ -95,7 +96,9 @@ def evaluate(
     agree = correct_before = correct_after = rows = samples = 0
     offset = 0
     labels = data.labels
+    first_batch = None
     for feeds in data.batches(batch_size):
+        first_batch = first_batch or feeds
         ref, got = reference(feeds), candidate(feeds)
         out_power.add(ref[first], got[first])
         for t in tensors:
@@ -124,7 +127,9 @@ def evaluate(
         samples += n
         if progress:
             progress(1)
-    result = Evaluation(samples=samples, backend=candidate.backend)
+    if first_batch is None:
+        raise QuantizationError("quantize: the eval data holds no batch")
+    result = Evaluation(samples=samples, backend=candidate.backend, first_batch=first_batch)
     result.output_sqnr_db = out_power.db
     result.top1_agreement = agree / rows if rows else None
     if labels is not None and rows:

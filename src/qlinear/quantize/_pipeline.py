@@ -137,12 +137,17 @@ def quantize_model(
     with bars.task("converting weights", 1) as step:
         qmodel, converted = convert(fm, planned, options, params, opset)
         step(1)
-    onnx.checker.check_model(qmodel, full_check=True)
+    try:
+        onnx.checker.check_model(qmodel, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise QuantizationError(
+            f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
+        ) from None
     fusion = check_fusion(qmodel, [p.name for p in planned.nodes])
     node_outputs = {p.name: fm.producer_output(p.name) for p in planned.nodes}
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
         evaluation = evaluate(fm.model, qmodel, node_outputs, eval_data, batch_size=options.batch_size, progress=step)
-    first_batch = next(eval_data.batches(options.batch_size))
+    first_batch = evaluation.first_batch
     latency = latency_ms(fm.model, qmodel, first_batch)
     report = build_report(
         PassResults(
