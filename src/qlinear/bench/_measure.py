@@ -103,7 +103,24 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int:
 
     numpy reports its allocations to tracemalloc; the cpu kernels' own small
     per-thread tiles (numba's allocator) are not seen, and are a few KiB.
+    The output pool is off meanwhile, so a call's own output counts (from
+    the pool it would cost nothing new), and kernels compiling in the
+    background (their allocations are traced too) are waited for first.
     """
+    from qlinear.kernels.cpu import compiling
+    from qlinear.kernels.cpu._pool import pool_limit, set_pool_limit
+
+    while compiling():
+        time.sleep(0.1)
+    limit = pool_limit()
+    set_pool_limit(0)
+    try:
+        return _traced_peak(fn)
+    finally:
+        set_pool_limit(limit)
+
+
+def _traced_peak(fn: Callable[[], object]) -> int:
     fn()
     tracemalloc.start()
     try:
