@@ -66,6 +66,11 @@ def cases(types: tuple[str, ...] = TYPES, granularities: tuple[str, ...] = tuple
     return [Case(op, t, g) for t in types for g in granularities for op in ("Q", "DQ")]
 
 
+def case_groups(types: tuple[str, ...] = TYPES, granularities: tuple[str, ...] = tuple(GRANULARITIES)) -> list[Case]:
+    """One case for each type and granularity (its Q), for modes that time Q and DQ of one input together."""
+    return [c for c in cases(types, granularities) if c.op == "Q"]
+
+
 # x's types the benchmark takes (``--x-dtype``); the scale has x's type, as ONNX asks.
 X_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 

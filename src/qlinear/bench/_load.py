@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs, qlinear_calls
+from qlinear.bench._cases import GRANULARITIES, TYPES, Case, case_groups, inputs, qlinear_calls
 from qlinear.bench._measure import SETTLE_S
 from qlinear.bench._others import ort_runner
 from qlinear.ops import quantize_linear
@@ -78,13 +78,6 @@ def _calls(
     yield ("Q+DQ", case, both, ort_dq, dq_mode) if dq_mode == _PAIR else ("DQ", case, run_dq, ort_dq, dq_mode)
 
 
-def _groups(types: tuple[str, ...], granularities: tuple[str, ...]) -> list[Case]:
-    groups: dict[tuple[str, str], Case] = {}
-    for case in cases(types, granularities):
-        groups.setdefault((case.type_name, case.granularity), case)
-    return list(groups.values())
-
-
 def run_load(
     *,
     size: int,
@@ -105,7 +98,7 @@ def run_load(
     import numba
 
     rows = []
-    groups = _groups(types, granularities)
+    groups = case_groups(types, granularities)
     with busy_cores(load):
         for done, group in enumerate(groups):
             for op, case, mine, ort_call, mode in _calls(group, size, threads):
@@ -158,7 +151,7 @@ def run_after_ort(
 
     numba.set_num_threads(threads)
     rows = []
-    groups = _groups(types, granularities)
+    groups = case_groups(types, granularities)
     for done, group in enumerate(groups):
         for op, case, mine, ort_call, _mode in _calls(group, size, threads):
             if ort_call is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from qlinear.bench._cases import GRANULARITIES, TYPES, Case, cases, inputs, qlinear_calls
+from qlinear.bench._cases import GRANULARITIES, TYPES, Case, case_groups, inputs, qlinear_calls
 from qlinear.bench._measure import SETTLE_S, paired_ratio
 from qlinear.bench._others import ort_runner
 from qlinear.ops import quantize_linear
@@ -87,11 +87,9 @@ def run_ort_pairs(
     import numba
 
     numba.set_num_threads(threads)
-    groups: dict[tuple[str, str], Case] = {}
-    for case in cases(types, granularities):
-        groups.setdefault((case.type_name, case.granularity), case)
+    groups = case_groups(types, granularities)
     rows = []
-    for done, case in enumerate(groups.values()):
+    for done, case in enumerate(groups):
         x, scale, zp = inputs(case, size)
         # The plain calls (a fresh result each), as users make them.
         _, _, run_q, run_dq, q = qlinear_calls(case, x, scale, zp)
