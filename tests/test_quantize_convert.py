@@ -71,7 +71,7 @@ def _run_dq(node: onnx.NodeProto, inits: dict, opset: int, ir_version: int) -> n
 def test_every_weight_type_and_granularity(op, granularity, weights):
     model, data = single_op(op)
     result = qq.quantize_model(
-        model, None, data, weights=weights, granularity=granularity, block_size=16 if granularity == "blocked" else 0
+        model, None, data, weights=weights, granularity=granularity, block_size=16 if granularity == "blocked" else 0, promote=False
     )
     q = result.model
     onnx.checker.check_model(q, full_check=True)
@@ -114,21 +114,21 @@ def test_every_weight_type_and_granularity(op, granularity, weights):
 @pytest.mark.parametrize("op", ["Conv", "Gemm", "MatMul"])
 def test_int8_layers_run_as_integer_kernels(op):
     model, data = single_op(op)
-    report = qq.quantize_model(model, None, data).report
+    report = qq.quantize_model(model, None, data, promote=False).report
     assert report["fusion"]["checked"] and report["fusion"]["unfused"] == []
     assert report["nodes"][0]["runs_as"] in ("QLinearConv", "QGemm", "MatMulIntegerToFloat", "QLinearMatMul")
 
 
 def test_weight_only_int4_blocked_runs_as_matmulnbits():
     model, data = single_op("Gemm")  # transB=1: stored transposed so that MatMulNBits takes it
-    report = qq.quantize_model(model, None, data, weights="int4", activations=None, granularity="blocked").report
+    report = qq.quantize_model(model, None, data, weights="int4", activations=None, granularity="blocked", promote=False).report
     assert report["nodes"][0]["runs_as"] == "MatMulNBits" and report["settings"]["block_size"] == 32
     assert report["output"]["sqnr_db"] > 14
 
 
 def test_conv_bias_is_int32_with_the_product_scale():
     model, data = single_op("Conv")
-    q = qq.quantize_model(model, None, data).model
+    q = qq.quantize_model(model, None, data, promote=False).model
     inits = {t.name: t for t in q.graph.initializer}
     conv = next(n for n in q.graph.node if n.op_type == "Conv")
     bias_dq = next(n for n in q.graph.node if n.output[0] == conv.input[2])
@@ -156,7 +156,7 @@ def test_float16_model_keeps_its_type(op):
         y = g.op("MatMul", [g.op("Relu", [x], name="r"), (rng.standard_normal((64, 32)) * 0.2).astype(np.float16)], name="layer")
         data = {"x": rng.standard_normal((40, 64)).astype(np.float16)}
     g.output(g.op("Relu", [y], name="out", output_names=["y"]))
-    result = qq.quantize_model(g.to_model(), None, data)
+    result = qq.quantize_model(g.to_model(), None, data, promote=False)
     q = result.model
     onnx.checker.check_model(q, full_check=True)
     assert next(o.version for o in q.opset_import if o.domain == "") == 19

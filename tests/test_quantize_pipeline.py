@@ -175,8 +175,12 @@ def test_output_without_classes_has_sqnr_but_no_top1():
             output_names=["y"],
         )
     )
-    r = qq.quantize_model(g.to_model(), None, {"x": np.random.default_rng(1).standard_normal((50, 16)).astype(np.float32)}).report
+    data = {"x": np.random.default_rng(1).standard_normal((50, 16)).astype(np.float32)}
+    r = qq.quantize_model(g.to_model(), None, data, promote=False).report
     assert r["output"]["top1_agreement"] is None and r["output"]["sqnr_db"] > 20
+    # Its default target is the output's SQNR.
+    target = qq.quantize_model(g.to_model(), None, data).report["promotions"]["target"]
+    assert target == {"metric": "sqnr", "value": qq.DEFAULT_SQNR_DB}
 
 
 def test_streams_of_batches_for_calibration_and_evaluation():

@@ -7,7 +7,15 @@ runs them; ``qlinear quantize`` is its command line.
 
 from __future__ import annotations
 
-from qlinear.quantize._options import ACTIVATION_TYPES, GRANULARITIES, METHODS, WEIGHT_TYPES, QuantizeOptions
+from qlinear.quantize._options import (
+    ACTIVATION_TYPES,
+    DEFAULT_AGREEMENT,
+    DEFAULT_SQNR_DB,
+    GRANULARITIES,
+    METHODS,
+    WEIGHT_TYPES,
+    QuantizeOptions,
+)
 from qlinear.quantize._pipeline import QuantizeResult, quantize_model
 from qlinear.quantize._report import print_report, report_json
 from qlinear.quantize._stats import TensorStats
@@ -20,6 +28,8 @@ __all__ = [
     "print_report",
     "report_json",
     "ACTIVATION_TYPES",
+    "DEFAULT_AGREEMENT",
+    "DEFAULT_SQNR_DB",
     "GRANULARITIES",
     "METHODS",
     "WEIGHT_TYPES",

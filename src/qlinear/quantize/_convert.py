@@ -23,17 +23,17 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qlinear
 from qlinear._errors import QuantizationError
-from qlinear.dtypes import to_tensor_proto
+from qlinear.dtypes import element_type, to_tensor_proto
 from qlinear.quantize._choose import QuantParams, weight_params
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import DATA_MOVEMENT_OPS, NodePlan, Plan
 
-__all__ = ["ConvertedNode", "convert", "required_opset", "sqnr_db"]
+__all__ = ["TYPE_OPSET", "ConvertedNode", "at_opset", "convert", "required_opset", "sqnr_db"]
 
 _INT32 = np.iinfo(np.int32)
 # The first ai.onnx opset that holds each type in QuantizeLinear/DequantizeLinear.
-_TYPE_OPSET = {
+TYPE_OPSET = {
     "uint8": 10, "int8": 10, "int32": 10, "float8e4m3fn": 19, "float8e5m2": 19, "uint16": 21, "int16": 21,
     "uint4": 21, "int4": 21, "float4e2m1": 23, "uint2": 25, "int2": 25,
 }  # fmt: skip
@@ -62,30 +62,41 @@ def sqnr_db(signal_power: float, noise_power: float) -> float | None:
     return 10.0 * math.log10(signal_power / noise_power)
 
 
-def required_opset(options: QuantizeOptions, *, sixteen_bit_floats: bool = False) -> int:
-    """The lowest ai.onnx opset whose QuantizeLinear/DequantizeLinear hold the chosen types and granularity.
+def required_opset(plan: Plan, options: QuantizeOptions, *, sixteen_bit_floats: bool = False) -> int:
+    """The lowest ai.onnx opset whose QuantizeLinear/DequantizeLinear hold the plan's types and the granularity.
 
     ``sixteen_bit_floats``: some quantized tensor is float16 or bfloat16,
     which QuantizeLinear takes from version 19.
     """
-    need = max(19 if sixteen_bit_floats else 13, _TYPE_OPSET[options.weights])  # 13: per-channel (axis)
-    if options.activations is not None:
-        need = max(need, _TYPE_OPSET[options.activations])
-    if options.granularity == "blocked":
+    need = max([19 if sixteen_bit_floats else 13, *(TYPE_OPSET[t] for t in plan.types_used())])  # 13: per-channel (axis)
+    if options.granularity == "blocked" and any(p.weight_type for p in plan.nodes):
         need = max(need, 21)
     return need
 
 
 def convert(
-    fm: FloatModel, plan: Plan, options: QuantizeOptions, activation_params: dict[str, QuantParams], opset: int
+    fm: FloatModel,
+    plan: Plan,
+    options: QuantizeOptions,
+    activation_params: dict[str, QuantParams],
+    opset: int,
+    *,
+    source: onnx.ModelProto | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, ConvertedNode]]:
-    """The QDQ model for ``plan``, at ``opset``, and what was done to each quantized node."""
-    model = _at_opset(fm.model, opset)
+    """The QDQ model for ``plan``, at ``opset``, and what was done to each quantized node.
+
+    ``source``: the float model already at ``opset`` (copied, not changed);
+    default: ``fm``'s, raised here.
+    """
+    if source is None:
+        model = at_opset(fm.model, opset)
+    else:
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
     g = model.graph
     names = _Names(
         {t.name for t in g.initializer} | {n for node in g.node for n in (*node.input, *node.output)} | {n.name for n in g.node}
     )
-    act_type = options.activation_type
     new_inits: list[TensorProto] = []
     # Activation parameters: one scale/zero point pair for each calibrated tensor, shared ones point to it.
     param_names: dict[str, tuple[str, str]] = {}
@@ -99,7 +110,7 @@ def convert(
     node_plans = {p.name: p for p in plan.nodes}
     reads_quantized = _quantized_reads(plan, g)
     converted: dict[str, ConvertedNode] = {}
-    weight_cache: dict[tuple[str, int, int], tuple[str, str, str | None, int, int, QuantParams, float | None, int]] = {}
+    weight_cache: dict[tuple[str, int, int, str], tuple[str, str, str | None, int, int, QuantParams, float | None, int]] = {}
     nodes: list[onnx.NodeProto] = []
 
     def emit_q(t: str) -> None:
@@ -134,7 +145,7 @@ def convert(
                 node.input[k] = emit_dq(t, node.name)
         if np_ is not None:
             converted[node.name] = _convert_node(
-                node, np_, fm, options, act_type, param_names, activation_params, plan, names, nodes, new_inits, weight_cache
+                node, np_, fm, options, param_names, activation_params, plan, names, nodes, new_inits, weight_cache
             )
         nodes.append(node)
         for o in node.output:
@@ -161,14 +172,15 @@ def _quantized_reads(plan: Plan, g: onnx.GraphProto) -> set[tuple[str, str]]:
 
 
 def _convert_node(
-    node, p: NodePlan, fm, options, act_type, param_names, activation_params, plan, names, nodes, new_inits, cache
+    node, p: NodePlan, fm, options, param_names, activation_params, plan, names, nodes, new_inits, cache
 ) -> ConvertedNode:
-    wt = options.weight_type
-    result = ConvertedNode(p.name, p.op_type, None, act_type.name if act_type and p.activations else None, None, 0, 0, False)
-    if p.weight is None:
+    acts = plan.activation_type(p.activations[0]) if p.activations else None
+    result = ConvertedNode(p.name, p.op_type, None, acts, None, 0, 0, False)
+    if p.weight is None or p.weight_type is None:
         return result
+    wt = element_type(p.weight_type)
     w = fm.constant(p.weight.tensor)
-    key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis)
+    key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis, wt.name)
     if key not in cache:
         params, axis, block = weight_params(
             w, wt, granularity=options.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
@@ -243,7 +255,7 @@ def _in_float_type(scale: np.ndarray, elem_type: int) -> np.ndarray:
     return np.asarray(np.maximum(scale.astype(np.float64), smallest), dtype)
 
 
-def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+def at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     """A copy of ``model`` whose ai.onnx opset is ``opset`` (converted by onnx's version converter when raised)."""
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < current:

@@ -80,6 +80,14 @@ class Dataset:
             first.labels, last.labels = self.labels[: n - k], self.labels[n - k :]
         return first, last
 
+    def replayable(self, batch_size: int) -> Dataset:
+        """This dataset, walkable more than once: a stream of batches is read into memory (arrays are kept as they are)."""
+        if self.arrays is not None:
+            return self
+        kept = Dataset(None, list(self.batches(batch_size)), self.source)
+        kept.labels, kept.random = self.labels, self.random
+        return kept
+
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         if self.arrays is None:
             yield from (dict(b) for b in self._batches)  # type: ignore[union-attr]

@@ -22,7 +22,7 @@ from qlinear.quantize._calibrate import run_batch, session, with_outputs
 from qlinear.quantize._convert import sqnr_db
 from qlinear.quantize._data import Dataset
 
-__all__ = ["Evaluation", "Runner", "evaluate", "latency_ms"]
+__all__ = ["Evaluation", "Reference", "Runner", "evaluate", "latency_ms", "output_figures"]
 
 
 class Runner:
@@ -136,6 +136,45 @@ def evaluate(
         result.accuracy_before, result.accuracy_after = correct_before / rows, correct_after / rows
     result.node_sqnr_db = {node: node_power[t].db for node, t in node_outputs.items()}
     return result
+
+
+class Reference:
+    """The float model's first output on some batches, computed once, for models compared against it many times.
+
+    ``max_samples`` caps how many samples are kept (None: all of ``data``).
+    """
+
+    def __init__(self, float_model: onnx.ModelProto, data: Dataset, *, batch_size: int, max_samples: int | None = None) -> None:
+        self.output = float_model.graph.output[0].name
+        runner = Runner(float_model, [self.output])
+        self.batches: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
+        kept = 0
+        for feeds in data.batches(batch_size):
+            if max_samples is not None and kept >= max_samples:
+                break
+            self.batches.append((feeds, np.asarray(runner(feeds)[self.output])))
+            kept += next(iter(feeds.values())).shape[0]
+        if not self.batches:
+            raise QuantizationError("quantize: the eval data holds no batch")
+        first = self.batches[0][1]
+        self.classifies = first.ndim > 0 and first.shape[-1] >= 2 and np.issubdtype(first.dtype, np.floating)
+
+
+def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float | None, float | None]:
+    """``(output SQNR in dB, top-1 agreement)`` of ``model`` against ``reference`` (agreement None where it does not classify).
+
+    An SQNR of None means the outputs are identical.
+    """
+    runner = Runner(model, [reference.output])
+    power = _Power()
+    agree = rows = 0
+    for feeds, ref in reference.batches:
+        got = runner(feeds)[reference.output]
+        power.add(ref, got)
+        if reference.classifies:
+            agree += int((np.argmax(ref, axis=-1) == np.argmax(got, axis=-1)).sum())
+            rows += ref[..., 0].size
+    return power.db, (agree / rows if rows else None)
 
 
 def latency_ms(

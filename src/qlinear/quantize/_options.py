@@ -7,13 +7,16 @@ from dataclasses import dataclass, field
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType, element_type
 
-__all__ = ["ACTIVATION_TYPES", "GRANULARITIES", "METHODS", "WEIGHT_TYPES", "QuantizeOptions"]
+__all__ = ["ACTIVATION_TYPES", "DEFAULT_AGREEMENT", "DEFAULT_SQNR_DB", "GRANULARITIES", "METHODS", "WEIGHT_TYPES", "QuantizeOptions"]
 
 WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "float8e4m3fn", "float8e5m2", "float4e2m1")
 ACTIVATION_TYPES = ("uint8", "int8", "uint16", "int16", "float8e4m3fn")
 METHODS = ("minmax", "percentile", "entropy", "mse")
 GRANULARITIES = ("per-tensor", "per-channel", "blocked")
 WEIGHT_CLIPS = ("minmax", "mse")
+# The target promotions reach when none is given: top-1 agreement for outputs that classify, else output SQNR.
+DEFAULT_AGREEMENT = 0.99
+DEFAULT_SQNR_DB = 30.0
 # The operators quantized by default: the ones that do the arithmetic.
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
@@ -38,6 +41,15 @@ class QuantizeOptions:
         percentile: the share of values inside the range for ``method="percentile"``.
         opset: the output's ai.onnx opset; None: the lowest that holds the types.
         batch_size: samples a calibration batch.
+        target_agreement: promote sensitive nodes until the top-1 agreement
+            with the float model on the eval data is at least this share.
+        target_sqnr_db: promote until the output SQNR is at least this.
+        promote: with neither target given, promote to the default target
+            (:data:`DEFAULT_AGREEMENT`, or :data:`DEFAULT_SQNR_DB` for an
+            output that does not classify); False: keep the types asked for
+            everywhere.
+        max_float: the share of the quantized nodes promotions may leave
+            float, rounded up (0: none).
     """
 
     weights: str = "int8"
@@ -51,6 +63,10 @@ class QuantizeOptions:
     percentile: float = 99.999
     opset: int | None = None
     batch_size: int = 16
+    target_agreement: float | None = None
+    target_sqnr_db: float | None = None
+    promote: bool = True
+    max_float: float = 0.25
 
     def __post_init__(self) -> None:
         _one_of("weights", self.weights, WEIGHT_TYPES)
@@ -73,6 +89,14 @@ class QuantizeOptions:
             raise QuantizationError(f"quantize: percentile must be in [50, 100], got {self.percentile!r}")
         if self.opset is not None and not (isinstance(self.opset, int) and 10 <= self.opset):
             raise QuantizationError(f"quantize: opset must be an int >= 10, got {self.opset!r}")
+        if self.target_agreement is not None and self.target_sqnr_db is not None:
+            raise QuantizationError("quantize: give target_agreement or target_sqnr_db, not both")
+        if self.target_agreement is not None and not 0.0 < float(self.target_agreement) <= 1.0:
+            raise QuantizationError(f"quantize: target_agreement must be in (0, 1], got {self.target_agreement!r}")
+        if self.target_sqnr_db is not None and not isinstance(self.target_sqnr_db, (int, float)):
+            raise QuantizationError(f"quantize: target_sqnr_db must be a number of dB, got {self.target_sqnr_db!r}")
+        if not 0.0 <= float(self.max_float) <= 1.0:
+            raise QuantizationError(f"quantize: max_float must be in [0, 1], got {self.max_float!r}")
         if self.symmetric and self.activations in ("uint8", "uint16"):
             signed = "int" + self.activations[4:]
             object.__setattr__(self, "activations", signed)
@@ -100,6 +124,10 @@ class QuantizeOptions:
             "percentile": self.percentile,
             "opset": self.opset,
             "batch_size": self.batch_size,
+            "target_agreement": self.target_agreement,
+            "target_sqnr_db": self.target_sqnr_db,
+            "promote": self.promote,
+            "max_float": self.max_float,
         }
 
 

@@ -1,18 +1,20 @@
 """``quantize_model``: the passes in order, from a float model to a saved QDQ model and its report.
 
 load -> prepare -> plan -> calibrate (or saved statistics) -> choose ->
-convert -> check fusion -> evaluate -> report -> save. Each pass is a module
-of this package with its own tests; this one only wires them.
+convert -> analyse each node -> promote to the target -> check fusion ->
+evaluate -> report -> save. Each pass is a module of this package with its
+own tests; this one only wires them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -23,31 +25,36 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import save
+from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
-from qlinear.quantize._choose import activation_params
-from qlinear.quantize._convert import convert, required_opset
 from qlinear.quantize._data import Dataset, load_dataset, random_dataset
-from qlinear.quantize._evaluate import evaluate, latency_ms
+from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
 from qlinear.quantize._fusion import check_fusion
 from qlinear.quantize._model import load_float_model
-from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._mixed import Target, promotion_steps
+from qlinear.quantize._mixed import search as meet_target
+from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._plan import plan
+from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._prepare import prepare
 from qlinear.quantize._report import PassResults, build_report
+from qlinear.quantize._sensitivity import analyze, most_sensitive_first
 from qlinear.quantize._stats import load_stats, save_stats
 
 __all__ = ["HELD_OUT", "QuantizeResult", "quantize_model"]
 
 HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
+ANALYSIS_SAMPLES = 64  # eval samples the per-node analysis runs on (each node's model runs on them once)
 
 
 @dataclass
 class QuantizeResult:
-    """The quantized model, where it was written, and the report (a JSON-able dict)."""
+    """The quantized model, where it was written, the report (a JSON-able dict), and whether the target held."""
 
     model: onnx.ModelProto
     path: Path | None
     report: dict[str, Any]
+    target_met: bool = True  # False: no promotion reached the accuracy target (the best model found is returned)
 
 
 def quantize_model(
@@ -104,45 +111,43 @@ def quantize_model(
             "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
         )
     cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only)
+    # The analysis and the search walk the eval data several times.
+    eval_data = eval_data.replayable(options.batch_size)
     bars = _Bars(console if progress else None)
-    run: CalibrationRun | None = None
-    stats_path = str(stats) if stats is not None else None
-    if planned.calibrate and not weight_only:
-        if stats_path is not None:
-            saved = load_stats(stats_path, model_digest=fm.digest)
-            missing = [t for t in planned.calibrate if t not in saved]
-            if missing:
-                raise QuantizationError(f"quantize: stats {stats_path} hold no statistics for {missing[:3]}; calibrate again")
-            run = CalibrationRun({t: saved[t] for t in planned.calibrate}, 0, 0, 0.0, 0)
-        else:
-            with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
-                run = calibrate(fm, planned.calibrate, cal_data, batch_size=options.batch_size, progress=step)
-        if save_stats_to is not None:
-            save_stats(run.stats, str(save_stats_to), model_digest=fm.digest)
-    act_type = options.activation_type
-    params = {}
-    if run is not None and act_type is not None:
-        params = {
-            t: activation_params(
-                run.stats[t], act_type, method=options.method, symmetric=options.symmetric, percentile=options.percentile
-            )
-            for t in planned.calibrate
-        }
-    quantized_tensors = [*planned.activations, *(p.weight.tensor for p in planned.nodes if p.weight is not None)]
-    sixteen_bit = any(fm.elem_types.get(t) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) for t in quantized_tensors)
-    need = required_opset(options, sixteen_bit_floats=sixteen_bit)
-    opset = max(fm.opset, options.opset or 0, need)
-    if options.opset is not None and options.opset < need:
-        raise QuantizationError(f"quantize: opset {options.opset} cannot hold the chosen types; they need opset >= {need}")
+    run = _calibration(fm, options, cal_data, stats, save_stats_to, bars)
+    builder = ModelBuilder(fm, options, run.stats if run is not None else {})
     with bars.task("converting weights", 1) as step:
-        qmodel, converted = convert(fm, planned, options, params, opset)
+        requested = builder.build()
         step(1)
-    try:
-        onnx.checker.check_model(qmodel, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise QuantizationError(
-            f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
-        ) from None
+    _check(requested.model)
+    reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
+    analysis_ref = Reference(fm.model, eval_data, batch_size=options.batch_size, max_samples=ANALYSIS_SAMPLES)
+    with bars.task("analysing nodes", len(requested.plan.nodes)) as step:
+        figures = analyze(builder, requested, analysis_ref, progress=step)
+    start_sqnr, start_agreement = output_figures(requested.model, reference)
+    target = _target(options, reference)
+    built, search = requested, None
+    if target is not None:
+        start = dict.fromkeys((p.name for p in requested.plan.nodes), NodePrecision(options.weights, options.activations))
+        steps = promotion_steps(
+            most_sensitive_first(figures),
+            start,
+            figures,
+            max_float=math.ceil(options.max_float * len(start)),
+            allows=builder.allows,
+        )
+        pick = 0 if target.metric == "sqnr" else 1
+        with bars.task("promoting to the target", None) as step:
+
+            def measure(precision):
+                step(1)
+                return output_figures(builder.build(precision).model, reference)[pick]
+
+            search = meet_target(steps, (start_sqnr, start_agreement)[pick], target, measure)
+        if search.promotions:
+            built = builder.build(search.precision)
+            _check(built.model)
+    qmodel, planned = built.model, built.plan
     fusion = check_fusion(qmodel, [p.name for p in planned.nodes])
     node_outputs = {p.name: fm.producer_output(p.name) for p in planned.nodes}
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
@@ -154,24 +159,74 @@ def quantize_model(
             model_name=str(model) if isinstance(model, (str, PathLike)) else "<ModelProto>",
             output=out_path,
             options=options,
-            opset=opset,
+            opset=built.opset,
             size_before=fm.size_bytes(),
             size_after=qmodel.ByteSize(),
             plan=planned,
-            converted=converted,
+            converted=built.converted,
             calibration=run,
             calibration_data=cal_data,
-            stats_path=stats_path,
+            stats_path=str(stats) if stats is not None else None,
             eval_data=eval_data,
             evaluation=evaluation,
             fusion=fusion,
             latency=latency,
             latency_batch=next(iter(first_batch.values())).shape[0],
+            sensitivity=figures,
+            requested_figures=(start_sqnr, start_agreement),
+            search=search,
         )
     )
     if out_path is not None:
         _write(qmodel, out_path)
-    return QuantizeResult(qmodel, out_path, report)
+    return QuantizeResult(qmodel, out_path, report, target_met=search is None or search.met)
+
+
+def _calibration(fm, options, cal_data, stats, save_stats_to, bars) -> CalibrationRun | None:
+    """Statistics of every tensor any precision of any node may quantize (None: weight-only)."""
+    if options.activations is None:
+        return None
+    # With 8-bit integer weights every node pairs with integer activations: the widest set of tensors.
+    tensors = plan(fm, replace(options, weights="int8")).activations
+    if not tensors:
+        return None
+    if stats is not None:
+        saved = load_stats(str(stats), model_digest=fm.digest)
+        missing = [t for t in tensors if t not in saved]
+        if missing:
+            raise QuantizationError(f"quantize: stats {stats} hold no statistics for {missing[:3]}; calibrate again")
+        run = CalibrationRun({t: saved[t] for t in tensors}, 0, 0, 0.0, 0)
+    else:
+        with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
+            run = calibrate(fm, tensors, cal_data, batch_size=options.batch_size, progress=step)
+    if save_stats_to is not None:
+        save_stats(run.stats, str(save_stats_to), model_digest=fm.digest)
+    return run
+
+
+def _check(model: onnx.ModelProto) -> None:
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise QuantizationError(
+            f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
+        ) from None
+
+
+def _target(options: QuantizeOptions, reference: Reference) -> Target | None:
+    """The target the search reaches, or None (no search)."""
+    if options.target_agreement is not None:
+        if not reference.classifies:
+            raise QuantizationError(
+                f"quantize: target_agreement needs an output with classes along its last axis; "
+                f"output {reference.output!r} has shape {reference.batches[0][1].shape} a batch: give target_sqnr_db"
+            )
+        return Target("agreement", float(options.target_agreement))
+    if options.target_sqnr_db is not None:
+        return Target("sqnr", float(options.target_sqnr_db))
+    if not options.promote:
+        return None
+    return Target("agreement", DEFAULT_AGREEMENT) if reference.classifies else Target("sqnr", DEFAULT_SQNR_DB)
 
 
 def _check_output(model: Any, output: Any) -> Path | None:

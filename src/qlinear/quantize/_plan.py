@@ -28,12 +28,14 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
+from qlinear.dtypes import element_type
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import COMPUTE_OPS, QuantizeOptions
+from qlinear.quantize._precision import NodePrecision, wider_activation
 
 __all__ = ["DATA_MOVEMENT_OPS", "NodePlan", "Plan", "WeightPlan", "plan"]
 
@@ -72,6 +74,8 @@ class NodePlan:
     activations: tuple[str, ...]  # inputs quantized as activations
     bias: str | None = None  # Conv/Gemm bias initializer, stored as int32 when activations are quantized
     output: str | None = None  # the tensor that takes the Q after the node (its output, or a folded Relu's)
+    weight_type: str | None = None  # the weight's type (None: no weight)
+    activation_type: str | None = None  # the type this node asks for its activations (None: float)
 
 
 @dataclass
@@ -87,6 +91,8 @@ class Plan:
             to go through Q only).
         left_float: ``(node name, op type, reason)`` for the nodes of
             quantizable type left in float.
+        activation_types: each calibrated tensor's type, the widest its
+            nodes ask for.
     """
 
     nodes: list[NodePlan] = field(default_factory=list)
@@ -94,6 +100,15 @@ class Plan:
     shared: dict[str, str] = field(default_factory=dict)
     all_consumers_dequantize: set[str] = field(default_factory=set)
     left_float: list[tuple[str, str, str]] = field(default_factory=list)
+    activation_types: dict[str, str] = field(default_factory=dict)
+
+    def activation_type(self, tensor: str) -> str:
+        """The type ``tensor`` is quantized to (a shared tensor's is its root's)."""
+        return self.activation_types[self.root(tensor)]
+
+    def types_used(self) -> set[str]:
+        """Every weight and activation type in the plan."""
+        return {p.weight_type for p in self.nodes if p.weight_type} | set(self.activation_types.values())
 
     @property
     def activations(self) -> list[str]:
@@ -107,14 +122,13 @@ class Plan:
         return tensor
 
 
-def plan(fm: FloatModel, options: QuantizeOptions) -> Plan:
-    """The plan for ``fm`` under ``options``."""
+def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrecision] | None = None) -> Plan:
+    """The plan for ``fm`` under ``options``; ``precision`` gives some nodes other types than the options' (mixed precision)."""
     result = Plan()
-    quantize_activations = options.activations is not None
-    calibrated: dict[str, None] = {}  # ordered set
+    calibrated: dict[str, str] = {}  # tensor -> type, in the order met
     excluded = set(options.exclude)
-    act = options.activation_type
-    weights_pair = not (act is not None and act.is_integer) or options.weights in _PAIRS_WITH_INTEGER_ACTIVATIONS
+    requested = NodePrecision(options.weights, options.activations)
+    precision = precision or {}
     graph_outputs = set(fm.output_names)
     for node in fm.graph.node:
         if node.op_type not in (*COMPUTE_OPS, "Gather") or node.domain not in ("", "ai.onnx"):
@@ -122,19 +136,30 @@ def plan(fm: FloatModel, options: QuantizeOptions) -> Plan:
         if node.name in excluded or node.op_type in excluded:
             result.left_float.append((node.name, node.op_type, "excluded"))
             continue
-        node_plan = _node_plan(fm, node, quantize_activations, options.granularity == "blocked", weights_pair, graph_outputs)
+        p = precision.get(node.name, requested)
+        if not p.quantized:
+            result.left_float.append((node.name, node.op_type, "promoted to float"))
+            continue
+        act = element_type(p.activations) if p.activations else None
+        weights_pair = not (act is not None and act.is_integer) or p.weights in _PAIRS_WITH_INTEGER_ACTIVATIONS
+        node_plan = _node_plan(fm, node, act is not None, options.granularity == "blocked", weights_pair, graph_outputs)
         if isinstance(node_plan, str):
             result.left_float.append((node.name, node.op_type, node_plan))
             continue
+        node_plan = replace(
+            node_plan,
+            weight_type=p.weights if node_plan.weight is not None else None,
+            activation_type=p.activations if node_plan.activations else None,
+        )
         result.nodes.append(node_plan)
-        for t in node_plan.activations:
-            calibrated[t] = None
+        for t in (*node_plan.activations, *([node_plan.output] if node_plan.output else [])):
+            calibrated[t] = wider_activation(calibrated[t], p.activations) if t in calibrated else p.activations
         if node_plan.output is not None:
-            calibrated[node_plan.output] = None
             result.all_consumers_dequantize.add(node_plan.output)
-    if quantize_activations:
+    if calibrated:
         _share_through_data_movement(fm, result, calibrated, excluded, graph_outputs)
     result.calibrate = list(calibrated)
+    result.activation_types = calibrated
     return result
 
 
@@ -222,7 +247,7 @@ def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str])
 
 
 def _share_through_data_movement(
-    fm: FloatModel, result: Plan, calibrated: dict[str, None], excluded: set[str], graph_outputs: set[str]
+    fm: FloatModel, result: Plan, calibrated: dict[str, str], excluded: set[str], graph_outputs: set[str]
 ) -> None:
     """Data-movement nodes on a quantized tensor pass its parameters to their outputs."""
     quantized = set(calibrated)
@@ -238,7 +263,10 @@ def _share_through_data_movement(
         for o in outputs:
             # An output that a compute node reads as its activation takes the shared parameters
             # instead of its own: no requantization between the two.
-            calibrated.pop(o, None)
+            asked = calibrated.pop(o, None)
             result.shared[o] = source
+            if asked is not None:  # the shared parameters take the widest type either side asks for
+                root = result.root(source)
+                calibrated[root] = wider_activation(calibrated[root], asked)
             result.all_consumers_dequantize.add(o)
             quantized.add(o)

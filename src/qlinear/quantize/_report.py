@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,10 @@ from qlinear.quantize._convert import ConvertedNode
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import FusionCheck
+from qlinear.quantize._mixed import Search
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import Plan
+from qlinear.quantize._sensitivity import NodeSensitivity
 
 __all__ = ["MOST_DEGRADED", "PassResults", "build_report", "print_report", "report_json"]
 
@@ -44,6 +46,9 @@ class PassResults:
     fusion: FusionCheck | None  # None: ONNX Runtime cannot load the model
     latency: tuple[float, float] | None
     latency_batch: int
+    sensitivity: dict[str, NodeSensitivity] = field(default_factory=dict)  # every node the requested types quantize
+    requested_figures: tuple[float | None, float | None] = (None, None)  # output SQNR, agreement at the requested types
+    search: Search | None = None  # None: no target
 
 
 def build_report(r: PassResults) -> dict[str, Any]:
@@ -60,6 +65,8 @@ def build_report(r: PassResults) -> dict[str, Any]:
                 "activation_type": c.activation_type,
                 "weight_sqnr_db": c.weight_sqnr_db,
                 "output_sqnr_db": evaluation.node_sqnr_db.get(p.name),
+                "sensitivity_db": _figure(r.sensitivity, p.name, "sensitivity_db"),
+                "activation_sqnr_db": _figure(r.sensitivity, p.name, "activation_db"),
                 "fused": None if fusion is None else fusion.fused[p.name],
                 "runs_as": None if fusion is None else fusion.runs_as[p.name],
                 "bias_int32": c.bias_int32,
@@ -71,6 +78,11 @@ def build_report(r: PassResults) -> dict[str, Any]:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
     if fusion is not None and fusion.unfused:
         warnings.append(f"ONNX Runtime runs {len(fusion.unfused)} quantized node(s) in float: {', '.join(fusion.unfused[:5])}")
+    if r.search is not None and not r.search.met:
+        warnings.append(
+            f"target not met ({r.search.target.describe()}): the best model found has {_figure_text(r.search.figure, r.search.target.metric)} "
+            f"after {len(r.search.promotions)} promotion(s); allow more nodes in float (max_float) or lower the target"
+        )
     accuracy = None
     if evaluation.accuracy_after is not None:
         accuracy = {"before": evaluation.accuracy_before, "after": evaluation.accuracy_after}
@@ -96,8 +108,46 @@ def build_report(r: PassResults) -> dict[str, Any]:
             "qdq_nodes_left": None if fusion is None else fusion.qdq_nodes_left,
         },
         "nodes": nodes,
+        "analysis": [
+            {"name": f.name, "sensitivity_db": f.sensitivity_db, "weight_sqnr_db": f.weight_db, "activation_sqnr_db": f.activation_db}
+            for f in r.sensitivity.values()
+        ],
+        "requested": {"sqnr_db": r.requested_figures[0], "top1_agreement": r.requested_figures[1]},
+        "promotions": _promotions(r.search),
         "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
         "warnings": warnings,
+    }
+
+
+def _figure(figures: dict[str, NodeSensitivity], name: str, attr: str) -> float | None:
+    f = figures.get(name)
+    return None if f is None else getattr(f, attr)
+
+
+def _figure_text(value: float | None, metric: str) -> str:
+    if metric == "agreement":
+        return f"top-1 agreement {_share(value)}"
+    return f"output SQNR {_db(value)} dB"
+
+
+def _promotions(search: Search | None) -> dict[str, Any] | None:
+    if search is None:
+        return None
+    return {
+        "target": {"metric": search.target.metric, "value": search.target.value},
+        "met": search.met,
+        "before": search.start_figure,
+        "after": search.figure,
+        "evaluations": search.evaluations,
+        "steps": [
+            {
+                "node": p.node,
+                "from": p.before.describe(),
+                "to": p.after.describe(),
+                "figure_after": p.figure if p.measured else None,
+            }
+            for p in search.promotions
+        ],
     }
 
 
@@ -128,8 +178,11 @@ def _bytes(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"
 
 
-def print_report(report: dict[str, Any], console: Console) -> None:
-    """A summary table and the most degraded nodes (at most :data:`MOST_DEGRADED`)."""
+def print_report(report: dict[str, Any], console: Console, *, analysis: bool = False) -> None:
+    """A summary table, the promotions, and the most degraded nodes (at most :data:`MOST_DEGRADED`).
+
+    ``analysis``: also every node's sensitivity, weight and activation SQNR.
+    """
     summary = Table(title="qlinear quantize", show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
@@ -154,7 +207,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         acc = out["accuracy"]
         summary.add_row("accuracy", f"{_share(acc['before'])} -> {_share(acc['after'])}")
     cal = report["calibration"]
-    if cal.get("from_stats"):
+    if cal["method"] is None:
+        summary.add_row("calibration", "none (weight-only)")
+    elif cal.get("from_stats"):
         summary.add_row("calibration", f"from saved statistics {cal['from_stats']} ({cal['method']})")
     else:
         summary.add_row(
@@ -174,9 +229,39 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         )
     else:
         summary.add_row("fused by ORT", "not checked (ONNX Runtime cannot load the model's types)")
+    promotions = report.get("promotions")
+    if promotions:
+        metric = promotions["target"]["metric"]
+        value = promotions["target"]["value"]
+        target = f"top-1 agreement >= {_share(value)}" if metric == "agreement" else f"output SQNR >= {value:g} dB"
+        state = "met" if promotions["met"] else "[red]not met[/]"
+        summary.add_row(
+            "target",
+            f"{target}: {state}; {_figure_text(promotions['before'], metric)} at the requested types, "
+            f"{_figure_text(promotions['after'], metric)} after {len(promotions['steps'])} promotion(s) "
+            f"({promotions['evaluations']} evaluations)",
+        )
     console.print(summary)
     for w in report.get("warnings", []):
         console.print(f"[yellow]warning:[/] {w}")
+    if promotions and promotions["steps"]:
+        steps = Table(title="promotions (most sensitive nodes first)")
+        steps.add_column("node", overflow="fold", ratio=1)
+        for col in ("from", "to", "figure after"):
+            steps.add_column(col, no_wrap=True)
+        for step in promotions["steps"]:
+            after = "-" if step["figure_after"] is None else _figure_text(step["figure_after"], promotions["target"]["metric"])
+            steps.add_row(step["node"], step["from"], step["to"], after)
+        console.print(steps)
+    if analysis and report.get("analysis"):
+        rows = sorted(report["analysis"], key=lambda n: math.inf if n["sensitivity_db"] is None else n["sensitivity_db"])
+        table = Table(title="sensitivity: output SQNR with only this node quantized (dB), lowest first")
+        table.add_column("node", overflow="fold", ratio=1)
+        for col in ("alone dB", "weight dB", "activation dB"):
+            table.add_column(col, no_wrap=True, justify="right")
+        for n in rows:
+            table.add_row(n["name"], _db(n["sensitivity_db"]), _db(n["weight_sqnr_db"]), _db(n["activation_sqnr_db"]))
+        console.print(table)
     nodes = sorted(report["nodes"], key=lambda n: math.inf if n["output_sqnr_db"] is None else n["output_sqnr_db"])
     if not nodes:
         return

@@ -1,0 +1,84 @@
+"""From a precision assignment to a QDQ model: plan, parameters, opset, convert, as one step.
+
+The analysis and the mixed-precision search build many variants of one
+model (only one node quantized; the most sensitive nodes promoted). Each
+variant reuses the calibration statistics, the activation parameters
+already chosen for a tensor and type, and the float model already raised
+to an opset: nothing is calibrated twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from qlinear._errors import QuantizationError
+from qlinear.dtypes import element_type
+from qlinear.quantize._choose import QuantParams, activation_params
+from qlinear.quantize._convert import TYPE_OPSET, ConvertedNode, at_opset, convert, required_opset
+from qlinear.quantize._model import FloatModel
+from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._plan import Plan, plan
+from qlinear.quantize._precision import NodePrecision
+from qlinear.quantize._stats import TensorStats
+
+__all__ = ["Built", "ModelBuilder"]
+
+_SIXTEEN_BIT_FLOATS = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+@dataclass
+class Built:
+    """One variant: its plan, the QDQ model, what was done to each node, and the model's opset."""
+
+    plan: Plan
+    model: onnx.ModelProto
+    converted: dict[str, ConvertedNode]
+    opset: int
+
+
+class ModelBuilder:
+    """Builds QDQ variants of ``fm`` under ``options`` from the calibration statistics ``stats``."""
+
+    def __init__(self, fm: FloatModel, options: QuantizeOptions, stats: dict[str, TensorStats]) -> None:
+        self.fm, self.options, self.stats = fm, options, stats
+        self._params: dict[tuple[str, str], QuantParams] = {}
+        self._raised: dict[int, onnx.ModelProto] = {}  # the float model at each opset asked for
+
+    def allows(self, type_name: str) -> bool:
+        """Whether a type fits the opset the user fixed (any type does when none was fixed)."""
+        return self.options.opset is None or TYPE_OPSET[type_name] <= self.options.opset
+
+    def params(self, tensor: str, type_name: str) -> QuantParams:
+        """The activation parameters of ``tensor`` as ``type_name``, chosen once from its statistics."""
+        key = (tensor, type_name)
+        if key not in self._params:
+            o = self.options
+            self._params[key] = activation_params(
+                self.stats[tensor], element_type(type_name), method=o.method, symmetric=o.symmetric, percentile=o.percentile
+            )
+        return self._params[key]
+
+    def plan(self, precision: dict[str, NodePrecision] | None = None) -> Plan:
+        return plan(self.fm, self.options, precision)
+
+    def build(self, precision: dict[str, NodePrecision] | None = None) -> Built:
+        """The QDQ model with ``precision``'s nodes at their types (the rest at the options')."""
+        planned = self.plan(precision)
+        missing = [t for t in planned.calibrate if t not in self.stats]
+        if missing:
+            raise QuantizationError(f"quantize: no calibration statistics for {missing[:3]}; calibrate again")
+        params = {t: self.params(t, planned.activation_types[t]) for t in planned.calibrate}
+        quantized = [*planned.activations, *(p.weight.tensor for p in planned.nodes if p.weight is not None)]
+        sixteen_bit = any(self.fm.elem_types.get(t) in _SIXTEEN_BIT_FLOATS for t in quantized)
+        need = required_opset(planned, self.options, sixteen_bit_floats=sixteen_bit)
+        if self.options.opset is not None and self.options.opset < need:
+            raise QuantizationError(
+                f"quantize: opset {self.options.opset} cannot hold the chosen types; they need opset >= {need}"
+            )
+        opset = max(self.fm.opset, self.options.opset or 0, need)
+        if opset not in self._raised:
+            self._raised[opset] = at_opset(self.fm.model, opset)
+        model, converted = convert(self.fm, planned, self.options, params, opset, source=self._raised[opset])
+        return Built(planned, model, converted, opset)

@@ -1,0 +1,71 @@
+"""Per-node precision: the types one node is quantized with, and the ladder a promotion climbs.
+
+A node starts at the types the user asked for. A promotion moves it one
+step up its ladder: the weights to the next wider type (2-bit -> 4-bit ->
+8-bit, float4 -> float8 -> int8), or the activations from 8 to 16 bits
+(uint8 -> uint16, int8 and float8 -> int16), whichever adds more error on
+its own; once neither can widen, the node goes to float. A tensor read or
+written by several nodes takes the widest activation type among them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FLOAT", "NodePrecision", "candidate_steps", "next_step", "wider_activation"]
+
+WEIGHT_PROMOTION = {
+    "int2": "int4", "uint2": "uint4", "int4": "int8", "uint4": "uint8",
+    "float4e2m1": "float8e4m3fn", "float8e5m2": "float8e4m3fn", "float8e4m3fn": "int8",
+}  # fmt: skip
+ACTIVATION_PROMOTION = {"uint8": "uint16", "int8": "int16", "float8e4m3fn": "int16"}
+# Bits of each activation type, to pick the widest among a tensor's nodes.
+_ACTIVATION_BITS = {"uint8": 8, "int8": 8, "float8e4m3fn": 8, "uint16": 16, "int16": 16}
+
+
+@dataclass(frozen=True)
+class NodePrecision:
+    """A node's weight and activation types; ``quantized`` False: the node stays float."""
+
+    weights: str | None
+    activations: str | None
+    quantized: bool = True
+
+    def describe(self) -> str:
+        if not self.quantized:
+            return "float"
+        return f"w {self.weights or 'float'} / a {self.activations or 'float'}"
+
+
+FLOAT = NodePrecision(None, None, quantized=False)
+
+
+def next_step(p: NodePrecision, weight_db: float | None, activation_db: float | None) -> NodePrecision:
+    """``p`` one step up: the side with the lower SQNR widens if it can, else the other, else the node goes float.
+
+    ``weight_db``/``activation_db``: that side's SQNR (None: exact or not
+    quantized, so never the side to widen first).
+    """
+    return candidate_steps(p, weight_db, activation_db)[0]
+
+
+def candidate_steps(p: NodePrecision, weight_db: float | None, activation_db: float | None) -> list[NodePrecision]:
+    """The steps up from ``p`` in the order :func:`next_step` prefers them, float last."""
+    if not p.quantized:
+        return [p]
+    sides = []
+    if p.weights in WEIGHT_PROMOTION:
+        sides.append((_error(weight_db), NodePrecision(WEIGHT_PROMOTION[p.weights], p.activations)))
+    if p.activations in ACTIVATION_PROMOTION:
+        sides.append((_error(activation_db), NodePrecision(p.weights, ACTIVATION_PROMOTION[p.activations])))
+    sides.sort(key=lambda side: -side[0])  # stable: weights first on a tie
+    return [q for _, q in sides] + [FLOAT]
+
+
+def _error(db: float | None) -> float:
+    return -float("inf") if db is None else -db
+
+
+def wider_activation(a: str, b: str) -> str:
+    """The wider of two activation types (the first on a tie)."""
+    return b if _ACTIVATION_BITS[b] > _ACTIVATION_BITS[a] else a
