@@ -93,3 +93,22 @@ def detection_head() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     )
     g.output(g.op("Concat", [boxes, scores], name="detections", axis=-1, output_names=["detections"]))
     return g.to_model(), {"image": rng.uniform(0, 1, (32, 3, 8, 8)).astype(np.float32)}
+
+
+def outlier_mlp(*, outlier: float = 100.0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two MatMuls; the hidden activation between them has one channel ``outlier`` times the others.
+
+    The outlier features of large transformers in small: under one
+    per-tensor 8-bit scale, the second MatMul's input loses every channel
+    but the large one, while the first MatMul quantizes well.
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("outlier_mlp", opset=17)
+    x = g.input("x", "float", ("N", 32))
+    w1 = _w(rng, 32, 64)
+    w1[:, 5] *= outlier
+    h = g.op("MatMul", [x, w1], name="up")
+    w2 = _w(rng, 64, 10)
+    w2[5, :] /= outlier
+    g.output(g.op("MatMul", [h, w2], name="down", output_names=["logits"]))
+    return g.to_model(), {"x": rng.standard_normal((1000, 32)).astype(np.float32)}

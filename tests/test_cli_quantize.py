@@ -147,3 +147,19 @@ def test_model_onnx_runtime_cannot_run(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert status == 2 and len(err.splitlines()) == 1 and not os.path.exists(out), err
     assert "ONNX Runtime failed on calibration batch 0:" in err
+
+
+def test_missed_target_exits_1_with_the_model_written(tmp_path, capsys):
+    out = tmp_path / "q.onnx"
+    argv = ["quantize", MODEL, "-o", str(out), "--calibration", CALIBRATION, "--target-sqnr", "200", "--max-float", "0"]
+    assert main([*argv, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "target not met (output SQNR >= 200 dB)" in err and out.exists()
+
+
+def test_analyze_prints_every_nodes_sensitivity(tmp_path, capsys):
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--analyze", "--no-promote"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "sensitivity" in printed and all(name in printed for name in ("conv1", "conv2", "fc1", "fc2"))
+    assert "target" not in printed  # --no-promote: no target line

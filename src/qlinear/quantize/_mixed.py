@@ -8,7 +8,9 @@ for each, and so on; a node goes float only while fewer than
 search finds the shortest prefix of that list whose model meets the target:
 it doubles the prefix until the target holds, then halves the gap, so a
 model of N steps takes about 2 log2(N) evaluations, each on ONNX Runtime
-from the saved statistics. Where even the whole list misses the target,
+from the saved statistics. Then it drops each promoted node's steps that
+the target holds without (up to :data:`PRUNE_TRIALS` nodes, least sensitive
+first): a round promotes every node once, not only the ones that matter. Where even the whole list misses the target,
 the best model evaluated is kept and the caller says so.
 """
 
@@ -21,8 +23,10 @@ from dataclasses import dataclass, field
 from qlinear.quantize._precision import FLOAT, NodePrecision, candidate_steps
 from qlinear.quantize._sensitivity import NodeSensitivity
 
-__all__ = ["Promotion", "Search", "Target", "promotion_steps", "search"]
+__all__ = ["PRUNE_TRIALS", "Promotion", "Search", "Target", "promotion_steps", "search"]
 
+# Nodes the search tries to do without once the target holds (one evaluation each), least sensitive first.
+PRUNE_TRIALS = 16
 # SQNR gained by each bit a side widens by: 6.02 dB (20 log10 2), to guess which side of a promoted node to widen next.
 _DB_PER_BIT = 6.02
 _BITS = {
@@ -138,10 +142,39 @@ def search(
     met = found is not None
     if found is None:  # the best evaluated
         found = max(figures, key=lambda k: (_as_number(figures[k], target.metric), -k))
-    kept = [
-        Promotion(s.node, s.before, s.after, figures.get(k + 1), k + 1 in figures) for k, s in enumerate(steps[:found])
-    ]
-    return Search(target, start_figure, figures[found], met, kept, len(figures) - 1)
+    kept = [Promotion(s.node, s.before, s.after, figures.get(k + 1), k + 1 in figures) for k, s in enumerate(steps[:found])]
+    figure, pruned = figures[found], 0
+    if met:
+        kept, figure, pruned = _prune(kept, figure, target, measure)
+    return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned)
+
+
+def _prune(
+    kept: list[Promotion], figure: float | None, target: Target, measure: Callable[[dict[str, NodePrecision]], float | None]
+) -> tuple[list[Promotion], float | None, int]:
+    """Drop every node's promotions that the target holds without, least sensitive node first.
+
+    The prefix promotes nodes in rounds, so a node promoted early in the
+    last round may not be needed once a more sensitive one went further.
+    A step's figure is kept only while no earlier step was dropped; the
+    last step's is the final figure. At most :data:`PRUNE_TRIALS` nodes are
+    tried. Returns the steps kept, the figure and the evaluations made.
+    """
+    evaluations = 0
+    nodes = list(dict.fromkeys(p.node for p in kept))
+    for node in reversed(nodes):
+        if len(nodes) == 1 or evaluations == PRUNE_TRIALS:
+            break
+        trial = [p for p in kept if p.node != node]
+        evaluations += 1
+        got = measure({p.node: p.after for p in trial})
+        if target.met(got):
+            first = next(k for k, p in enumerate(kept) if p.node == node)
+            kept = [p if k < first else Promotion(p.node, p.before, p.after) for k, p in enumerate(trial)]
+            kept[-1] = Promotion(kept[-1].node, kept[-1].before, kept[-1].after, got, True)
+            figure = got
+            nodes.remove(node)
+    return kept, figure, evaluations
 
 
 def _allowed_step(p: NodePrecision, weight_db: float | None, act_db: float | None, allows: Callable[[str], bool]):
