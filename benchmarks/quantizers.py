@@ -15,9 +15,11 @@ Three models on real data:
 
 Each quantizer runs in a fresh process (its time and peak RSS are that
 process's), the same calibration data for all: qlinear at several
-settings, ONNX Runtime's ``quantize_static`` (QDQ, per-channel, uint8
-activations, int8 weights; MinMax, Entropy and Percentile) and ``quantize_dynamic``
-(int8 weights). Each result is then evaluated against the float model on
+settings (with its default accuracy target, and at the same types with no
+promotion), ONNX Runtime's ``quantize_static`` (QDQ, per-channel, uint8
+activations, int8 weights; MinMax, Entropy and Percentile),
+``quantize_dynamic`` (int8 weights) and its 4-bit ``MatMulNBitsQuantizer``
+(round to nearest, symmetric blocks of 32; MatMul only). Each result is then evaluated against the float model on
 the same held-out data: top-1 agreement, accuracy, output SQNR, file size,
 and ONNX Runtime latency against the float model (one batch, alternating
 pairs, medians).
@@ -48,10 +50,27 @@ sys.path.insert(0, str(HERE))
 # (label, quantizer, settings): qlinear keywords, or ORT's quantizer and its method.
 RUNS = [
     ("qlinear int8/uint8 minmax", "qlinear", {}),
+    ("qlinear int8/uint8 minmax, no promotion", "qlinear", {"promote": False}),
     ("qlinear int8/uint8 entropy", "qlinear", {"method": "entropy"}),
     ("qlinear int8/uint8 percentile", "qlinear", {"method": "percentile"}),
     ("qlinear int4 blocked, weight-only", "qlinear", {"weights": "int4", "granularity": "blocked", "activations": None}),
+    (
+        "qlinear int4 blocked, weight-only, no promotion",
+        "qlinear",
+        {"weights": "int4", "granularity": "blocked", "activations": None, "promote": False},
+    ),
     ("qlinear int4 per-channel/uint8", "qlinear", {"weights": "int4"}),
+    ("qlinear int4 per-channel/uint8, no promotion", "qlinear", {"weights": "int4", "promote": False}),
+    (
+        "qlinear int4 per-channel/uint8, bias correction, no promotion",
+        "qlinear",
+        {"weights": "int4", "promote": False, "bias_correction": True},
+    ),
+    (
+        "qlinear int4 blocked, weight-only, bias correction, no promotion",
+        "qlinear",
+        {"weights": "int4", "granularity": "blocked", "activations": None, "promote": False, "bias_correction": True},
+    ),
     (
         "qlinear int2 blocked, weight-only",
         "qlinear",
@@ -63,6 +82,7 @@ RUNS = [
     ("ORT static QDQ entropy", "ort_static", {"method": "Entropy"}),
     ("ORT static QDQ percentile", "ort_static", {"method": "Percentile"}),
     ("ORT dynamic int8", "ort_dynamic", {}),
+    ("ORT MatMulNBits int4 blocked 32, weight-only", "ort_nbits", {}),
 ]
 
 
@@ -77,7 +97,7 @@ def datasets(work: Path) -> dict[str, dict]:
     x_train, y_train, x_test, y_test = im.images()
     path = work / "digits32_cnn.onnx"
     onnx.save(im.to_onnx(im.train(x_train, y_train)), path)
-    out["digits32"] = {"model": str(path), "cal": {"image": x_train[:300]}, "eval": {"image": x_test}, "labels": y_test}
+    out["digits32"] = {"model": str(path), "cal": {"image": x_train[:1000]}, "eval": {"image": x_test}, "labels": y_test}
     import text_model as tm
 
     model, tokens, split = tm.train()
@@ -104,11 +124,18 @@ def worker(spec: dict) -> dict:
         import qlinear.quantize as qq
 
         report = qq.quantize_model(spec["model"], spec["out"], cal, **spec["settings"]).report
+        if report["promotions"] is not None:
+            extra["promotions"] = len(report["promotions"]["steps"])
         if report["calibration"]["batches"]:
-            extra = {
-                "calibration_seconds": report["calibration"]["seconds"],
-                "inference_seconds": _plain_inference(spec["model"], cal),
-            }
+            extra["calibration_seconds"] = report["calibration"]["seconds"]
+            extra["inference_seconds"] = _plain_inference(spec["model"], cal)
+    elif spec["quantizer"] == "ort_nbits":
+        from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+
+        config = nbits.DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True)
+        q = nbits.MatMulNBitsQuantizer(onnx.load(spec["model"]), algo_config=config)
+        q.process()
+        onnx.save(q.model.model, spec["out"])
     else:
         from onnxruntime.quantization import (
             CalibrationDataReader,
@@ -260,7 +287,7 @@ def _print_row(r: dict) -> None:
         f"| {r['model']} | {r['run']} | {100 * r['agreement']:.2f}% | {100 * r['float_accuracy']:.2f}% -> {100 * r['accuracy']:.2f}% "
         f"| {_fmt(r['sqnr_db'], '.1f')} | {r['size_bytes'] / 1024:.0f} / {r['float_size_bytes'] / 1024:.0f} KiB "
         f"| {_fmt(r['latency_ratio'], '.2f')} | {r['seconds']:.2f} s | {r['peak_rss_bytes'] / 2**20:.0f} MiB | {r['runs_on']} "
-        f"| {_fmt(r.get('calibration_seconds'), '.2f')} / {_fmt(r.get('inference_seconds'), '.2f')} s |",
+        f"| {_fmt(r.get('calibration_seconds'), '.2f')} / {_fmt(r.get('inference_seconds'), '.2f')} s | {_fmt(r.get('promotions'), 'd')} |",
         flush=True,
     )
 
@@ -268,7 +295,7 @@ def _print_row(r: dict) -> None:
 if __name__ == "__main__":
     print(
         "| model | quantizer | top-1 agreement | accuracy | output SQNR dB | size | ORT latency / float | time | peak RSS | runs on "
-        "| calibration / plain inference |"
+        "| calibration / plain inference | promotions |"
     )
-    print("| --- | --- | --: | --: | --: | --: | --: | --: | --: | --- | --: |")
+    print("| --- | --- | --: | --: | --: | --: | --: | --: | --: | --- | --: | --: |")
     main()

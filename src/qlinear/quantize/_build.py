@@ -39,10 +39,15 @@ class Built:
 
 
 class ModelBuilder:
-    """Builds QDQ variants of ``fm`` under ``options`` from the calibration statistics ``stats``."""
+    """Builds QDQ variants of ``fm`` under ``options`` from the calibration statistics ``stats``.
 
-    def __init__(self, fm: FloatModel, options: QuantizeOptions, stats: dict[str, TensorStats]) -> None:
-        self.fm, self.options, self.stats = fm, options, stats
+    ``means``: per-channel means of the nodes' inputs, for bias correction.
+    """
+
+    def __init__(
+        self, fm: FloatModel, options: QuantizeOptions, stats: dict[str, TensorStats], means: dict | None = None
+    ) -> None:
+        self.fm, self.options, self.stats, self.means = fm, options, stats, means or {}
         self._params: dict[tuple[str, str], QuantParams] = {}
         self._raised: dict[int, onnx.ModelProto] = {}  # the float model at each opset asked for
 
@@ -80,5 +85,7 @@ class ModelBuilder:
         opset = max(self.fm.opset, self.options.opset or 0, need)
         if opset not in self._raised:
             self._raised[opset] = at_opset(self.fm.model, opset)
-        model, converted = convert(self.fm, planned, self.options, params, opset, source=self._raised[opset])
+        model, converted = convert(
+            self.fm, planned, self.options, params, opset, source=self._raised[opset], input_means=self.means
+        )
         return Built(planned, model, converted, opset)

@@ -13,8 +13,9 @@ import resource
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -35,6 +36,7 @@ class CalibrationRun:
     samples: int
     seconds: float
     peak_rss_bytes: int
+    means: dict[str, np.ndarray] = field(default_factory=dict)  # per-channel means (float64) of the tensors asked for
 
 
 # Protobuf cannot serialize a message of 2 GiB or more; such models go to ONNX Runtime through a file.
@@ -95,23 +97,44 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
 
 
 def calibrate(
-    fm: FloatModel, tensors: list[str], data: Dataset, *, batch_size: int, progress: Callable[[int], None] | None = None
+    fm: FloatModel,
+    tensors: list[str],
+    data: Dataset,
+    *,
+    batch_size: int,
+    progress: Callable[[int], None] | None = None,
+    channel_axes: dict[str, int] | None = None,
 ) -> CalibrationRun:
-    """Statistics of ``tensors`` over ``data``, run on ONNX Runtime in batches of ``batch_size``."""
+    """Statistics of ``tensors`` over ``data``, run on ONNX Runtime in batches of ``batch_size``.
+
+    ``channel_axes``: tensors whose mean along every axis but this one is
+    wanted too (bias correction), kept as running sums.
+    """
     start = time.perf_counter()
-    sess = session(with_outputs(fm.model, tensors))
+    channel_axes = channel_axes or {}
+    names = list(dict.fromkeys([*tensors, *channel_axes]))
+    sess = session(with_outputs(fm.model, names))
     stats = {t: TensorStats.empty() for t in tensors}
+    sums: dict[str, np.ndarray] = {}
+    counts = dict.fromkeys(channel_axes, 0)
     batches = samples = 0
     for feeds in data.batches(batch_size):
-        values = run_batch(sess, tensors, feeds, f"calibration batch {batches}") if tensors else []
-        for name, v in zip(tensors, values, strict=True):
-            stats[name] = stats[name].merge(TensorStats.of(v))
+        values = run_batch(sess, names, feeds, f"calibration batch {batches}") if names else []
+        for name, v in zip(names, values, strict=True):
+            if name in stats:
+                stats[name] = stats[name].merge(TensorStats.of(v))
+            if name in channel_axes:
+                moved = np.moveaxis(np.asarray(v, np.float64), channel_axes[name], -1)
+                total = moved.reshape(-1, moved.shape[-1]).sum(axis=0)
+                sums[name] = sums[name] + total if name in sums else total
+                counts[name] += moved.size // moved.shape[-1]
         del values
         batches += 1
         samples += next(iter(feeds.values())).shape[0] if feeds else 0
         if progress:
             progress(1)
-    return CalibrationRun(stats, batches, samples, time.perf_counter() - start, peak_rss_bytes())
+    means = {t: sums[t] / counts[t] for t in sums if counts[t]}
+    return CalibrationRun(stats, batches, samples, time.perf_counter() - start, peak_rss_bytes(), means)
 
 
 def peak_rss_bytes() -> int:

@@ -14,7 +14,7 @@ of what is stored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type, to_tensor_proto
+from qlinear.quantize._bias_correction import output_shift, site
 from qlinear.quantize._choose import QuantParams, weight_params
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import QuantizeOptions
@@ -51,6 +52,7 @@ class ConvertedNode:
     weight_bytes_before: int
     weight_bytes_after: int
     bias_int32: bool
+    bias_corrected: bool = False
 
 
 def sqnr_db(signal_power: float, noise_power: float) -> float | None:
@@ -82,11 +84,13 @@ def convert(
     opset: int,
     *,
     source: onnx.ModelProto | None = None,
+    input_means: dict[str, np.ndarray] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, ConvertedNode]]:
     """The QDQ model for ``plan``, at ``opset``, and what was done to each quantized node.
 
     ``source``: the float model already at ``opset`` (copied, not changed);
-    default: ``fm``'s, raised here.
+    default: ``fm``'s, raised here. ``input_means``: per-channel means of
+    the nodes' inputs, for bias correction (``options.bias_correction``).
     """
     if source is None:
         model = at_opset(fm.model, opset)
@@ -110,8 +114,11 @@ def convert(
     node_plans = {p.name: p for p in plan.nodes}
     reads_quantized = _quantized_reads(plan, g)
     converted: dict[str, ConvertedNode] = {}
-    weight_cache: dict[tuple[str, int, int, str], tuple[str, str, str | None, int, int, QuantParams, float | None, int]] = {}
     nodes: list[onnx.NodeProto] = []
+    ctx = _Context(
+        fm, options, plan, param_names, activation_params, names, nodes, new_inits,
+        nodes_by_name={n.name: n for n in g.node}, input_means=input_means or {},
+    )  # fmt: skip
 
     def emit_q(t: str) -> None:
         scale_name, zp_name = param_names[plan.root(t)]
@@ -144,9 +151,7 @@ def convert(
             if t in activations and (t in plan.all_consumers_dequantize or (node.name, t) in reads_quantized):
                 node.input[k] = emit_dq(t, node.name)
         if np_ is not None:
-            converted[node.name] = _convert_node(
-                node, np_, fm, options, param_names, activation_params, plan, names, nodes, new_inits, weight_cache
-            )
+            converted[node.name] = _convert_node(node, np_, ctx)
         nodes.append(node)
         for o in node.output:
             if o in activations:
@@ -171,74 +176,162 @@ def _quantized_reads(plan: Plan, g: onnx.GraphProto) -> set[tuple[str, str]]:
     return reads
 
 
-def _convert_node(
-    node, p: NodePlan, fm, options, param_names, activation_params, plan, names, nodes, new_inits, cache
-) -> ConvertedNode:
+@dataclass
+class _Context:
+    """What converting one node needs from the whole conversion."""
+
+    fm: FloatModel
+    options: QuantizeOptions
+    plan: Plan
+    param_names: dict[str, tuple[str, str]]
+    activation_params: dict[str, QuantParams]
+    names: _Names
+    nodes: list[onnx.NodeProto]  # the new graph's nodes so far
+    new_inits: list[TensorProto]
+    nodes_by_name: dict[str, onnx.NodeProto]  # the model's nodes being rewritten
+    input_means: dict[str, np.ndarray]
+    # A weight quantized once for every node that shares it: (tensor, axes, type) -> what was stored.
+    weights: dict[tuple[str, int, int, str], _StoredWeight] = field(default_factory=dict)
+
+
+@dataclass
+class _StoredWeight:
+    q_name: str
+    s_name: str
+    z_name: str | None
+    axis: int
+    block: int
+    params: QuantParams
+    sqnr: float | None
+    nbytes: int
+    error: np.ndarray | None  # dequantized minus float, kept for bias correction
+
+
+def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> ConvertedNode:
+    fm, plan = ctx.fm, ctx.plan
     acts = plan.activation_type(p.activations[0]) if p.activations else None
     result = ConvertedNode(p.name, p.op_type, None, acts, None, 0, 0, False)
     if p.weight is None or p.weight_type is None:
         return result
-    wt = element_type(p.weight_type)
     w = fm.constant(p.weight.tensor)
-    key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis, wt.name)
-    if key not in cache:
-        params, axis, block = weight_params(
-            w, wt, granularity=options.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
-            block_size=options.block_size, clip=options.weight_clip,
-        )  # fmt: skip
-        # In the weight's own float type: a float16 model's DequantizeLinear gives float16 (the scale's type).
-        params = QuantParams(
-            _in_float_type(params.scale, fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point
-        )
-        x = w if params.scale.dtype != np.float32 else w.astype(np.float32)
-        codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
-        back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
-        w64 = w.astype(np.float64)
-        sqnr = sqnr_db(float((w64**2).sum()), float(((w64 - back) ** 2).sum()))
-        q_name = names.fresh(f"{p.weight.tensor}_quantized")
-        s_name = names.fresh(f"{p.weight.tensor}_scale")
-        z_name = names.fresh(f"{p.weight.tensor}_zero_point") if params.zero_point is not None else None
-        q_proto = to_tensor_proto(codes, q_name)
-        new_inits += [q_proto, to_tensor_proto(params.scale, s_name)]
-        if z_name:
-            new_inits.append(to_tensor_proto(params.zero_point, z_name))
-        after = len(q_proto.raw_data) + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
-        cache[key] = (q_name, s_name, z_name, axis, block, params, sqnr, after)
-    q_name, s_name, z_name, axis, block, params, sqnr, after = cache[key]
-    dq_out = names.fresh(f"{p.weight.tensor}_dequantized")
-    attrs = {"axis": axis} if params.scale.ndim else {}
-    if block:
-        attrs["block_size"] = block
-    nodes.append(
+    stored = _store_weight(p, w, ctx)
+    dq_out = ctx.names.fresh(f"{p.weight.tensor}_dequantized")
+    attrs = {"axis": stored.axis} if stored.params.scale.ndim else {}
+    if stored.block:
+        attrs["block_size"] = stored.block
+    ctx.nodes.append(
         helper.make_node(
             "DequantizeLinear",
-            [q_name, s_name, *([z_name] if z_name else [])],
+            [stored.q_name, stored.s_name, *([stored.z_name] if stored.z_name else [])],
             [dq_out],
-            name=names.fresh(f"{p.weight.tensor}_DequantizeLinear"),
+            name=ctx.names.fresh(f"{p.weight.tensor}_DequantizeLinear"),
             **attrs,
         )
     )
     node.input[p.weight.index] = dq_out
-    result.weight_type, result.weight_sqnr_db = wt.name, sqnr
-    result.weight_bytes_before, result.weight_bytes_after = w.astype(np.float32).nbytes, after
-    if p.bias is not None and not block and p.activations:
-        act_scale = activation_params[plan.root(p.activations[0])].scale
-        bias_type = fm.elem_types.get(p.bias, TensorProto.FLOAT)
-        bias_scale = _in_float_type((np.float32(act_scale) * params.scale.astype(np.float32)).astype(np.float32), bias_type)
-        b = fm.constant(p.bias).astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.clip(np.rint(b / bias_scale.astype(np.float64)), _INT32.min, _INT32.max)
-        q = np.where(np.isfinite(q), q, 0).astype(np.int32)
-        bq, bs = names.fresh(f"{p.bias}_quantized"), names.fresh(f"{p.bias}_scale")
-        new_inits += [numpy_helper.from_array(q, bq), to_tensor_proto(bias_scale, bs)]
-        b_out = names.fresh(f"{p.bias}_dequantized")
-        battrs = {"axis": 0} if bias_scale.ndim else {}
-        nodes.append(
-            helper.make_node("DequantizeLinear", [bq, bs], [b_out], name=names.fresh(f"{p.bias}_DequantizeLinear"), **battrs)
-        )
-        node.input[2] = b_out
-        result.bias_int32 = True
+    result.weight_type, result.weight_sqnr_db = p.weight_type, stored.sqnr
+    result.weight_bytes_before, result.weight_bytes_after = w.astype(np.float32).nbytes, stored.nbytes
+    bias_name, bias = p.bias, (fm.constant(p.bias) if p.bias else None)
+    shift, where = _bias_shift(node, p, stored, ctx)
+    if shift is not None and where.add is None:
+        base = fm.constant(where.tensor) if where.tensor is not None else np.zeros(shift.shape, np.float32)
+        bias = (base.astype(np.float64) - shift).astype(base.dtype)
+        bias_name = where.tensor or ctx.names.fresh(f"{p.name}_bias")
+        result.bias_corrected = True
+    elif shift is not None:
+        add = ctx.nodes_by_name[where.add]
+        vector = fm.constant(where.tensor)
+        corrected = ctx.names.fresh(f"{where.tensor}_corrected")
+        ctx.new_inits.append(to_tensor_proto((vector.astype(np.float64) - shift).astype(vector.dtype), corrected))
+        add.input[where.index] = corrected
+        result.bias_corrected = True
+    if bias is None:
+        return result
+    if stored.block or not p.activations or (p.bias is None and not _bias_fits(node, p)):
+        if bias_name != p.bias or result.bias_corrected:  # a corrected float bias
+            name = ctx.names.fresh(f"{bias_name}_corrected")
+            ctx.new_inits.append(to_tensor_proto(bias, name))
+            _set_bias(node, name)
+        return result
+    act_scale = ctx.activation_params[plan.root(p.activations[0])].scale
+    bias_type = fm.elem_types.get(p.bias, TensorProto.FLOAT) if p.bias else fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)
+    bias_scale = _in_float_type((np.float32(act_scale) * stored.params.scale.astype(np.float32)).astype(np.float32), bias_type)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.clip(np.rint(bias.astype(np.float64) / bias_scale.astype(np.float64)), _INT32.min, _INT32.max)
+    q = np.where(np.isfinite(q), q, 0).astype(np.int32)
+    bq, bs = ctx.names.fresh(f"{bias_name}_quantized"), ctx.names.fresh(f"{bias_name}_scale")
+    ctx.new_inits += [numpy_helper.from_array(q, bq), to_tensor_proto(bias_scale, bs)]
+    b_out = ctx.names.fresh(f"{bias_name}_dequantized")
+    battrs = {"axis": 0} if bias_scale.ndim else {}
+    ctx.nodes.append(
+        helper.make_node("DequantizeLinear", [bq, bs], [b_out], name=ctx.names.fresh(f"{bias_name}_DequantizeLinear"), **battrs)
+    )
+    _set_bias(node, b_out)
+    result.bias_int32 = True
     return result
+
+
+def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
+    """The weight's codes, scales and zero points as initializers (once for every node sharing it at these axes and type)."""
+    wt = element_type(p.weight_type)
+    key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis, wt.name)
+    if key in ctx.weights:
+        return ctx.weights[key]
+    o, names = ctx.options, ctx.names
+    params, axis, block = weight_params(
+        w, wt, granularity=o.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
+        block_size=o.block_size, clip=o.weight_clip,
+    )  # fmt: skip
+    # In the weight's own float type: a float16 model's DequantizeLinear gives float16 (the scale's type).
+    params = QuantParams(_in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point)
+    x = w if params.scale.dtype != np.float32 else w.astype(np.float32)
+    codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
+    back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
+    w64 = w.astype(np.float64)
+    error = back.astype(np.float64) - w64
+    sqnr = sqnr_db(float((w64**2).sum()), float((error**2).sum()))
+    q_name = names.fresh(f"{p.weight.tensor}_quantized")
+    s_name = names.fresh(f"{p.weight.tensor}_scale")
+    z_name = names.fresh(f"{p.weight.tensor}_zero_point") if params.zero_point is not None else None
+    q_proto = to_tensor_proto(codes, q_name)
+    ctx.new_inits += [q_proto, to_tensor_proto(params.scale, s_name)]
+    if z_name:
+        ctx.new_inits.append(to_tensor_proto(params.zero_point, z_name))
+    nbytes = len(q_proto.raw_data) + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
+    stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, error if o.bias_correction else None)
+    ctx.weights[key] = stored
+    return stored
+
+
+def _bias_shift(node: onnx.NodeProto, p: NodePlan, stored: _StoredWeight, ctx: _Context):
+    """``(shift, site)`` of bias correction for this node, or ``(None, None)``."""
+    if stored.error is None or p.weight.index != 1:
+        return None, None
+    mean = ctx.input_means.get(ctx.fm.node_inputs(p.name)[0])
+    if mean is None:
+        return None, None
+    float_node = ctx.fm.node(p.name)
+    shift = output_shift(float_node, stored.error, mean)
+    if shift is None:
+        return None, None
+    where = site(ctx.fm, float_node, shift.shape[0])
+    if where is None or (where.tensor is None and where.add is None and node.op_type not in ("Conv", "Gemm")):
+        return None, None
+    return shift, where
+
+
+def _bias_fits(node: onnx.NodeProto, p: NodePlan) -> bool:
+    """Whether a bias added to ``node`` can be stored as int32 like an existing one (Conv, and Gemm with beta 1)."""
+    if node.op_type == "Conv":
+        return True
+    return node.op_type == "Gemm" and all(not (a.name == "beta" and a.f != 1.0) for a in node.attribute)
+
+
+def _set_bias(node: onnx.NodeProto, name: str) -> None:
+    if len(node.input) > 2:
+        node.input[2] = name
+    else:
+        node.input.append(name)
 
 
 # The float types a model's tensors come in, and the smallest normal value of each (scales never go below it).

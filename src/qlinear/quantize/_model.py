@@ -40,6 +40,7 @@ class FloatModel:
     initializers: dict[str, TensorProto] = field(default_factory=dict)
     elem_types: dict[str, int] = field(default_factory=dict)
     shapes: dict[str, tuple] = field(default_factory=dict)
+    nodes: dict[str, onnx.NodeProto] = field(default_factory=dict)  # by name
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -67,7 +68,13 @@ class FloatModel:
 
     def producer_output(self, node_name: str) -> str:
         """The first output of node ``node_name``."""
-        return next(n.output[0] for n in self.graph.node if n.name == node_name)
+        return self.nodes[node_name].output[0]
+
+    def node(self, name: str) -> onnx.NodeProto:
+        return self.nodes[name]
+
+    def node_inputs(self, name: str) -> list[str]:
+        return list(self.nodes[name].input)
 
     def size_bytes(self) -> int:
         return self.model.ByteSize()
@@ -150,6 +157,7 @@ def index(fm: FloatModel) -> None:
     for t in g.initializer:
         fm.elem_types[t.name] = t.data_type
         fm.shapes[t.name] = tuple(t.dims)
+    fm.nodes = {node.name: node for node in g.node}
     for node in g.node:
         if not node.op_type:
             raise QuantizationError(f"quantize: node {node.name!r} has no op type")

@@ -50,6 +50,10 @@ class QuantizeOptions:
             everywhere.
         max_float: the share of the quantized nodes promotions may leave
             float, rounded up (0: none).
+        bias_correction: take the mean error each quantized weight adds to
+            its layer's output back out through the bias (Conv, Gemm, and
+            MatMul followed by a bias Add), from the calibration data's
+            per-channel input means.
     """
 
     weights: str = "int8"
@@ -67,6 +71,7 @@ class QuantizeOptions:
     target_sqnr_db: float | None = None
     promote: bool = True
     max_float: float = 0.25
+    bias_correction: bool = False
 
     def __post_init__(self) -> None:
         _one_of("weights", self.weights, WEIGHT_TYPES)
@@ -128,6 +133,7 @@ class QuantizeOptions:
             "target_sqnr_db": self.target_sqnr_db,
             "promote": self.promote,
             "max_float": self.max_float,
+            "bias_correction": self.bias_correction,
         }
 
 

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import save
+from qlinear.quantize._bias_correction import input_channel_axes
 from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._data import Dataset, load_dataset, random_dataset
@@ -115,7 +116,7 @@ def quantize_model(
     eval_data = eval_data.replayable(options.batch_size)
     bars = _Bars(console if progress else None)
     run = _calibration(fm, options, cal_data, stats, save_stats_to, bars)
-    builder = ModelBuilder(fm, options, run.stats if run is not None else {})
+    builder = ModelBuilder(fm, options, run.stats if run is not None else {}, run.means if run is not None else {})
     with bars.task("converting weights", 1) as step:
         requested = builder.build()
         step(1)
@@ -183,14 +184,19 @@ def quantize_model(
 
 
 def _calibration(fm, options, cal_data, stats, save_stats_to, bars) -> CalibrationRun | None:
-    """Statistics of every tensor any precision of any node may quantize (None: weight-only)."""
-    if options.activations is None:
-        return None
+    """Statistics of every tensor any precision of any node may quantize, and the input means bias correction needs.
+
+    None: nothing to calibrate (weight-only without bias correction).
+    """
     # With 8-bit integer weights every node pairs with integer activations: the widest set of tensors.
-    tensors = plan(fm, replace(options, weights="int8")).activations
-    if not tensors:
+    widest = plan(fm, replace(options, weights="int8", activations=options.activations or "uint8"))
+    tensors = widest.activations if options.activations is not None else []
+    axes = input_channel_axes(fm, [fm.node(p.name) for p in widest.nodes]) if options.bias_correction else {}
+    if not tensors and not axes:
         return None
     if stats is not None:
+        if axes:
+            raise QuantizationError("quantize: bias correction needs the calibration data's input means; give calibration data, not stats")
         saved = load_stats(str(stats), model_digest=fm.digest)
         missing = [t for t in tensors if t not in saved]
         if missing:
@@ -198,7 +204,7 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars) -> Calibrati
         run = CalibrationRun({t: saved[t] for t in tensors}, 0, 0, 0.0, 0)
     else:
         with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
-            run = calibrate(fm, tensors, cal_data, batch_size=options.batch_size, progress=step)
+            run = calibrate(fm, tensors, cal_data, batch_size=options.batch_size, progress=step, channel_axes=axes)
     if save_stats_to is not None:
         save_stats(run.stats, str(save_stats_to), model_digest=fm.digest)
     return run

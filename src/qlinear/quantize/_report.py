@@ -70,6 +70,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
                 "fused": None if fusion is None else fusion.fused[p.name],
                 "runs_as": None if fusion is None else fusion.runs_as[p.name],
                 "bias_int32": c.bias_int32,
+                "bias_corrected": c.bias_corrected,
                 "weight_bytes": {"before": c.weight_bytes_before, "after": c.weight_bytes_after},
             }
         )

@@ -1,0 +1,82 @@
+"""Bias correction: the quantized layer's mean output error on the calibration data goes to zero."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import qlinear.onnx as qo
+import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
+
+RNG = np.random.default_rng(11)
+
+
+def _layer(kind: str, *, relu: bool = False):
+    """One layer with inputs whose channels have different means (so the weight error shifts the output mean)."""
+    g = qo.Graph(f"bias_{kind}", opset=17)
+    if kind == "conv":  # no bias and no padding: a bias is added
+        x = g.input("x", "float", ("N", 4, 6, 6))
+        w = (RNG.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32)
+        if relu:  # a Relu after it lets ONNX Runtime run it as QLinearConv
+            y = g.op("Relu", [g.op("Conv", [x, w], name="layer")], name="relu", output_names=["y"])
+        else:
+            y = g.op("Conv", [x, w], name="layer", output_names=["y"])
+        data = RNG.standard_normal((64, 4, 6, 6)).astype(np.float32) + np.arange(1, 5, dtype=np.float32)[None, :, None, None]
+    elif kind == "gemm":
+        x = g.input("x", "float", ("N", 24))
+        w, b = (RNG.standard_normal((16, 24)) * 0.3).astype(np.float32), RNG.standard_normal(16).astype(np.float32)
+        y = g.op("Gemm", [x, w, b], name="layer", transB=1, output_names=["y"])
+        data = RNG.standard_normal((64, 24)).astype(np.float32) + np.linspace(-2, 3, 24, dtype=np.float32)
+    else:  # a linear layer on 3-D activations: MatMul, then Add of a bias vector
+        x = g.input("x", "float", ("N", 5, 24))
+        h = g.op("MatMul", [x, (RNG.standard_normal((24, 16)) * 0.3).astype(np.float32)], name="layer")
+        y = g.op("Add", [h, RNG.standard_normal(16).astype(np.float32)], name="bias", output_names=["y"])
+        data = RNG.standard_normal((64, 5, 24)).astype(np.float32) + np.linspace(-2, 3, 24, dtype=np.float32)
+    g.output(y)
+    return g.to_model(), {"x": data}
+
+
+def _mean_error(model: onnx.ModelProto, quantized: onnx.ModelProto, data: dict) -> np.ndarray:
+    ref = qo.run(model, data, backend="onnxruntime")["y"].astype(np.float64)
+    got = qo.run(quantized, data, backend="onnxruntime")["y"].astype(np.float64)
+    channel_axis = 1 if ref.ndim == 4 else -1
+    return np.moveaxis(got - ref, channel_axis, -1).reshape(-1, ref.shape[channel_axis]).mean(axis=0)
+
+
+@pytest.mark.parametrize("kind", ["conv", "gemm", "matmul_add"])
+def test_mean_output_error_is_zero_on_the_calibration_data(kind):
+    model, data = _layer(kind)
+    settings = dict(weights="int4", activations=None, promote=False)
+    plain = qq.quantize_model(model, None, data, eval=data, **settings)
+    corrected = qq.quantize_model(model, None, data, eval=data, bias_correction=True, **settings)
+    before, after = np.abs(_mean_error(model, plain.model, data)), np.abs(_mean_error(model, corrected.model, data))
+    assert before.max() > 0.2  # the 4-bit weights do shift the mean
+    if kind == "conv":
+        # A Conv's windows do not see every input pixel equally often (the borders), so the input's
+        # channel means are those of its windows only up to that.
+        assert after.max() < before.max() / 20
+    else:
+        assert after.max() < 1e-5
+    assert corrected.report["output"]["sqnr_db"] > plain.report["output"]["sqnr_db"]
+    # The float model itself is not touched.
+    assert qo.run(model, data, backend="onnxruntime")["y"].shape == qo.run(corrected.model, data, backend="onnxruntime")["y"].shape
+
+
+def test_corrected_bias_stays_int32_with_integer_activations():
+    model, data = _layer("gemm")
+    r = qq.quantize_model(model, None, data, eval=data, bias_correction=True, promote=False)
+    assert r.report["nodes"][0]["bias_int32"] and r.report["settings"]["bias_correction"]
+    conv_model, conv_data = _layer("conv", relu=True)
+    r = qq.quantize_model(conv_model, None, conv_data, eval=conv_data, bias_correction=True, promote=False)
+    node = r.report["nodes"][0]
+    assert node["bias_int32"] and node["runs_as"] == "QLinearConv" and r.report["fusion"]["unfused"] == []
+
+
+def test_bias_correction_needs_calibration_data_not_stats(tmp_path):
+    model, data = _layer("gemm")
+    stats = tmp_path / "s.npz"
+    qq.quantize_model(model, None, data, save_stats_to=stats, promote=False)
+    with pytest.raises(QuantizationError, match="bias correction needs"):
+        qq.quantize_model(model, None, None, eval=data, stats=stats, bias_correction=True)
