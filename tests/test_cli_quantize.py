@@ -163,3 +163,10 @@ def test_analyze_prints_every_nodes_sensitivity(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "sensitivity" in printed and all(name in printed for name in ("conv1", "conv2", "fc1", "fc2"))
     assert "target" not in printed  # --no-promote: no target line
+
+
+def test_bias_correction_flag_reaches_every_layer(tmp_path, capsys):
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--bias-correction"]
+    assert main([*argv, "--json", "--quiet", "--no-promote", "--weights", "int4"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["settings"]["bias_correction"] and all(n["bias_corrected"] and n["bias_int32"] for n in r["nodes"])

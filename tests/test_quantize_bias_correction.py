@@ -49,7 +49,7 @@ def _mean_error(model: onnx.ModelProto, quantized: onnx.ModelProto, data: dict) 
 def test_mean_output_error_is_zero_on_the_calibration_data(kind):
     model, data = _layer(kind)
     settings = dict(weights="int4", activations=None, promote=False)
-    plain = qq.quantize_model(model, None, data, eval=data, **settings)
+    plain = qq.quantize_model(model, None, data, eval=data, bias_correction=False, **settings)
     corrected = qq.quantize_model(model, None, data, eval=data, bias_correction=True, **settings)
     before, after = np.abs(_mean_error(model, plain.model, data)), np.abs(_mean_error(model, corrected.model, data))
     assert before.max() > 0.2  # the 4-bit weights do shift the mean
@@ -72,6 +72,12 @@ def test_corrected_bias_stays_int32_with_integer_activations():
     r = qq.quantize_model(conv_model, None, conv_data, eval=conv_data, bias_correction=True, promote=False)
     node = r.report["nodes"][0]
     assert node["bias_int32"] and node["runs_as"] == "QLinearConv" and r.report["fusion"]["unfused"] == []
+
+
+def test_bias_correction_is_on_by_default_with_calibration_data():
+    model, data = _layer("gemm")
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert r["settings"]["bias_correction"] and r["nodes"][0]["bias_corrected"]
 
 
 def test_bias_correction_needs_calibration_data_not_stats(tmp_path):

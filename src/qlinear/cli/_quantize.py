@@ -91,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weight ranges: minmax, or mse (least-error clipping per channel or block)",
     )
     types.add_argument(
+        "--bias-correction",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="take each quantized weight's mean output error back out through the layer's bias "
+        "(default: on with calibration data)",
+    )
+    types.add_argument(
         "--exclude", nargs="+", action="extend", default=[], metavar="NAME_OR_OP", help="node names or op types to leave in float"
     )
     types.add_argument(
@@ -171,6 +178,7 @@ def _quantize(args: argparse.Namespace, err: Console):
         target_sqnr_db=args.target_sqnr,
         promote=not args.no_promote,
         max_float=args.max_float,
+        bias_correction=args.bias_correction,
     )
     return quantize_model(
         model,

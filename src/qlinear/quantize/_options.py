@@ -53,7 +53,8 @@ class QuantizeOptions:
         bias_correction: take the mean error each quantized weight adds to
             its layer's output back out through the bias (Conv, Gemm, and
             MatMul followed by a bias Add), from the calibration data's
-            per-channel input means.
+            per-channel input means. None (the default): on wherever there
+            is calibration data (not with saved statistics alone).
     """
 
     weights: str = "int8"
@@ -71,7 +72,7 @@ class QuantizeOptions:
     target_sqnr_db: float | None = None
     promote: bool = True
     max_float: float = 0.25
-    bias_correction: bool = False
+    bias_correction: bool | None = None
 
     def __post_init__(self) -> None:
         _one_of("weights", self.weights, WEIGHT_TYPES)

@@ -112,6 +112,8 @@ def quantize_model(
             "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
         )
     cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only)
+    if options.bias_correction is None:  # on wherever there are calibration inputs to take the means from
+        options = replace(options, bias_correction=calibration is not None or calibrate_random is not None)
     # The analysis and the search walk the eval data several times.
     eval_data = eval_data.replayable(options.batch_size)
     bars = _Bars(console if progress else None)
