@@ -98,6 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: on with calibration data)",
     )
     types.add_argument(
+        "--gptq",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="round MatMul/Gemm weights by GPTQ instead of to nearest (default: on for 2/4-bit integer weights "
+        "with calibration data)",
+    )
+    types.add_argument(
         "--exclude", nargs="+", action="extend", default=[], metavar="NAME_OR_OP", help="node names or op types to leave in float"
     )
     types.add_argument(
@@ -179,6 +186,7 @@ def _quantize(args: argparse.Namespace, err: Console):
         promote=not args.no_promote,
         max_float=args.max_float,
         bias_correction=args.bias_correction,
+        gptq=args.gptq,
     )
     return quantize_model(
         model,

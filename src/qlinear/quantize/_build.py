@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
+from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._choose import QuantParams, activation_params
 from qlinear.quantize._convert import TYPE_OPSET, ConvertedNode, at_opset, convert, required_opset
 from qlinear.quantize._model import FloatModel
@@ -39,15 +41,17 @@ class Built:
 
 
 class ModelBuilder:
-    """Builds QDQ variants of ``fm`` under ``options`` from the calibration statistics ``stats``.
+    """Builds QDQ variants of ``fm`` under ``options`` from a calibration run (None: nothing calibrated).
 
-    ``means``: per-channel means of the nodes' inputs, for bias correction.
+    The run's statistics give activation parameters, its input means bias
+    correction, its Gram matrices GPTQ.
     """
 
-    def __init__(
-        self, fm: FloatModel, options: QuantizeOptions, stats: dict[str, TensorStats], means: dict | None = None
-    ) -> None:
-        self.fm, self.options, self.stats, self.means = fm, options, stats, means or {}
+    def __init__(self, fm: FloatModel, options: QuantizeOptions, run: CalibrationRun | None) -> None:
+        self.fm, self.options = fm, options
+        self.stats: dict[str, TensorStats] = run.stats if run is not None else {}
+        self.means: dict[str, np.ndarray] = run.means if run is not None else {}
+        self.grams: dict[str, np.ndarray] = run.grams if run is not None else {}
         self._params: dict[tuple[str, str], QuantParams] = {}
         self._raised: dict[int, onnx.ModelProto] = {}  # the float model at each opset asked for
 
@@ -86,6 +90,7 @@ class ModelBuilder:
         if opset not in self._raised:
             self._raised[opset] = at_opset(self.fm.model, opset)
         model, converted = convert(
-            self.fm, planned, self.options, params, opset, source=self._raised[opset], input_means=self.means
+            self.fm, planned, self.options, params, opset, source=self._raised[opset], input_means=self.means,
+            input_grams=self.grams,
         )
         return Built(planned, model, converted, opset)

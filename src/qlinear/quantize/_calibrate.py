@@ -37,6 +37,7 @@ class CalibrationRun:
     seconds: float
     peak_rss_bytes: int
     means: dict[str, np.ndarray] = field(default_factory=dict)  # per-channel means (float64) of the tensors asked for
+    grams: dict[str, np.ndarray] = field(default_factory=dict)  # X^T X (float64) over the last axis (GPTQ)
 
 
 # Protobuf cannot serialize a message of 2 GiB or more; such models go to ONNX Runtime through a file.
@@ -104,15 +105,20 @@ def calibrate(
     batch_size: int,
     progress: Callable[[int], None] | None = None,
     channel_axes: dict[str, int] | None = None,
+    gram_tensors: list[str] | None = None,
 ) -> CalibrationRun:
     """Statistics of ``tensors`` over ``data``, run on ONNX Runtime in batches of ``batch_size``.
 
     ``channel_axes``: tensors whose mean along every axis but this one is
-    wanted too (bias correction), kept as running sums.
+    wanted too (bias correction), kept as running sums. ``gram_tensors``:
+    tensors whose ``X^T X`` over their last axis is wanted (GPTQ), summed
+    batch by batch.
     """
     start = time.perf_counter()
     channel_axes = channel_axes or {}
-    names = list(dict.fromkeys([*tensors, *channel_axes]))
+    gram_tensors = gram_tensors or []
+    names = list(dict.fromkeys([*tensors, *channel_axes, *gram_tensors]))
+    grams: dict[str, np.ndarray] = {}
     sess = session(with_outputs(fm.model, names))
     stats = {t: TensorStats.empty() for t in tensors}
     sums: dict[str, np.ndarray] = {}
@@ -128,13 +134,16 @@ def calibrate(
                 total = moved.reshape(-1, moved.shape[-1]).sum(axis=0)
                 sums[name] = sums[name] + total if name in sums else total
                 counts[name] += moved.size // moved.shape[-1]
+            if name in gram_tensors:
+                rows = np.asarray(v, np.float64).reshape(-1, np.shape(v)[-1])
+                grams[name] = grams[name] + rows.T @ rows if name in grams else rows.T @ rows
         del values
         batches += 1
         samples += next(iter(feeds.values())).shape[0] if feeds else 0
         if progress:
             progress(1)
     means = {t: sums[t] / counts[t] for t in sums if counts[t]}
-    return CalibrationRun(stats, batches, samples, time.perf_counter() - start, peak_rss_bytes(), means)
+    return CalibrationRun(stats, batches, samples, time.perf_counter() - start, peak_rss_bytes(), means, grams)
 
 
 def peak_rss_bytes() -> int:

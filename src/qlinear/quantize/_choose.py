@@ -32,7 +32,7 @@ import numpy as np
 from qlinear.dtypes import ElementType
 from qlinear.quantize._stats import TensorStats
 
-__all__ = ["QuantParams", "activation_params", "weight_params"]
+__all__ = ["QuantParams", "activation_params", "scale_and_zero_point", "weight_params"]
 
 _SMALLEST_NORMAL = np.float32(2.0**-126)  # 1.1754944e-38
 _FACTORS = np.arange(128, 0, -1, dtype=np.float64) / 128  # range shrink factors searched by mse and entropy
@@ -53,7 +53,7 @@ def _qmax(t: ElementType) -> float:
     return float(t.max_finite) if not t.is_integer else float(t.qmax)
 
 
-def _scale_and_zero_point(low: np.ndarray, high: np.ndarray, t: ElementType, symmetric: bool):
+def scale_and_zero_point(low: np.ndarray, high: np.ndarray, t: ElementType, symmetric: bool):
     """Vectorized: scale and zero point (float64, before types) for ranges ``[low, high]``."""
     low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
     if symmetric or not t.is_integer:
@@ -73,7 +73,7 @@ def activation_params(stats: TensorStats, t: ElementType, *, method: str, symmet
     """Per-tensor scale and zero point of an activation of type ``t`` from its statistics."""
     symmetric = symmetric or not t.is_integer or t.qmin < 0
     low, high = _range(stats, t, method, symmetric, percentile)
-    scale, zp = _scale_and_zero_point(np.array(low), np.array(high), t, symmetric)
+    scale, zp = scale_and_zero_point(np.array(low), np.array(high), t, symmetric)
     zero_point = np.asarray(zp).astype(t.dtype) if t.is_integer else np.zeros((), t.dtype)
     return QuantParams(np.asarray(scale, np.float32).reshape(()), zero_point.reshape(()), float(low), float(high))
 
@@ -114,7 +114,7 @@ def _losses(stats: TensorStats, t: ElementType, lows: np.ndarray, highs: np.ndar
     edges = stats.edges
     centers = (edges[:-1] + edges[1:]) / 2
     counts = stats.counts.astype(np.float64)
-    scales, zps = _scale_and_zero_point(lows, highs, t, symmetric)
+    scales, zps = scale_and_zero_point(lows, highs, t, symmetric)
     scales = scales.astype(np.float64)[:, None]
     zps = zps[:, None]
     qmin, qmax = (t.qmin, t.qmax) if t.is_integer else (-_qmax(t), _qmax(t))
@@ -188,7 +188,7 @@ def weight_params(
     low, high = groups.min(axis=1).astype(np.float64), groups.max(axis=1).astype(np.float64)
     if clip == "mse":
         low, high = _mse_clip(groups, low, high, t, symmetric)
-    scale, zp = _scale_and_zero_point(low, high, t, symmetric)
+    scale, zp = scale_and_zero_point(low, high, t, symmetric)
     if granularity == "blocked":
         blocked_shape = (*moved.shape[:-1], nblocks)
         scale = np.moveaxis(scale.reshape(blocked_shape), -1, axis)
@@ -206,7 +206,7 @@ def _mse_clip(groups: np.ndarray, low: np.ndarray, high: np.ndarray, t: ElementT
     best_low, best_high = low.copy(), high.copy()
     qmin, qmax = (t.qmin, t.qmax) if t.is_integer else (-_qmax(t), _qmax(t))
     for f in _MSE_CLIP_FACTORS:
-        scale, zp = _scale_and_zero_point(low * f, high * f, t, symmetric)
+        scale, zp = scale_and_zero_point(low * f, high * f, t, symmetric)
         s, z = scale.astype(np.float64)[:, None], zp[:, None]
         if t.is_integer:
             dq = (np.clip(np.rint(groups / s) + z, qmin, qmax) - z) * s

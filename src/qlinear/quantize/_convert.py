@@ -26,6 +26,7 @@ from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type, to_tensor_proto
 from qlinear.quantize._bias_correction import output_shift, site
 from qlinear.quantize._choose import QuantParams, weight_params
+from qlinear.quantize._gptq import gptq_weight, layer_input
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import DATA_MOVEMENT_OPS, NodePlan, Plan
@@ -85,12 +86,14 @@ def convert(
     *,
     source: onnx.ModelProto | None = None,
     input_means: dict[str, np.ndarray] | None = None,
+    input_grams: dict[str, np.ndarray] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, ConvertedNode]]:
     """The QDQ model for ``plan``, at ``opset``, and what was done to each quantized node.
 
     ``source``: the float model already at ``opset`` (copied, not changed);
     default: ``fm``'s, raised here. ``input_means``: per-channel means of
-    the nodes' inputs, for bias correction (``options.bias_correction``).
+    the nodes' inputs, for bias correction (``options.bias_correction``);
+    ``input_grams``: their ``X^T X``, for GPTQ (``options.gptq``).
     """
     if source is None:
         model = at_opset(fm.model, opset)
@@ -117,7 +120,7 @@ def convert(
     nodes: list[onnx.NodeProto] = []
     ctx = _Context(
         fm, options, plan, param_names, activation_params, names, nodes, new_inits,
-        nodes_by_name={n.name: n for n in g.node}, input_means=input_means or {},
+        nodes_by_name={n.name: n for n in g.node}, input_means=input_means or {}, input_grams=input_grams or {},
     )  # fmt: skip
 
     def emit_q(t: str) -> None:
@@ -190,6 +193,7 @@ class _Context:
     new_inits: list[TensorProto]
     nodes_by_name: dict[str, onnx.NodeProto]  # the model's nodes being rewritten
     input_means: dict[str, np.ndarray]
+    input_grams: dict[str, np.ndarray]
     # A weight quantized once for every node that shares it: (tensor, axes, type) -> what was stored.
     weights: dict[tuple[str, int, int, str], _StoredWeight] = field(default_factory=dict)
 
@@ -278,13 +282,18 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     if key in ctx.weights:
         return ctx.weights[key]
     o, names = ctx.options, ctx.names
-    params, axis, block = weight_params(
-        w, wt, granularity=o.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
-        block_size=o.block_size, clip=o.weight_clip,
-    )  # fmt: skip
+    rounded = _gptq(p, w, wt, ctx)
+    if rounded is not None:  # x: the weight as GPTQ rounded it, which the parameters quantize to the same codes
+        x, params, axis, block = rounded
+    else:
+        params, axis, block = weight_params(
+            w, wt, granularity=o.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
+            block_size=o.block_size, clip=o.weight_clip,
+        )  # fmt: skip
+        x = w
     # In the weight's own float type: a float16 model's DequantizeLinear gives float16 (the scale's type).
     params = QuantParams(_in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point)
-    x = w if params.scale.dtype != np.float32 else w.astype(np.float32)
+    x = x if params.scale.dtype != np.float32 else x.astype(np.float32)
     codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
     w64 = w.astype(np.float64)
@@ -301,6 +310,21 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, error if o.bias_correction else None)
     ctx.weights[key] = stored
     return stored
+
+
+def _gptq(p: NodePlan, w: np.ndarray, wt, ctx: _Context):
+    """GPTQ's rounding of this node's weight, or None (not asked for, no Gram matrix, or a layout it does not take)."""
+    if not ctx.options.gptq or p.weight.index != 1 or w.dtype != np.float32:
+        return None
+    source = layer_input(ctx.fm, ctx.fm.node(p.name))
+    gram = ctx.input_grams.get(source) if source is not None else None
+    if gram is None:
+        return None
+    o = ctx.options
+    return gptq_weight(
+        w, gram, wt, granularity=o.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
+        block_size=o.block_size,
+    )  # fmt: skip
 
 
 def _bias_shift(node: onnx.NodeProto, p: NodePlan, stored: _StoredWeight, ctx: _Context):

@@ -55,6 +55,11 @@ class QuantizeOptions:
             MatMul followed by a bias Add), from the calibration data's
             per-channel input means. None (the default): on wherever there
             is calibration data (not with saved statistics alone).
+        gptq: round MatMul and Gemm weights of integer types (per channel
+            or blocked) by GPTQ, from the Gram matrix of each layer's input
+            on the calibration data, instead of to nearest. None (the
+            default): on for 2- and 4-bit integer weights wherever there is
+            calibration data.
     """
 
     weights: str = "int8"
@@ -73,6 +78,7 @@ class QuantizeOptions:
     promote: bool = True
     max_float: float = 0.25
     bias_correction: bool | None = None
+    gptq: bool | None = None
 
     def __post_init__(self) -> None:
         _one_of("weights", self.weights, WEIGHT_TYPES)
@@ -135,6 +141,7 @@ class QuantizeOptions:
             "promote": self.promote,
             "max_float": self.max_float,
             "bias_correction": self.bias_correction,
+            "gptq": self.gptq,
         }
 
 

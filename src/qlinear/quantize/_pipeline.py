@@ -29,6 +29,7 @@ from qlinear.quantize._bias_correction import input_channel_axes
 from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._data import Dataset, load_dataset, random_dataset
+from qlinear.quantize._gptq import gram_inputs
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
 from qlinear.quantize._fusion import check_fusion
 from qlinear.quantize._model import load_float_model
@@ -112,13 +113,18 @@ def quantize_model(
             "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
         )
     cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only)
-    if options.bias_correction is None:  # on wherever there are calibration inputs to take the means from
-        options = replace(options, bias_correction=calibration is not None or calibrate_random is not None)
+    # Bias correction and GPTQ read the calibration inputs themselves (means, Gram matrices): on where there are some.
+    has_inputs = calibration is not None or calibrate_random is not None
+    if options.bias_correction is None:
+        options = replace(options, bias_correction=has_inputs)
+    if options.gptq is None:
+        low_bits = options.weight_type.is_integer and options.weight_type.bits <= 4
+        options = replace(options, gptq=has_inputs and low_bits and options.granularity != "per-tensor")
     # The analysis and the search walk the eval data several times.
     eval_data = eval_data.replayable(options.batch_size)
     bars = _Bars(console if progress else None)
     run = _calibration(fm, options, cal_data, stats, save_stats_to, bars)
-    builder = ModelBuilder(fm, options, run.stats if run is not None else {}, run.means if run is not None else {})
+    builder = ModelBuilder(fm, options, run)
     with bars.task("converting weights", 1) as step:
         requested = builder.build()
         step(1)
@@ -193,12 +199,16 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars) -> Calibrati
     # With 8-bit integer weights every node pairs with integer activations: the widest set of tensors.
     widest = plan(fm, replace(options, weights="int8", activations=options.activations or "uint8"))
     tensors = widest.activations if options.activations is not None else []
-    axes = input_channel_axes(fm, [fm.node(p.name) for p in widest.nodes]) if options.bias_correction else {}
-    if not tensors and not axes:
+    nodes = [fm.node(p.name) for p in widest.nodes]
+    axes = input_channel_axes(fm, nodes) if options.bias_correction else {}
+    grams = gram_inputs(fm, nodes) if options.gptq else []
+    if not tensors and not axes and not grams:
         return None
     if stats is not None:
         if axes:
             raise QuantizationError("quantize: bias correction needs the calibration data's input means; give calibration data, not stats")
+        if grams:
+            raise QuantizationError("quantize: GPTQ needs the calibration data's inputs; give calibration data, not stats")
         saved = load_stats(str(stats), model_digest=fm.digest)
         missing = [t for t in tensors if t not in saved]
         if missing:
@@ -206,7 +216,9 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars) -> Calibrati
         run = CalibrationRun({t: saved[t] for t in tensors}, 0, 0, 0.0, 0)
     else:
         with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
-            run = calibrate(fm, tensors, cal_data, batch_size=options.batch_size, progress=step, channel_axes=axes)
+            run = calibrate(
+                fm, tensors, cal_data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams
+            )
     if save_stats_to is not None:
         save_stats(run.stats, str(save_stats_to), model_digest=fm.digest)
     return run

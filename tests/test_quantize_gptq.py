@@ -1,0 +1,76 @@
+"""GPTQ: lower output error than rounding to nearest at the same bits, stored through the same codes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qlinear
+import qlinear.onnx as qo
+import qlinear.quantize as qq
+from qlinear.dtypes import element_type
+from qlinear.quantize._choose import weight_params
+from qlinear.quantize._gptq import gptq_weight
+
+RNG = np.random.default_rng(5)
+
+
+def _correlated_inputs(rows: int, k: int) -> np.ndarray:
+    """Inputs whose channels are correlated, as a layer's inputs are (GPTQ gains nothing on white noise)."""
+    mix = RNG.standard_normal((k, k)) * 0.4 + np.eye(k)
+    return (RNG.standard_normal((rows, k)) @ mix).astype(np.float32)
+
+
+def _dequantized(w, params, axis, block, t):
+    codes = qlinear.quantize_linear(w, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=t)
+    return qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
+
+
+def _sqnr(ref, got):
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    return 10 * np.log10((ref**2).sum() / ((ref - got) ** 2).sum())
+
+
+@pytest.mark.parametrize("t", ["int4", "uint4", "int2", "int8"])
+@pytest.mark.parametrize("granularity", ["blocked", "per-channel"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gptq_lowers_the_output_error_and_keeps_its_codes(t, granularity, transposed):
+    k, n = 96, 40
+    x = _correlated_inputs(2000, k)
+    w = (RNG.standard_normal((k, n)) * 0.1).astype(np.float32)
+    gram = x.astype(np.float64).T @ x
+    stored = w.T.copy() if transposed else w  # Gemm with transB keeps the weight as (N, K)
+    layout = dict(granularity=granularity, channel_axis=0 if transposed else 1, reduction_axis=1 if transposed else 0, block_size=32)
+    q, params, axis, block = gptq_weight(stored, gram, element_type(t), **layout)
+    assert q.shape == stored.shape and q.dtype == np.float32
+    # Quantizing GPTQ's weight again with its parameters gives it back: the model stores those codes.
+    np.testing.assert_array_equal(_dequantized(q, params, axis, block, t), q)
+    rtn_params, rtn_axis, rtn_block = weight_params(stored, element_type(t), clip="minmax", **layout)
+    rtn = _dequantized(stored, rtn_params, rtn_axis, rtn_block, t)
+    as_kn = (lambda a: a.T) if transposed else (lambda a: a)
+    ref = x @ w
+    gain = _sqnr(ref, x @ as_kn(q)) - _sqnr(ref, x @ as_kn(rtn))
+    # At 2 bits the rows' errors are as large as the weights, and spreading them gains less.
+    assert gain > (0.3 if t == "int2" else 1.0), gain
+
+
+def test_gptq_is_not_used_where_it_does_not_apply():
+    gram = np.eye(8)
+    w = np.ones((8, 4), np.float32)
+    assert gptq_weight(w, gram, element_type("float8e4m3fn"), granularity="blocked", channel_axis=1, reduction_axis=0, block_size=4) is None
+    assert gptq_weight(w, gram, element_type("int4"), granularity="per-tensor", channel_axis=1, reduction_axis=0, block_size=0) is None
+    assert gptq_weight(w, np.eye(3), element_type("int4"), granularity="blocked", channel_axis=1, reduction_axis=0, block_size=4) is None
+
+
+def test_gptq_in_the_quantizer_lowers_the_models_error():
+    k, n = 64, 32
+    g = qo.Graph("gptq", opset=17)
+    x = g.input("x", "float", ("N", 5, k))
+    h = g.op("MatMul", [x, (RNG.standard_normal((k, n)) * 0.2).astype(np.float32)], name="layer")
+    g.output(g.op("MatMul", [h, (RNG.standard_normal((n, 10)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
+    data = {"x": _correlated_inputs(400 * 5, k).reshape(400, 5, k)}
+    settings = dict(weights="int4", granularity="blocked", activations=None, promote=False, bias_correction=False)
+    rtn = qq.quantize_model(g.to_model(), None, data, eval=data, gptq=False, **settings).report
+    gptq = qq.quantize_model(g.to_model(), None, data, eval=data, gptq=True, **settings).report
+    assert gptq["settings"]["gptq"] and gptq["output"]["sqnr_db"] > rtn["output"]["sqnr_db"] + 1.0
+    assert gptq["nodes"][0]["runs_as"] == rtn["nodes"][0]["runs_as"]  # the same layout, only other codes
