@@ -105,6 +105,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with calibration data)",
     )
     types.add_argument(
+        "--smoothquant",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="move outlier input channels of MatMul/Gemm layers into their weights (default: on for 8-bit activations "
+        "with calibration arrays)",
+    )
+    types.add_argument(
         "--exclude", nargs="+", action="extend", default=[], metavar="NAME_OR_OP", help="node names or op types to leave in float"
     )
     types.add_argument(
@@ -187,6 +194,7 @@ def _quantize(args: argparse.Namespace, err: Console):
         max_float=args.max_float,
         bias_correction=args.bias_correction,
         gptq=args.gptq,
+        smoothquant=args.smoothquant,
     )
     return quantize_model(
         model,

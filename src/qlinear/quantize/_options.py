@@ -60,6 +60,10 @@ class QuantizeOptions:
             on the calibration data, instead of to nearest. None (the
             default): on for 2- and 4-bit integer weights wherever there is
             calibration data.
+        smoothquant: move outlier input channels of MatMul/Gemm layers into
+            their weights (alpha searched per activation) before quantizing.
+            None (the default): on for 8-bit integer activations wherever
+            the calibration data can be read twice (arrays, not a stream).
     """
 
     weights: str = "int8"
@@ -79,6 +83,7 @@ class QuantizeOptions:
     max_float: float = 0.25
     bias_correction: bool | None = None
     gptq: bool | None = None
+    smoothquant: bool | None = None
 
     def __post_init__(self) -> None:
         _one_of("weights", self.weights, WEIGHT_TYPES)
@@ -142,6 +147,7 @@ class QuantizeOptions:
             "max_float": self.max_float,
             "bias_correction": self.bias_correction,
             "gptq": self.gptq,
+            "smoothquant": self.smoothquant,
         }
 
 

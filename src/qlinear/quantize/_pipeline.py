@@ -41,6 +41,7 @@ from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._prepare import prepare
 from qlinear.quantize._report import PassResults, build_report
 from qlinear.quantize._sensitivity import analyze, most_sensitive_first
+from qlinear.quantize._smoothquant import smooth
 from qlinear.quantize._stats import load_stats, save_stats
 
 __all__ = ["HELD_OUT", "QuantizeResult", "quantize_model"]
@@ -113,6 +114,7 @@ def quantize_model(
             "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
         )
     cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only)
+    bars = _Bars(console if progress else None)
     # Bias correction and GPTQ read the calibration inputs themselves (means, Gram matrices): on where there are some.
     has_inputs = calibration is not None or calibrate_random is not None
     if options.bias_correction is None:
@@ -120,9 +122,25 @@ def quantize_model(
     if options.gptq is None:
         low_bits = options.weight_type.is_integer and options.weight_type.bits <= 4
         options = replace(options, gptq=has_inputs and low_bits and options.granularity != "per-tensor")
+    if options.smoothquant is None:
+        eight_bit = options.activations in ("uint8", "int8")
+        options = replace(options, smoothquant=has_inputs and eight_bit and cal_data.arrays is not None)
+    smoothed = []
+    if options.smoothquant:
+        if options.activations is None:
+            raise QuantizationError("quantize: smoothquant moves activation outliers into weights; it needs quantized activations")
+        if not has_inputs:
+            raise QuantizationError("quantize: smoothquant needs calibration data (not saved statistics)")
+        if cal_data.arrays is None and calibration is not None:
+            raise QuantizationError("quantize: smoothquant reads the calibration data twice; give arrays or an .npz, not a stream")
+        with bars.task("smoothing", cal_data.batch_count(options.batch_size)) as step:
+            smoothed = smooth(
+                fm, cal_data, batch_size=options.batch_size, excluded=set(options.exclude),
+                weights=options.weights, activations=options.activations,
+            )  # fmt: skip
+            step(cal_data.batch_count(options.batch_size) or 1)
     # The analysis and the search walk the eval data several times.
     eval_data = eval_data.replayable(options.batch_size)
-    bars = _Bars(console if progress else None)
     run = _calibration(fm, options, cal_data, stats, save_stats_to, bars)
     builder = ModelBuilder(fm, options, run)
     with bars.task("converting weights", 1) as step:
@@ -184,6 +202,7 @@ def quantize_model(
             sensitivity=figures,
             requested_figures=(start_sqnr, start_agreement),
             search=search,
+            smoothed=smoothed,
         )
     )
     if out_path is not None:

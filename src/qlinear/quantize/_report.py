@@ -20,6 +20,7 @@ from qlinear.quantize._mixed import Search
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import Plan
 from qlinear.quantize._sensitivity import NodeSensitivity
+from qlinear.quantize._smoothquant import Smoothed
 
 __all__ = ["MOST_DEGRADED", "PassResults", "build_report", "print_report", "report_json"]
 
@@ -49,6 +50,7 @@ class PassResults:
     sensitivity: dict[str, NodeSensitivity] = field(default_factory=dict)  # every node the requested types quantize
     requested_figures: tuple[float | None, float | None] = (None, None)  # output SQNR, agreement at the requested types
     search: Search | None = None  # None: no target
+    smoothed: list[Smoothed] = field(default_factory=list)
 
 
 def build_report(r: PassResults) -> dict[str, Any]:
@@ -115,6 +117,16 @@ def build_report(r: PassResults) -> dict[str, Any]:
         ],
         "requested": {"sqnr_db": r.requested_figures[0], "top1_agreement": r.requested_figures[1]},
         "promotions": _promotions(r.search),
+        "smoothquant": [
+            {
+                "tensor": m.tensor,
+                "nodes": list(m.nodes),
+                "alpha": m.alpha,
+                "sample_error_before": m.error_before,
+                "sample_error_after": m.error_after,
+            }
+            for m in r.smoothed
+        ],
         "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
         "warnings": warnings,
     }
