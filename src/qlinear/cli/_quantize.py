@@ -112,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with calibration arrays)",
     )
     types.add_argument(
+        "--awq",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="scale up weight rows that meet large inputs before rounding (default: on for 2/4-bit weight-only "
+        "with calibration arrays)",
+    )
+    types.add_argument(
         "--exclude", nargs="+", action="extend", default=[], metavar="NAME_OR_OP", help="node names or op types to leave in float"
     )
     types.add_argument(
@@ -195,6 +202,7 @@ def _quantize(args: argparse.Namespace, err: Console):
         bias_correction=args.bias_correction,
         gptq=args.gptq,
         smoothquant=args.smoothquant,
+        awq=args.awq,
     )
     return quantize_model(
         model,

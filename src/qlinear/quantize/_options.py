@@ -64,6 +64,10 @@ class QuantizeOptions:
             their weights (alpha searched per activation) before quantizing.
             None (the default): on for 8-bit integer activations wherever
             the calibration data can be read twice (arrays, not a stream).
+        awq: for weight-only layers, scale up the weight rows that meet
+            large inputs before rounding (alpha searched per activation).
+            None (the default): on for 2- and 4-bit integer weight-only
+            quantization wherever the calibration data can be read twice.
     """
 
     weights: str = "int8"
@@ -84,6 +88,7 @@ class QuantizeOptions:
     bias_correction: bool | None = None
     gptq: bool | None = None
     smoothquant: bool | None = None
+    awq: bool | None = None
 
     def __post_init__(self) -> None:
         _one_of("weights", self.weights, WEIGHT_TYPES)
@@ -148,6 +153,7 @@ class QuantizeOptions:
             "bias_correction": self.bias_correction,
             "gptq": self.gptq,
             "smoothquant": self.smoothquant,
+            "awq": self.awq,
         }
 
 

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import save
+from qlinear.quantize._awq import scale_for_weights
 from qlinear.quantize._bias_correction import input_channel_axes
 from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
@@ -119,13 +120,26 @@ def quantize_model(
     has_inputs = calibration is not None or calibrate_random is not None
     if options.bias_correction is None:
         options = replace(options, bias_correction=has_inputs)
+    low_bits = options.weight_type.is_integer and options.weight_type.bits <= 4
     if options.gptq is None:
-        low_bits = options.weight_type.is_integer and options.weight_type.bits <= 4
         options = replace(options, gptq=has_inputs and low_bits and options.granularity != "per-tensor")
     if options.smoothquant is None:
         eight_bit = options.activations in ("uint8", "int8")
         options = replace(options, smoothquant=has_inputs and eight_bit and cal_data.arrays is not None)
-    smoothed = []
+    if options.awq is None:
+        options = replace(options, awq=has_inputs and low_bits and weight_only and cal_data.arrays is not None)
+    smoothed, awq = [], []
+    if options.awq:
+        if not weight_only:
+            raise QuantizationError("quantize: awq scales weight-only layers; with quantized activations use smoothquant")
+        if cal_data.arrays is None or not has_inputs:
+            raise QuantizationError("quantize: awq reads the calibration data twice; give arrays or an .npz (not a stream or stats)")
+        with bars.task("scaling weights (AWQ)", 1) as step:
+            awq = scale_for_weights(
+                fm, cal_data, batch_size=options.batch_size, excluded=set(options.exclude), weights=options.weights,
+                block_size=options.block_size,
+            )  # fmt: skip
+            step(1)
     if options.smoothquant:
         if options.activations is None:
             raise QuantizationError("quantize: smoothquant moves activation outliers into weights; it needs quantized activations")
@@ -203,6 +217,7 @@ def quantize_model(
             requested_figures=(start_sqnr, start_agreement),
             search=search,
             smoothed=smoothed,
+            awq=awq,
         )
     )
     if out_path is not None:

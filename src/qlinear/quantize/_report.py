@@ -51,6 +51,7 @@ class PassResults:
     requested_figures: tuple[float | None, float | None] = (None, None)  # output SQNR, agreement at the requested types
     search: Search | None = None  # None: no target
     smoothed: list[Smoothed] = field(default_factory=list)
+    awq: list[Smoothed] = field(default_factory=list)
 
 
 def build_report(r: PassResults) -> dict[str, Any]:
@@ -117,16 +118,8 @@ def build_report(r: PassResults) -> dict[str, Any]:
         ],
         "requested": {"sqnr_db": r.requested_figures[0], "top1_agreement": r.requested_figures[1]},
         "promotions": _promotions(r.search),
-        "smoothquant": [
-            {
-                "tensor": m.tensor,
-                "nodes": list(m.nodes),
-                "alpha": m.alpha,
-                "sample_error_before": m.error_before,
-                "sample_error_after": m.error_after,
-            }
-            for m in r.smoothed
-        ],
+        "smoothquant": _scaled(r.smoothed),
+        "awq": _scaled(r.awq),
         "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
         "warnings": warnings,
     }
@@ -141,6 +134,19 @@ def _figure_text(value: float | None, metric: str) -> str:
     if metric == "agreement":
         return f"top-1 agreement {_share(value)}"
     return f"output SQNR {_db(value)} dB"
+
+
+def _scaled(done: list[Smoothed]) -> list[dict[str, Any]]:
+    return [
+        {
+            "tensor": m.tensor,
+            "nodes": list(m.nodes),
+            "alpha": m.alpha,
+            "sample_error_before": m.error_before,
+            "sample_error_after": m.error_after,
+        }
+        for m in done
+    ]
 
 
 def _promotions(search: Search | None) -> dict[str, Any] | None:

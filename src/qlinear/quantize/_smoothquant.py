@@ -26,11 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
 from qlinear.dtypes import element_type
-from qlinear.quantize._calibrate import run_batch, session, with_outputs
+from qlinear.quantize._channel_scaling import observe, rewrite, rows_first, sites
 from qlinear.quantize._choose import scale_and_zero_point
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel, index
@@ -68,63 +66,21 @@ def smooth(
     wt, at = element_type(weights), element_type(activations)
     if not (wt.is_integer and at.is_integer):
         wt, at = _I8, _U8
-    sites = _sites(fm, excluded)
-    if not sites:
+    found = sites(fm, excluded)
+    if not found:
         return []
-    absmax, rows = _observe(fm, list(sites), data, batch_size)
+    absmax, _, rows = observe(fm, list(found), data, batch_size, SAMPLE_ROWS)
     done = []
-    for tensor, nodes in sites.items():
+    for tensor, nodes in found.items():
         if tensor not in absmax or absmax[tensor].max() < OUTLIER_RATIO * max(float(np.median(absmax[tensor])), 1e-30):
             continue
-        weights = [_rows_first(fm, n) for n in nodes]
+        weights = [rows_first(fm, n) for n in nodes]
         best = _search(rows[tensor], absmax[tensor], weights, wt, at)
         done.append(Smoothed(tensor, tuple(n.name for n in nodes), *best))
         if best[0] is not None:
-            _rewrite(fm, tensor, nodes, _scales(absmax[tensor], weights, best[0]))
+            rewrite(fm, tensor, nodes, _scales(absmax[tensor], weights, best[0]), "SmoothQuant")
     index(fm)
     return done
-
-
-def _sites(fm: FloatModel, excluded: set[str]) -> dict[str, list[onnx.NodeProto]]:
-    """Float activations and the layers (2-D constant weight of their own, rows along the activation's last axis) reading them."""
-    sites: dict[str, list[onnx.NodeProto]] = {}
-    for node in fm.graph.node:
-        if node.name in excluded or node.op_type in excluded or node.domain not in ("", "ai.onnx"):
-            continue
-        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
-            continue
-        x, w = node.input[0], node.input[1]
-        if x in fm.initializers or w not in fm.initializers or len(fm.shapes.get(w, ())) != 2 or not fm.is_float(x):
-            continue
-        if node.op_type == "Gemm" and _attr(node, "transA", 0):
-            continue
-        if len(fm.consumers.get(w, [])) != 1:  # a weight shared with other layers cannot take this input's scales
-            continue
-        sites.setdefault(x, []).append(node)
-    return sites
-
-
-def _observe(fm: FloatModel, tensors: list[str], data: Dataset, batch_size: int):
-    """Per-channel max |x| over the data, and the first SAMPLE_ROWS rows (last axis) of each tensor."""
-    sess = session(with_outputs(fm.model, tensors))
-    absmax: dict[str, np.ndarray] = {}
-    rows: dict[str, list[np.ndarray]] = {t: [] for t in tensors}
-    kept = dict.fromkeys(tensors, 0)
-    for k, feeds in enumerate(data.batches(batch_size)):
-        for t, v in zip(tensors, run_batch(sess, tensors, feeds, f"smoothing batch {k}"), strict=True):
-            flat = np.asarray(v, np.float32).reshape(-1, np.shape(v)[-1])
-            m = np.abs(flat).max(axis=0)
-            absmax[t] = np.maximum(absmax[t], m) if t in absmax else m
-            if kept[t] < SAMPLE_ROWS:
-                rows[t].append(flat[: SAMPLE_ROWS - kept[t]])
-                kept[t] += rows[t][-1].shape[0]
-    return absmax, {t: np.concatenate(r) for t, r in rows.items() if r}
-
-
-def _rows_first(fm: FloatModel, node: onnx.NodeProto) -> np.ndarray:
-    """The layer's weight as (K, N): input channels along the rows."""
-    w = fm.constant(node.input[1]).astype(np.float64)
-    return w.T if node.op_type == "Gemm" and _attr(node, "transB", 0) else w
 
 
 def _scales(absmax: np.ndarray, weights: list[np.ndarray], alpha: float) -> np.ndarray:
@@ -168,35 +124,3 @@ def _error(x: np.ndarray, weights: list[np.ndarray], refs: list[np.ndarray], s: 
         for q, ref in zip(wq, refs, strict=True):
             total += float(((xq @ q - ref[test]) ** 2).sum())
     return total
-
-
-def _rewrite(fm: FloatModel, tensor: str, nodes: list[onnx.NodeProto], s: np.ndarray) -> None:
-    """``tensor * (1 / s)`` into the layers, their weights' rows times ``s``."""
-    g = fm.graph
-    taken = {t.name for t in g.initializer} | {n for node in g.node for n in (*node.input, *node.output)}
-    smoothed, inverse = _fresh(f"{tensor}_smoothed", taken), _fresh(f"{tensor}_smoothing", taken)
-    dtype = helper.tensor_dtype_to_np_dtype(fm.elem_types.get(tensor, onnx.TensorProto.FLOAT))
-    g.initializer.append(numpy_helper.from_array((1.0 / s).astype(dtype), inverse))
-    mul = helper.make_node("Mul", [tensor, inverse], [smoothed], name=_fresh(f"{tensor}_SmoothQuant", {n.name for n in g.node}))
-    first = min(list(g.node).index(n) for n in nodes)
-    g.node.insert(first, mul)
-    inits = {t.name: t for t in g.initializer}
-    for node in nodes:
-        node.input[0] = smoothed
-        w = numpy_helper.to_array(inits[node.input[1]])
-        rows_scale = s[None, :] if node.op_type == "Gemm" and _attr(node, "transB", 0) else s[:, None]
-        inits[node.input[1]].CopyFrom(numpy_helper.from_array((w.astype(np.float64) * rows_scale).astype(w.dtype), node.input[1]))
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    return name
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
