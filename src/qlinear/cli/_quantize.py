@@ -119,6 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with calibration arrays)",
     )
     types.add_argument(
+        "--equalize",
+        action="store_true",
+        help="cross-layer equalization of Conv -> Relu -> Conv pairs (off by default: it did not help the CNNs measured)",
+    )
+    types.add_argument(
         "--exclude", nargs="+", action="extend", default=[], metavar="NAME_OR_OP", help="node names or op types to leave in float"
     )
     types.add_argument(
@@ -203,6 +208,7 @@ def _quantize(args: argparse.Namespace, err: Console):
         gptq=args.gptq,
         smoothquant=args.smoothquant,
         awq=args.awq,
+        equalize=args.equalize,
     )
     return quantize_model(
         model,

@@ -31,6 +31,7 @@ from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._data import Dataset, load_dataset, random_dataset
 from qlinear.quantize._gptq import gram_inputs
+from qlinear.quantize._equalize import equalize
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
 from qlinear.quantize._fusion import check_fusion
 from qlinear.quantize._model import load_float_model
@@ -128,6 +129,7 @@ def quantize_model(
         options = replace(options, smoothquant=has_inputs and eight_bit and cal_data.arrays is not None)
     if options.awq is None:
         options = replace(options, awq=has_inputs and low_bits and weight_only and cal_data.arrays is not None)
+    equalized = equalize(fm, set(options.exclude)) if options.equalize else []
     smoothed, awq = [], []
     if options.awq:
         if not weight_only:
@@ -218,6 +220,7 @@ def quantize_model(
             search=search,
             smoothed=smoothed,
             awq=awq,
+            equalized=equalized,
         )
     )
     if out_path is not None:

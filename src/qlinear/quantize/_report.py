@@ -14,6 +14,7 @@ from rich.table import Table
 from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._convert import ConvertedNode
 from qlinear.quantize._data import Dataset
+from qlinear.quantize._equalize import Equalized
 from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import FusionCheck
 from qlinear.quantize._mixed import Search
@@ -52,6 +53,7 @@ class PassResults:
     search: Search | None = None  # None: no target
     smoothed: list[Smoothed] = field(default_factory=list)
     awq: list[Smoothed] = field(default_factory=list)
+    equalized: list[Equalized] = field(default_factory=list)
 
 
 def build_report(r: PassResults) -> dict[str, Any]:
@@ -120,6 +122,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
         "promotions": _promotions(r.search),
         "smoothquant": _scaled(r.smoothed),
         "awq": _scaled(r.awq),
+        "equalized": [{"first": e.first, "second": e.second, "largest_scale": e.largest, "smallest_scale": e.smallest} for e in r.equalized],
         "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
         "warnings": warnings,
     }
