@@ -18,8 +18,9 @@ Three models on real data:
 Each quantizer runs in a fresh process (its time and peak RSS are that
 process's), the same calibration data for all: qlinear at several
 settings (its defaults: an accuracy target of 99% agreement on the held-out
-fifth of the calibration data, and bias correction; and at the same types
-with no promotion, and with neither), ONNX Runtime's ``quantize_static`` (QDQ, per-channel, uint8
+fifth of the calibration data, bias correction, GPTQ and AWQ at 4 bits,
+SmoothQuant at 8; at the same types with no promotion; and with no
+promotion and every algorithm off, round to nearest), ONNX Runtime's ``quantize_static`` (QDQ, per-channel, uint8
 activations, int8 weights; MinMax, Entropy and Percentile),
 ``quantize_dynamic`` (int8 weights) and its 4-bit ``MatMulNBitsQuantizer``
 (round to nearest, symmetric blocks of 32; MatMul only). Each result is then evaluated against the float model on
@@ -51,30 +52,27 @@ CALIBRATION_WINDOWS = 2048  # text windows of 32 tokens to calibrate on
 sys.path.insert(0, str(HERE))
 
 # (label, quantizer, settings): qlinear keywords, or ORT's quantizer and its method.
+_W4 = {"weights": "int4", "granularity": "blocked", "activations": None}
+_NONE = {"bias_correction": False, "gptq": False, "awq": False, "smoothquant": False}  # every algorithm off
+_MATMUL_ONLY = {"exclude": ["Gather", "Gemm", "Conv"]}  # the scope of ONNX Runtime's MatMulNBits quantizer
 RUNS = [
     ("qlinear int8/uint8 minmax", "qlinear", {}),
     ("qlinear int8/uint8 minmax, no promotion", "qlinear", {"promote": False}),
-    ("qlinear int8/uint8 minmax, no promotion, no bias correction", "qlinear", {"promote": False, "bias_correction": False}),
+    ("qlinear int8/uint8 minmax, no promotion, no algorithms", "qlinear", {"promote": False, **_NONE}),
     ("qlinear int8/uint8 entropy", "qlinear", {"method": "entropy"}),
     ("qlinear int8/uint8 percentile", "qlinear", {"method": "percentile"}),
-    ("qlinear int4 blocked, weight-only", "qlinear", {"weights": "int4", "granularity": "blocked", "activations": None}),
+    ("qlinear int4 blocked, weight-only", "qlinear", _W4),
+    ("qlinear int4 blocked, weight-only, no promotion", "qlinear", {**_W4, "promote": False}),
+    ("qlinear int4 blocked, weight-only, no promotion, no algorithms", "qlinear", {**_W4, "promote": False, **_NONE}),
+    ("qlinear int4 blocked, weight-only, MatMul only, no promotion", "qlinear", {**_W4, "promote": False, **_MATMUL_ONLY}),
     (
-        "qlinear int4 blocked, weight-only, no promotion",
+        "qlinear int4 blocked, weight-only, MatMul only, no promotion, no algorithms",
         "qlinear",
-        {"weights": "int4", "granularity": "blocked", "activations": None, "promote": False},
-    ),
-    (
-        "qlinear int4 blocked, weight-only, no promotion, no bias correction",
-        "qlinear",
-        {"weights": "int4", "granularity": "blocked", "activations": None, "promote": False, "bias_correction": False},
+        {**_W4, "promote": False, **_MATMUL_ONLY, **_NONE},
     ),
     ("qlinear int4 per-channel/uint8", "qlinear", {"weights": "int4"}),
     ("qlinear int4 per-channel/uint8, no promotion", "qlinear", {"weights": "int4", "promote": False}),
-    (
-        "qlinear int4 per-channel/uint8, no promotion, no bias correction",
-        "qlinear",
-        {"weights": "int4", "promote": False, "bias_correction": False},
-    ),
+    ("qlinear int4 per-channel/uint8, no promotion, no algorithms", "qlinear", {"weights": "int4", "promote": False, **_NONE}),
     (
         "qlinear int2 blocked, weight-only",
         "qlinear",
