@@ -11,6 +11,7 @@ __all__ = ["main"]
 # Subcommand name -> module defining ``add_arguments(parser)`` and ``run(args) -> int``.
 SUBCOMMANDS = {
     "quantize": "qlinear.cli._quantize",
+    "report": "qlinear.cli._report",
     "bench": "qlinear.cli._bench",
     "conformance": "qlinear.cli._conformance",
     "inspect": "qlinear.cli._inspect",

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from qlinear._errors import QuantizationError
+from qlinear.quantize._html import render_html
 from qlinear.quantize import (
     ACTIVATION_TYPES,
     GRANULARITIES,
@@ -144,7 +145,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--analyze", action="store_true", help="print every node's sensitivity (output SQNR with only that node quantized)"
     )
     out = parser.add_argument_group("output")
-    out.add_argument("--report", metavar="REPORT.json", help="write the report as JSON")
+    out.add_argument(
+        "--report",
+        metavar="REPORT.json|.html",
+        help="write the report: JSON, or a self-contained HTML page with charts when the name ends in .html "
+        "(needs pip install 'qlinear[report]')",
+    )
     out.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of tables")
     out.add_argument("--quiet", action="store_true", help="no progress bars and no printed report")
 
@@ -154,7 +160,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = _quantize(args, err)
         if args.report:
-            _write_text(args.report, report_json(result.report) + "\n")
+            if args.report.lower().endswith((".html", ".htm")):
+                _write_text(args.report, render_html(result.report))
+            else:
+                _write_text(args.report, report_json(result.report) + "\n")
     except QuantizationError as e:
         message = str(e).removeprefix("quantize: ")  # the library's own prefix, said once by the command's
         err.print(f"qlinear quantize: {escape(message)}", highlight=False, soft_wrap=True)

@@ -282,7 +282,8 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         for col in ("alone dB", "weight dB", "activation dB"):
             table.add_column(col, no_wrap=True, justify="right")
         for n in rows:
-            table.add_row(n["name"], _db(n["sensitivity_db"]), _db(n["weight_sqnr_db"]), _db(n["activation_sqnr_db"]))
+            activation = "-" if n["activation_sqnr_db"] is None else _db(n["activation_sqnr_db"])  # None: activations left float
+            table.add_row(n["name"], _db(n["sensitivity_db"]), _db(n["weight_sqnr_db"]), activation)
         console.print(table)
     nodes = sorted(report["nodes"], key=lambda n: math.inf if n["output_sqnr_db"] is None else n["output_sqnr_db"])
     if not nodes:

@@ -1,0 +1,98 @@
+"""The HTML report: self-contained, every node in its chart and sortable table, and drawn by a real browser offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from importlib import resources
+
+import pytest
+
+import qlinear.quantize as qq
+from qlinear.cli import main
+from qlinear.quantize._html import render_html
+
+DEMO = resources.files("qlinear.quantize") / "_demo"
+MODEL, CALIBRATION, EVAL = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz"), str(DEMO / "digits_eval.npz")
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+@pytest.fixture(scope="module")
+def report():
+    # int2 weights: the target promotes nodes, so the page shows promotions too.
+    return qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL, labels="label", weights="int2").report
+
+
+def test_page_is_self_contained_with_every_node(report):
+    page = render_html(report)
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    # Nothing is fetched: no script, style or image from elsewhere.
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=\"(https?:)?//", page)
+    assert "Plotly.newPlot" in page and len(page) > 1_000_000  # the chart library inlined
+    table = page[page.index('id="node-table"') :]
+    for node in report["analysis"]:
+        assert f"<td>{node['name']}</td>" in table
+    assert table.count("<tr>") == len(report["analysis"]) + 1
+    assert "Promotions, most sensitive node first" in page and "--weights int2" in page
+    # Names are escaped.
+    hostile = json.loads(json.dumps(report))
+    hostile["nodes"][0]["name"] = hostile["analysis"][0]["name"] = "<script>alert(1)</script>"
+    assert "<script>alert(1)</script>" not in render_html(hostile)
+
+
+def test_report_command_renders_a_saved_report(tmp_path, capsys):
+    saved = tmp_path / "r.json"
+    assert main(["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--report", str(saved), "--quiet"]) == 0
+    assert main(["report", str(saved), "-o", str(tmp_path / "r.html")]) == 0
+    assert "Every node (click a column to sort)" in (tmp_path / "r.html").read_text()
+    # --report with .html writes the page directly.
+    assert main(["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--report", str(tmp_path / "d.html"), "--quiet"]) == 0
+    assert (tmp_path / "d.html").read_text().startswith("<!doctype html>")
+    # Bad input: one line, exit 2, nothing written.
+    (tmp_path / "bad.json").write_text('{"model": 1}')
+    assert main(["report", str(tmp_path / "bad.json"), "-o", str(tmp_path / "bad.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a qlinear quantize report" in err and not (tmp_path / "bad.html").exists()
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's chromium; installed with apt-get where it is missing and this process may (QLINEAR_NO_BROWSER_INSTALL=1: never)."""
+    found = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if found is None and os.environ.get("QLINEAR_NO_BROWSER_INSTALL") != "1" and shutil.which("apt-get") and os.geteuid() == 0:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=900, check=False, env=env)
+        found = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if found is None:
+        pytest.skip("no Chromium here and it cannot be installed (apt-get needs root); the page is checked without a browser above")
+    return found
+
+
+def _chromium(browser: str, page: str, *flags: str) -> subprocess.CompletedProcess:
+    # A proxy that refuses every connection: any fetch the page tried would fail and be logged.
+    return subprocess.run(
+        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--proxy-server=127.0.0.1:9", "--enable-logging=stderr",
+         "--v=0", "--virtual-time-budget=5000", *flags, f"file://{page}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_page_draws_in_chromium_offline(report, chromium, tmp_path):
+    page = tmp_path / "report.html"
+    page.write_text(render_html(report))
+    dom = _chromium(chromium, str(page), "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line or "net::ERR" in line]
+    assert console == []  # no script error, no failed fetch
+    # plotly drew the chart: its SVG, one bar a node, and the node table.
+    assert dom.stdout.count('class="main-svg"') >= 2
+    bars = re.findall(r'<g class="point"><path d="M[^"]+"', dom.stdout)
+    assert len(bars) >= len(report["analysis"])
+    shot = tmp_path / "report.png"
+    result = _chromium(chromium, str(page), "--window-size=1400,1800", f"--screenshot={shot}")
+    assert result.returncode == 0 and shot.stat().st_size > 50_000
+    if os.environ.get("QLINEAR_SCREENSHOT_DIR"):  # for a reader to look at
+        shutil.copy(shot, os.environ["QLINEAR_SCREENSHOT_DIR"])
