@@ -10,6 +10,12 @@ Backends:
 - ``"onnxruntime"``: ONNX Runtime's CPU provider with graph optimizations
   off, so its Q/DQ kernels run as the graph says instead of fused integer
   kernels.
+- ``"onnxruntime+qlinear"``: ONNX Runtime for the graph, and qlinear's
+  operators for the Q/DQ nodes whose types ONNX Runtime has no kernel for
+  (int2, float4, float6, ...): computed once where their inputs are
+  constants (weights), else run between ONNX Runtime segments
+  (:mod:`._mixed`). Bit for bit what ``"qlinear"`` gives on Q/DQ graphs,
+  at ONNX Runtime's speed for the rest.
 - ``"reference"``: onnx's reference evaluator alone.
 """
 
@@ -34,7 +40,7 @@ from qlinear.onnx._qdq_check import QDQ_OPS
 
 __all__ = ["BACKENDS", "run"]
 
-BACKENDS = ("qlinear", "onnxruntime", "reference")
+BACKENDS = ("qlinear", "onnxruntime", "onnxruntime+qlinear", "reference")
 _INPUT_COUNT = {"QuantizeLinear": 3, "DequantizeLinear": 3, "DynamicQuantizeLinear": 1}
 
 
@@ -77,7 +83,8 @@ def run(
         model: a ModelProto or the path of a model file.
         feeds: an array for each graph input (ml_dtypes arrays for int4,
             float8 and the other low-precision types).
-        backend: ``"qlinear"``, ``"onnxruntime"`` or ``"reference"``.
+        backend: ``"qlinear"``, ``"onnxruntime"``, ``"onnxruntime+qlinear"``
+            or ``"reference"``.
         output_names: graph outputs to return; default all.
 
     Returns:
@@ -113,6 +120,11 @@ def run(
     arrays = {n: np.asarray(feeds[n]) for n in needed}
     if backend == "onnxruntime":
         values = _run_onnxruntime(model, arrays, names)
+    elif backend == "onnxruntime+qlinear":
+        from qlinear.onnx._mixed import MixedRunner
+
+        got = MixedRunner(model)(arrays, names)
+        values = [got[n] for n in names]
     else:
         evaluator = ReferenceEvaluator(model, new_ops=_QLINEAR_OPS if backend == "qlinear" else None)
         values = evaluator.run(names, arrays)

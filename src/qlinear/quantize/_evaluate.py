@@ -3,8 +3,8 @@
 Both models run batch by batch; only sums are kept (signal and noise power
 for the output and for each quantized node's output, agreement and label
 counts), so evaluation memory does not grow with the data either. The
-quantized model runs on ONNX Runtime, or on qlinear's own engine where ONNX
-Runtime has no kernels for its types (int2, float4).
+quantized model runs on ONNX Runtime, with qlinear's Q/DQ kernels where
+ONNX Runtime has none for its types (int2, float4).
 """
 
 from __future__ import annotations
@@ -26,25 +26,33 @@ __all__ = ["Evaluation", "Reference", "Runner", "evaluate", "latency_ms", "outpu
 
 
 class Runner:
-    """Runs a model batch by batch: on ONNX Runtime if it can, else on qlinear's engine."""
+    """Runs a model batch by batch: on ONNX Runtime if it can, else on ONNX Runtime with qlinear's Q/DQ kernels.
+
+    The second is ``qlinear.onnx.run``'s ``"onnxruntime+qlinear"`` backend:
+    weights of types ONNX Runtime lacks (int2, float4, ...) dequantized once
+    by qlinear, activation Q/DQ nodes run by qlinear between ONNX Runtime
+    segments.
+    """
 
     def __init__(self, model: onnx.ModelProto, outputs: list[str]) -> None:
         self.model = with_outputs(model, outputs)
         self.outputs = [o.name for o in self.model.graph.output]
+        self._mixed = None
         try:
             self._session = session(self.model)
             self.backend = "onnxruntime"
-        except QuantizationError:  # no kernels for its types (float4): qlinear's engine runs every type
+        except QuantizationError:  # no kernels for its types (float4, int2)
+            from qlinear.onnx._mixed import MixedRunner
+
             self._session = None
-            self.backend = "qlinear"
+            self._mixed = MixedRunner(self.model)
+            self.backend = "onnxruntime+qlinear"
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._session is not None:
             values = run_batch(self._session, self.outputs, feeds, "an evaluation batch")
             return dict(zip(self.outputs, values, strict=True))
-        from qlinear.onnx import run
-
-        return run(self.model, feeds, backend="qlinear", output_names=self.outputs)
+        return self._mixed(feeds, self.outputs)
 
 
 @dataclass
