@@ -73,9 +73,9 @@ def main() -> None:
                 ).model
                 mixed = MixedRunner(q)
                 calls = {
-                    "qlinear": lambda q=q: run(q, feeds, backend="qlinear"),
-                    "mixed": lambda mixed=mixed: mixed(feeds),
-                    "ort": lambda s=ort_session: s.run(None, feeds),
+                    "qlinear": lambda q=q, f=feeds: run(q, f, backend="qlinear"),
+                    "mixed": lambda mixed=mixed, f=feeds: mixed(f),
+                    "ort": lambda s=ort_session, f=feeds: s.run(None, f),
                 }
                 for call in calls.values():
                     call()

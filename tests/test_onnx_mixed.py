@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 import qlinear
-
-from qlinear.onnx import Graph, run
 from qlinear import QuantizationError
+from qlinear.onnx import Graph, run
 from qlinear.onnx._conformance import backend_cases
 from qlinear.onnx._edge_cases import generated_cases
 from qlinear.onnx._mixed import MixedRunner
@@ -82,9 +81,7 @@ def test_weights_fold_activations_cut_and_both_match():
     # Weights of the types ONNX Runtime lacks are computed once; its own 8/16-bit DequantizeLinear it runs itself.
     assert sorted(runner.folded) == sorted(f"dq_w_{t}" for t in TYPES if t not in ("int8", "uint16"))
     # Every activation QuantizeLinear runs on qlinear (NaN), and the DequantizeLinear of the types ONNX Runtime lacks.
-    assert sorted(runner.cut) == sorted(
-        [f"q_a_{t}" for t in TYPES] + [f"dq_a_{t}" for t in TYPES if t not in ("int8", "uint16")]
-    )
+    assert sorted(runner.cut) == sorted([f"q_a_{t}" for t in TYPES] + [f"dq_a_{t}" for t in TYPES if t not in ("int8", "uint16")])
 
 
 def test_float4_weights_run_at_onnx_runtime_speed():
@@ -93,7 +90,9 @@ def test_float4_weights_run_at_onnx_runtime_speed():
     g = Graph("mlp", opset=23)
     h = g.input("x", "float", ("N", 256))
     for k in range(3):
-        codes = qlinear.quantize_linear(rng.standard_normal((256, 256)).astype(np.float32), np.float32(0.05), output_dtype="float4e2m1")
+        codes = qlinear.quantize_linear(
+            rng.standard_normal((256, 256)).astype(np.float32), np.float32(0.05), output_dtype="float4e2m1"
+        )
         h = g.op("Relu", [g.op("MatMul", [h, g.dequantize_linear(codes, np.float32(0.05))], name=f"mm{k}")], name=f"r{k}")
     g.output(g.op("Identity", [h], name="out", output_names=["y"]))
     model, feeds = g.to_model(), {"x": rng.standard_normal((64, 256)).astype(np.float32)}

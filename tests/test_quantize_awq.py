@@ -38,7 +38,9 @@ def test_awq_keeps_the_float_function_and_is_on_by_default_for_4bit_weight_only(
     model, data = _salient_layer()
     fm = load_float_model(model)
     prepare(fm, weight_only=True)
-    done = scale_for_weights(fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), weights="int4", block_size=32)
+    done = scale_for_weights(
+        fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), weights="int4", block_size=32
+    )
     assert done and done[0].error_after < done[0].error_before
     ref, got = qo.run(model, data, backend="onnxruntime")["y"], qo.run(fm.model, data, backend="onnxruntime")["y"]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))

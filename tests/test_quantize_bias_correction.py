@@ -61,7 +61,9 @@ def test_mean_output_error_is_zero_on_the_calibration_data(kind):
         assert after.max() < 1e-5
     assert corrected.report["output"]["sqnr_db"] > plain.report["output"]["sqnr_db"]
     # The float model itself is not touched.
-    assert qo.run(model, data, backend="onnxruntime")["y"].shape == qo.run(corrected.model, data, backend="onnxruntime")["y"].shape
+    assert (
+        qo.run(model, data, backend="onnxruntime")["y"].shape == qo.run(corrected.model, data, backend="onnxruntime")["y"].shape
+    )
 
 
 def test_corrected_bias_stays_int32_with_integer_activations():

@@ -71,7 +71,13 @@ def _run_dq(node: onnx.NodeProto, inits: dict, opset: int, ir_version: int) -> n
 def test_every_weight_type_and_granularity(op, granularity, weights):
     model, data = single_op(op)
     result = qq.quantize_model(
-        model, None, data, weights=weights, granularity=granularity, block_size=16 if granularity == "blocked" else 0, promote=False
+        model,
+        None,
+        data,
+        weights=weights,
+        granularity=granularity,
+        block_size=16 if granularity == "blocked" else 0,
+        promote=False,
     )
     q = result.model
     onnx.checker.check_model(q, full_check=True)

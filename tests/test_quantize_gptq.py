@@ -40,7 +40,9 @@ def test_gptq_lowers_the_output_error_and_keeps_its_codes(t, granularity, transp
     w = (RNG.standard_normal((k, n)) * 0.1).astype(np.float32)
     gram = x.astype(np.float64).T @ x
     stored = w.T.copy() if transposed else w  # Gemm with transB keeps the weight as (N, K)
-    layout = dict(granularity=granularity, channel_axis=0 if transposed else 1, reduction_axis=1 if transposed else 0, block_size=32)
+    layout = dict(
+        granularity=granularity, channel_axis=0 if transposed else 1, reduction_axis=1 if transposed else 0, block_size=32
+    )
     q, params, axis, block = gptq_weight(stored, gram, element_type(t), **layout)
     assert q.shape == stored.shape and q.dtype == np.float32
     # Quantizing GPTQ's weight again with its parameters gives it back: the model stores those codes.
@@ -57,9 +59,18 @@ def test_gptq_lowers_the_output_error_and_keeps_its_codes(t, granularity, transp
 def test_gptq_is_not_used_where_it_does_not_apply():
     gram = np.eye(8)
     w = np.ones((8, 4), np.float32)
-    assert gptq_weight(w, gram, element_type("float8e4m3fn"), granularity="blocked", channel_axis=1, reduction_axis=0, block_size=4) is None
-    assert gptq_weight(w, gram, element_type("int4"), granularity="per-tensor", channel_axis=1, reduction_axis=0, block_size=0) is None
-    assert gptq_weight(w, np.eye(3), element_type("int4"), granularity="blocked", channel_axis=1, reduction_axis=0, block_size=4) is None
+    assert (
+        gptq_weight(w, gram, element_type("float8e4m3fn"), granularity="blocked", channel_axis=1, reduction_axis=0, block_size=4)
+        is None
+    )
+    assert (
+        gptq_weight(w, gram, element_type("int4"), granularity="per-tensor", channel_axis=1, reduction_axis=0, block_size=0)
+        is None
+    )
+    assert (
+        gptq_weight(w, np.eye(3), element_type("int4"), granularity="blocked", channel_axis=1, reduction_axis=0, block_size=4)
+        is None
+    )
 
 
 def test_gptq_in_the_quantizer_lowers_the_models_error():

@@ -114,7 +114,9 @@ def test_one_fragile_node_is_promoted_and_no_other(outliers):
     assert (up["weight_type"], up["activation_type"]) == ("int8", "uint8")
     assert r["promotions"]["before"] == plain["output"]["top1_agreement"]
     ranking = sorted(r["analysis"], key=lambda n: n["sensitivity_db"])
-    assert [n["name"] for n in ranking] == ["down", "up"] and ranking[0]["sensitivity_db"] < 10 < 30 < ranking[1]["sensitivity_db"]
+    assert [n["name"] for n in ranking] == ["down", "up"] and ranking[0]["sensitivity_db"] < 10 < 30 < ranking[1][
+        "sensitivity_db"
+    ]
 
 
 def test_sensitivity_is_the_output_sqnr_with_only_that_node_quantized(outliers):

@@ -45,11 +45,29 @@ def test_page_is_self_contained_with_every_node(report):
 
 def test_report_command_renders_a_saved_report(tmp_path, capsys):
     saved = tmp_path / "r.json"
-    assert main(["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--report", str(saved), "--quiet"]) == 0
+    assert (
+        main(["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--report", str(saved), "--quiet"])
+        == 0
+    )
     assert main(["report", str(saved), "-o", str(tmp_path / "r.html")]) == 0
     assert "Every node (click a column to sort)" in (tmp_path / "r.html").read_text()
     # --report with .html writes the page directly.
-    assert main(["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--report", str(tmp_path / "d.html"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                MODEL,
+                "-o",
+                str(tmp_path / "q.onnx"),
+                "--calibration",
+                CALIBRATION,
+                "--report",
+                str(tmp_path / "d.html"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "d.html").read_text().startswith("<!doctype html>")
     # Bad input: one line, exit 2, nothing written.
     (tmp_path / "bad.json").write_text('{"model": 1}')
@@ -67,7 +85,9 @@ def chromium():
         subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=900, check=False, env=env)
         found = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
     if found is None:
-        pytest.skip("no Chromium here and it cannot be installed (apt-get needs root); the page is checked without a browser above")
+        pytest.skip(
+            "no Chromium here and it cannot be installed (apt-get needs root); the page is checked without a browser above"
+        )
     return found
 
 

@@ -23,7 +23,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from qlinear._errors import QuantizationError
-from qlinear.quantize._html import render_html
 from qlinear.quantize import (
     ACTIVATION_TYPES,
     GRANULARITIES,
@@ -34,6 +33,7 @@ from qlinear.quantize import (
     quantize_model,
     report_json,
 )
+from qlinear.quantize._html import render_html
 
 _DEMO = "digits_cnn.onnx"
 
@@ -139,7 +139,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--target-sqnr", type=float, metavar="DB", help="output SQNR to reach, in dB")
     target.add_argument("--no-promote", action="store_true", help="keep the types asked for everywhere (no target)")
     target.add_argument(
-        "--max-float", type=float, default=0.25, metavar="SHARE", help="share of the quantized nodes promotions may leave float (default 0.25)"
+        "--max-float",
+        type=float,
+        default=0.25,
+        metavar="SHARE",
+        help="share of the quantized nodes promotions may leave float (default 0.25)",
     )
     target.add_argument(
         "--analyze", action="store_true", help="print every node's sensitivity (output SQNR with only that node quantized)"

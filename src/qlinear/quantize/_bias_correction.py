@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper
 
-from qlinear.quantize._model import FloatModel
+from qlinear.quantize._model import FloatModel, attribute
 
 __all__ = ["BiasSite", "input_channel_axes", "output_shift", "site"]
 
@@ -44,7 +43,7 @@ def input_channel_axes(fm: FloatModel, nodes: list[onnx.NodeProto]) -> dict[str,
         if node.op_type == "Conv":
             axes[node.input[0]] = 1
         elif node.op_type == "Gemm":
-            axes[node.input[0]] = 0 if _attr(node, "transA", 0) else 1
+            axes[node.input[0]] = 0 if attribute(node, "transA", 0) else 1
         elif node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in fm.initializers:
             axes[node.input[0]] = -1
     return axes
@@ -78,7 +77,7 @@ def output_shift(node: onnx.NodeProto, weight_error: np.ndarray, mean: np.ndarra
     """``(W_q - W) E[x]``, one value per output channel, as the node's bias would take it; None where the layout is not one handled."""
     op, dw, mean = node.op_type, weight_error.astype(np.float64), mean.astype(np.float64)
     if op == "Conv":
-        groups = _attr(node, "group", 1)
+        groups = attribute(node, "group", 1)
         out_channels, per_group = dw.shape[0], dw.shape[1]
         if mean.shape != (groups * per_group,):
             return None
@@ -86,20 +85,13 @@ def output_shift(node: onnx.NodeProto, weight_error: np.ndarray, mean: np.ndarra
         group_means = mean.reshape(groups, per_group)[np.arange(out_channels) // (out_channels // groups)]
         return (summed * group_means).sum(axis=1)
     if op == "Gemm":
-        b = dw.T if _attr(node, "transB", 0) else dw  # (K, N)
+        b = dw.T if attribute(node, "transB", 0) else dw  # (K, N)
         if mean.shape != (b.shape[0],):
             return None
-        beta = _attr(node, "beta", 1.0)
+        beta = attribute(node, "beta", 1.0)
         if beta == 0:
             return None  # C is not added at all
-        return _attr(node, "alpha", 1.0) * (mean @ b) / beta
+        return attribute(node, "alpha", 1.0) * (mean @ b) / beta
     if op == "MatMul" and dw.ndim == 2 and mean.shape == (dw.shape[0],):
         return mean @ dw
     return None
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default

@@ -90,7 +90,13 @@ class ModelBuilder:
         if opset not in self._raised:
             self._raised[opset] = at_opset(self.fm.model, opset)
         model, converted = convert(
-            self.fm, planned, self.options, params, opset, source=self._raised[opset], input_means=self.means,
+            self.fm,
+            planned,
+            self.options,
+            params,
+            opset,
+            source=self._raised[opset],
+            input_means=self.means,
             input_grams=self.grams,
         )
         return Built(planned, model, converted, opset)

@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 from qlinear.quantize._calibrate import run_batch, session, with_outputs
 from qlinear.quantize._data import Dataset
-from qlinear.quantize._model import FloatModel
+from qlinear.quantize._model import FloatModel, attribute
 
 __all__ = ["observe", "rewrite", "rows_first", "sites"]
 
@@ -30,7 +30,7 @@ def sites(fm: FloatModel, excluded: set[str]) -> dict[str, list[onnx.NodeProto]]
         x, w = node.input[0], node.input[1]
         if x in fm.initializers or w not in fm.initializers or len(fm.shapes.get(w, ())) != 2 or not fm.is_float(x):
             continue
-        if node.op_type == "Gemm" and _attr(node, "transA", 0):
+        if node.op_type == "Gemm" and attribute(node, "transA", 0):
             continue
         if len(fm.consumers.get(w, [])) != 1:  # a weight shared with other layers cannot take this input's scales
             continue
@@ -63,7 +63,7 @@ def observe(fm: FloatModel, tensors: list[str], data: Dataset, batch_size: int, 
 def rows_first(fm: FloatModel, node: onnx.NodeProto) -> np.ndarray:
     """The layer's weight as (K, N): input channels along the rows."""
     w = fm.constant(node.input[1]).astype(np.float64)
-    return w.T if node.op_type == "Gemm" and _attr(node, "transB", 0) else w
+    return w.T if node.op_type == "Gemm" and attribute(node, "transB", 0) else w
 
 
 def rewrite(fm: FloatModel, tensor: str, nodes: list[onnx.NodeProto], s: np.ndarray, label: str) -> None:
@@ -80,7 +80,7 @@ def rewrite(fm: FloatModel, tensor: str, nodes: list[onnx.NodeProto], s: np.ndar
     for node in nodes:
         node.input[0] = smoothed
         w = numpy_helper.to_array(inits[node.input[1]])
-        rows_scale = s[None, :] if node.op_type == "Gemm" and _attr(node, "transB", 0) else s[:, None]
+        rows_scale = s[None, :] if node.op_type == "Gemm" and attribute(node, "transB", 0) else s[:, None]
         inits[node.input[1]].CopyFrom(numpy_helper.from_array((w.astype(np.float64) * rows_scale).astype(w.dtype), node.input[1]))
 
 
@@ -89,11 +89,3 @@ def _fresh(base: str, taken: set[str]) -> str:
     while name in taken:
         name, k = f"{base}_{k}", k + 1
     return name
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-

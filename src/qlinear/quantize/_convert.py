@@ -292,7 +292,9 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
         )  # fmt: skip
         x = w
     # In the weight's own float type: a float16 model's DequantizeLinear gives float16 (the scale's type).
-    params = QuantParams(_in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point)
+    params = QuantParams(
+        _in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point
+    )
     x = x if params.scale.dtype != np.float32 else x.astype(np.float32)
     codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)

@@ -173,18 +173,20 @@ def _summary(report: dict[str, Any]) -> str:
     size, out = report["size_bytes"], report["output"]
     rows = [
         ("model", f"{report['model']['input']} → {report['model']['output']}"),
-        ("size", f"{_bytes(size['before'])} → {_bytes(size['after'])} ({size['after'] / size['before']:.2f}×)"),
+        ("size", f"{_bytes(size['before'])} → {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)"),
     ]
     lat = report.get("latency_ms")
     if lat:
         rows.append(
             (
                 "latency (ONNX Runtime)",
-                f"{lat['before']:.3f} ms → {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['after'] / lat['before']:.2f}×)",
+                f"{lat['before']:.3f} ms → {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['after'] / lat['before']:.2f}x)",
             )
         )
     requested = report.get("requested") or {}
-    rows.append(("top-1 agreement", f"{_share(requested.get('top1_agreement'))} at the requested types → {_share(out['top1_agreement'])}"))
+    rows.append(
+        ("top-1 agreement", f"{_share(requested.get('top1_agreement'))} at the requested types → {_share(out['top1_agreement'])}")
+    )
     rows.append(("output SQNR", f"{_db(requested.get('sqnr_db'))} dB at the requested types → {_db(out['sqnr_db'])} dB"))
     if out.get("accuracy"):
         rows.append(("accuracy", f"{_share(out['accuracy']['before'])} float → {_share(out['accuracy']['after'])} quantized"))
@@ -211,7 +213,12 @@ def _command(report: dict[str, Any]) -> str:
         parts.append("--symmetric")
     if s.get("opset"):
         parts += ["--opset", str(s["opset"])]
-    for flag, key in (("--bias-correction", "bias_correction"), ("--gptq", "gptq"), ("--smoothquant", "smoothquant"), ("--awq", "awq")):
+    for flag, key in (
+        ("--bias-correction", "bias_correction"),
+        ("--gptq", "gptq"),
+        ("--smoothquant", "smoothquant"),
+        ("--awq", "awq"),
+    ):
         if key in s and s[key] is not None:
             parts.append(flag if s[key] else "--no-" + flag[2:])
     if s.get("equalize"):
@@ -244,7 +251,7 @@ def _promotions(report: dict[str, Any]) -> str:
     )
     return (
         "<h2>Promotions, most sensitive node first</h2>"
-        '<table><thead><tr><th>#</th><th>node</th><th>from</th><th>to</th><th>figure after</th></tr></thead>'
+        "<table><thead><tr><th>#</th><th>node</th><th>from</th><th>to</th><th>figure after</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
     )
 
@@ -255,7 +262,7 @@ def _fusion(report: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
         return "<h2>On ONNX Runtime</h2><p>Not checked: ONNX Runtime cannot load the model's types.</p>"
     rows = "".join(
         f"<tr><td>{_e(n['name'])}</td><td>{_e(n['runs_as'] or '-')}</td>"
-        f'<td>{"<span class=good>fused</span>" if n["fused"] else "<span class=bad>float between Q/DQ</span>"}</td></tr>'
+        f"<td>{'<span class=good>fused</span>' if n['fused'] else '<span class=bad>float between Q/DQ</span>'}</td></tr>"
         for n in nodes
         if n["runs_as"] is not None
     )
@@ -333,7 +340,9 @@ def report_from_json(text: str) -> dict[str, Any]:
         report = json.loads(text)
     except json.JSONDecodeError as e:
         raise QuantizationError(f"the report is not JSON: {e}") from None
-    missing = [k for k in ("model", "settings", "size_bytes", "output", "nodes") if not isinstance(report, dict) or k not in report]
+    missing = [
+        k for k in ("model", "settings", "size_bytes", "output", "nodes") if not isinstance(report, dict) or k not in report
+    ]
     if missing:
         raise QuantizationError(f"not a qlinear quantize report: it lacks {', '.join(missing)}")
     return report

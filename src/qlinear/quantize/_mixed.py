@@ -46,7 +46,9 @@ class Target:
         return _as_number(figure, self.metric) >= self.value
 
     def describe(self) -> str:
-        return f"top-1 agreement >= {100 * self.value:.2f}%" if self.metric == "agreement" else f"output SQNR >= {self.value:g} dB"
+        return (
+            f"top-1 agreement >= {100 * self.value:.2f}%" if self.metric == "agreement" else f"output SQNR >= {self.value:g} dB"
+        )
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,10 @@ def promotion_steps(
 
 
 def search(
-    steps: list[Promotion], start_figure: float | None, target: Target, measure: Callable[[dict[str, NodePrecision]], float | None]
+    steps: list[Promotion],
+    start_figure: float | None,
+    target: Target,
+    measure: Callable[[dict[str, NodePrecision]], float | None],
 ) -> Search:
     """The shortest prefix of ``steps`` whose model meets ``target``; ``measure`` gives a precision assignment's figure."""
     figures: dict[int, float | None] = {0: start_figure}

@@ -12,15 +12,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import load
 
-__all__ = ["FloatModel", "index", "load_float_model"]
+__all__ = ["attribute", "FloatModel", "index", "load_float_model"]
 
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
@@ -167,3 +168,11 @@ def index(fm: FloatModel) -> None:
         for i in node.input:
             if i:
                 fm.consumers[i].append(node)
+
+
+def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """Attribute ``name`` of ``node`` as a Python value, or ``default`` where the node does not set it."""
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default

@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType, element_type
 
-__all__ = ["ACTIVATION_TYPES", "DEFAULT_AGREEMENT", "DEFAULT_SQNR_DB", "GRANULARITIES", "METHODS", "WEIGHT_TYPES", "QuantizeOptions"]
+__all__ = [
+    "ACTIVATION_TYPES",
+    "DEFAULT_AGREEMENT",
+    "DEFAULT_SQNR_DB",
+    "GRANULARITIES",
+    "METHODS",
+    "WEIGHT_TYPES",
+    "QuantizeOptions",
+]
 
 WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "float8e4m3fn", "float8e5m2", "float4e2m1")
 ACTIVATION_TYPES = ("uint8", "int8", "uint16", "int16", "float8e4m3fn")

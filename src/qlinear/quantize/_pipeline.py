@@ -30,13 +30,13 @@ from qlinear.quantize._bias_correction import input_channel_axes
 from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._data import Dataset, load_dataset, random_dataset
-from qlinear.quantize._gptq import gram_inputs
 from qlinear.quantize._equalize import equalize
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
 from qlinear.quantize._fusion import check_fusion
-from qlinear.quantize._model import load_float_model
+from qlinear.quantize._gptq import gram_inputs
 from qlinear.quantize._mixed import Target, promotion_steps
 from qlinear.quantize._mixed import search as meet_target
+from qlinear.quantize._model import load_float_model
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._plan import plan
 from qlinear.quantize._precision import NodePrecision
@@ -135,7 +135,9 @@ def quantize_model(
         if not weight_only:
             raise QuantizationError("quantize: awq scales weight-only layers; with quantized activations use smoothquant")
         if cal_data.arrays is None or not has_inputs:
-            raise QuantizationError("quantize: awq reads the calibration data twice; give arrays or an .npz (not a stream or stats)")
+            raise QuantizationError(
+                "quantize: awq reads the calibration data twice; give arrays or an .npz (not a stream or stats)"
+            )
         with bars.task("scaling weights (AWQ)", 1) as step:
             awq = scale_for_weights(
                 fm, cal_data, batch_size=options.batch_size, excluded=set(options.exclude), weights=options.weights,
@@ -144,11 +146,15 @@ def quantize_model(
             step(1)
     if options.smoothquant:
         if options.activations is None:
-            raise QuantizationError("quantize: smoothquant moves activation outliers into weights; it needs quantized activations")
+            raise QuantizationError(
+                "quantize: smoothquant moves activation outliers into weights; it needs quantized activations"
+            )
         if not has_inputs:
             raise QuantizationError("quantize: smoothquant needs calibration data (not saved statistics)")
         if cal_data.arrays is None and calibration is not None:
-            raise QuantizationError("quantize: smoothquant reads the calibration data twice; give arrays or an .npz, not a stream")
+            raise QuantizationError(
+                "quantize: smoothquant reads the calibration data twice; give arrays or an .npz, not a stream"
+            )
         with bars.task("smoothing", cal_data.batch_count(options.batch_size)) as step:
             smoothed = smooth(
                 fm, cal_data, batch_size=options.batch_size, excluded=set(options.exclude),
@@ -243,7 +249,9 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars) -> Calibrati
         return None
     if stats is not None:
         if axes:
-            raise QuantizationError("quantize: bias correction needs the calibration data's input means; give calibration data, not stats")
+            raise QuantizationError(
+                "quantize: bias correction needs the calibration data's input means; give calibration data, not stats"
+            )
         if grams:
             raise QuantizationError("quantize: GPTQ needs the calibration data's inputs; give calibration data, not stats")
         saved = load_stats(str(stats), model_digest=fm.digest)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from onnx import helper, numpy_helper
 
-from qlinear.quantize._model import FloatModel, index
+from qlinear.quantize._model import FloatModel, attribute, index
 
 __all__ = ["prepare"]
 
@@ -31,13 +31,6 @@ def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
     if changed:
         index(fm)
     return fm
-
-
-def _attr(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def _matmul_add_to_gemm(fm: FloatModel) -> bool:
@@ -73,7 +66,7 @@ def _matmul_add_to_gemm(fm: FloatModel) -> bool:
 def _untranspose_gemm_weights(fm: FloatModel) -> bool:
     changed = False
     for node in fm.graph.node:
-        if node.op_type != "Gemm" or _attr(node, "transB", 0) != 1 or _attr(node, "transA", 0) != 0:
+        if node.op_type != "Gemm" or attribute(node, "transB", 0) != 1 or attribute(node, "transA", 0) != 0:
             continue
         b = node.input[1]
         if b not in fm.initializers or len(fm.consumers.get(b, [])) != 1 or len(fm.shapes.get(b, ())) != 2:

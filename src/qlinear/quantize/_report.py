@@ -115,14 +115,21 @@ def build_report(r: PassResults) -> dict[str, Any]:
         },
         "nodes": nodes,
         "analysis": [
-            {"name": f.name, "sensitivity_db": f.sensitivity_db, "weight_sqnr_db": f.weight_db, "activation_sqnr_db": f.activation_db}
+            {
+                "name": f.name,
+                "sensitivity_db": f.sensitivity_db,
+                "weight_sqnr_db": f.weight_db,
+                "activation_sqnr_db": f.activation_db,
+            }
             for f in r.sensitivity.values()
         ],
         "requested": {"sqnr_db": r.requested_figures[0], "top1_agreement": r.requested_figures[1]},
         "promotions": _promotions(r.search),
         "smoothquant": _scaled(r.smoothed),
         "awq": _scaled(r.awq),
-        "equalized": [{"first": e.first, "second": e.second, "largest_scale": e.largest, "smallest_scale": e.smallest} for e in r.equalized],
+        "equalized": [
+            {"first": e.first, "second": e.second, "largest_scale": e.largest, "smallest_scale": e.smallest} for e in r.equalized
+        ],
         "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
         "warnings": warnings,
     }
