@@ -82,9 +82,12 @@ def test_bias_correction_is_on_by_default_with_calibration_data():
     assert r["settings"]["bias_correction"] and r["nodes"][0]["bias_corrected"]
 
 
-def test_bias_correction_needs_calibration_data_not_stats(tmp_path):
+def test_saved_statistics_carry_the_input_means(tmp_path):
     model, data = _layer("gemm")
-    stats = tmp_path / "s.npz"
-    qq.quantize_model(model, None, data, save_stats_to=stats, promote=False)
-    with pytest.raises(QuantizationError, match="bias correction needs"):
-        qq.quantize_model(model, None, None, eval=data, stats=stats, bias_correction=True)
+    with_means, without = tmp_path / "with.npz", tmp_path / "without.npz"
+    direct = qq.quantize_model(model, None, data, eval=data, save_stats_to=with_means, promote=False)
+    qq.quantize_model(model, None, data, eval=data, save_stats_to=without, promote=False, bias_correction=False)
+    again = qq.quantize_model(model, None, None, eval=data, stats=with_means, bias_correction=True, promote=False)
+    assert again.model.SerializeToString(deterministic=True) == direct.model.SerializeToString(deterministic=True)
+    with pytest.raises(QuantizationError, match="bias correction needs the calibration data's input means"):
+        qq.quantize_model(model, None, None, eval=data, stats=without, bias_correction=True)

@@ -58,7 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--batch-size", type=int, default=16, metavar="N", help="samples a batch (default 16); the model does not depend on it"
     )
-    data.add_argument("--save-stats", metavar="STATS.npz", help="write the calibration statistics")
+    data.add_argument(
+        "--save-stats", metavar="STATS.npz", help="write the calibration statistics, as batches complete (see --resume)"
+    )
+    data.add_argument(
+        "--resume",
+        metavar="STATS.npz",
+        help="continue a calibration stopped while writing --save-stats: its batches are skipped (same data, same order)",
+    )
+    data.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="calibrate in N processes (the same model, bit for bit; default 1)"
+    )
     data.add_argument("--stats", metavar="STATS.npz", help="quantize from saved statistics instead of calibrating")
     types = parser.add_argument_group("types")
     types.add_argument("--weights", default="int8", metavar="TYPE", help=f"weight type: {', '.join(WEIGHT_TYPES)} (default int8)")
@@ -232,6 +242,8 @@ def _quantize(args: argparse.Namespace, err: Console):
         calibrate_random=args.calibrate_random,
         stats=args.stats,
         save_stats_to=args.save_stats,
+        resume=args.resume,
+        workers=args.workers,
         options=options,
         console=err,
         progress=not args.quiet,

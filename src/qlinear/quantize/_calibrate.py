@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -22,9 +23,9 @@ import onnxruntime as ort
 from qlinear._errors import QuantizationError
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel
-from qlinear.quantize._stats import TensorStats
+from qlinear.quantize._stats import TensorStats, load_calibration, save_stats
 
-__all__ = ["CalibrationRun", "calibrate", "peak_rss_bytes", "run_batch", "session"]
+__all__ = ["CalibrationRun", "CalibrationState", "Observed", "calibrate", "peak_rss_bytes", "run_batch", "session"]
 
 
 @dataclass
@@ -40,14 +41,21 @@ class CalibrationRun:
     grams: dict[str, np.ndarray] = field(default_factory=dict)  # X^T X (float64) over the last axis (GPTQ)
 
 
+# How often a calibration writes its statistics so far (state_path), in seconds.
+SAVE_EVERY_SECONDS = 5.0
 # Protobuf cannot serialize a message of 2 GiB or more; such models go to ONNX Runtime through a file.
 _PROTOBUF_LIMIT = (2 << 30) - (64 << 20)
 
 
 def session(
-    model: onnx.ModelProto, *, threads: int = 0, optimize: bool = True, optimized_path: str | None = None
+    model: onnx.ModelProto | None,
+    *,
+    threads: int = 0,
+    optimize: bool = True,
+    optimized_path: str | None = None,
+    path: str | None = None,
 ) -> ort.InferenceSession:
-    """An ONNX Runtime CPU session for ``model``.
+    """An ONNX Runtime CPU session for ``model``, or for the model file at ``path`` (its external data beside it).
 
     Raises:
         QuantizationError: ONNX Runtime cannot load the model (its first line of error).
@@ -62,6 +70,8 @@ def session(
     if optimized_path:
         so.optimized_model_filepath = optimized_path
     try:
+        if path is not None:
+            return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         if model.ByteSize() < _PROTOBUF_LIMIT:
             return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         with tempfile.TemporaryDirectory() as tmp:
@@ -97,6 +107,91 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return out
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What calibration keeps of each tensor: which statistics, and where a tensor's channels lie.
+
+    ``tensors``: histogram statistics; ``channel_axes``: per-channel sums
+    (bias correction's means); ``gram_tensors``: ``X^T X`` over the last
+    axis (GPTQ).
+    """
+
+    tensors: tuple[str, ...]
+    channel_axes: dict[str, int] = field(default_factory=dict)
+    gram_tensors: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return list(dict.fromkeys([*self.tensors, *self.channel_axes, *self.gram_tensors]))
+
+    def reduce(self, values: list[np.ndarray]) -> dict[str, Any]:
+        """One batch's values reduced to what is kept: small, and the same in whichever process it is computed."""
+        out: dict[str, Any] = {}
+        for name, v in zip(self.names, values, strict=True):
+            if name in self.tensors:
+                out[f"stats/{name}"] = TensorStats.of(v)
+            if name in self.channel_axes:
+                moved = np.moveaxis(np.asarray(v, np.float64), self.channel_axes[name], -1)
+                out[f"sum/{name}"] = moved.reshape(-1, moved.shape[-1]).sum(axis=0)
+                out[f"count/{name}"] = moved.size // moved.shape[-1]
+            if name in self.gram_tensors:
+                rows = np.asarray(v, np.float64).reshape(-1, np.shape(v)[-1])
+                out[f"gram/{name}"] = rows.T @ rows
+        return out
+
+
+@dataclass
+class CalibrationState:
+    """The statistics so far; batches are added in their order, so the result does not depend on who computed them."""
+
+    observed: Observed
+    stats: dict[str, TensorStats] = field(default_factory=dict)
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    grams: dict[str, np.ndarray] = field(default_factory=dict)
+    batches: int = 0
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        for t in self.observed.tensors:
+            self.stats.setdefault(t, TensorStats.empty())
+
+    def add(self, reduced: dict[str, Any], samples: int) -> None:
+        for key, value in reduced.items():
+            kind, name = key.split("/", 1)
+            if kind == "stats":
+                self.stats[name] = self.stats[name].merge(value)
+            elif kind == "sum":
+                self.sums[name] = self.sums[name] + value if name in self.sums else value
+            elif kind == "count":
+                self.counts[name] = self.counts.get(name, 0) + value
+            else:
+                self.grams[name] = self.grams[name] + value if name in self.grams else value
+        self.batches += 1
+        self.samples += samples
+
+    def extras(self) -> dict[str, np.ndarray]:
+        """The sums, counts and Gram matrices as named arrays (for a file a later run continues from)."""
+        out = {f"sum/{k}": v for k, v in self.sums.items()}
+        out.update({f"count/{k}": np.array(v, np.int64) for k, v in self.counts.items()})
+        out.update({f"gram/{k}": v for k, v in self.grams.items()})
+        out["samples"] = np.array(self.samples, np.int64)
+        return out
+
+    @classmethod
+    def resumed(cls, observed: Observed, stats: dict[str, TensorStats], extras: dict[str, np.ndarray], batches: int):
+        state = cls(observed, {t: stats[t] for t in observed.tensors}, batches=batches, samples=int(extras.get("samples", 0)))
+        for key, value in extras.items():
+            kind, _, name = key.partition("/")
+            if kind == "sum":
+                state.sums[name] = np.asarray(value, np.float64)
+            elif kind == "count":
+                state.counts[name] = int(value)
+            elif kind == "gram":
+                state.grams[name] = np.asarray(value, np.float64)
+        return state
+
+
 def calibrate(
     fm: FloatModel,
     tensors: list[str],
@@ -106,44 +201,74 @@ def calibrate(
     progress: Callable[[int], None] | None = None,
     channel_axes: dict[str, int] | None = None,
     gram_tensors: list[str] | None = None,
+    workers: int = 1,
+    state_path: str | None = None,
+    resume: str | None = None,
 ) -> CalibrationRun:
     """Statistics of ``tensors`` over ``data``, run on ONNX Runtime in batches of ``batch_size``.
 
     ``channel_axes``: tensors whose mean along every axis but this one is
     wanted too (bias correction), kept as running sums. ``gram_tensors``:
     tensors whose ``X^T X`` over their last axis is wanted (GPTQ), summed
-    batch by batch.
+    batch by batch. ``workers``: processes that run the batches (each its
+    own ONNX Runtime session with its share of the cores); each batch is
+    reduced where it ran and added in batch order, so the result is the
+    one-process result bit for bit. ``state_path``: the statistics are
+    written there as batches complete (at most every
+    :data:`SAVE_EVERY_SECONDS`, and at the end; ``--save-stats``); ``resume``: a file
+    so written, whose batches are skipped and counted as they were.
     """
     start = time.perf_counter()
-    channel_axes = channel_axes or {}
-    gram_tensors = gram_tensors or []
-    names = list(dict.fromkeys([*tensors, *channel_axes, *gram_tensors]))
-    grams: dict[str, np.ndarray] = {}
-    sess = session(with_outputs(fm.model, names))
-    stats = {t: TensorStats.empty() for t in tensors}
-    sums: dict[str, np.ndarray] = {}
-    counts = dict.fromkeys(channel_axes, 0)
-    batches = samples = 0
-    for feeds in data.batches(batch_size):
-        values = run_batch(sess, names, feeds, f"calibration batch {batches}") if names else []
-        for name, v in zip(names, values, strict=True):
-            if name in stats:
-                stats[name] = stats[name].merge(TensorStats.of(v))
-            if name in channel_axes:
-                moved = np.moveaxis(np.asarray(v, np.float64), channel_axes[name], -1)
-                total = moved.reshape(-1, moved.shape[-1]).sum(axis=0)
-                sums[name] = sums[name] + total if name in sums else total
-                counts[name] += moved.size // moved.shape[-1]
-            if name in gram_tensors:
-                rows = np.asarray(v, np.float64).reshape(-1, np.shape(v)[-1])
-                grams[name] = grams[name] + rows.T @ rows if name in grams else rows.T @ rows
-        del values
-        batches += 1
-        samples += next(iter(feeds.values())).shape[0] if feeds else 0
-        if progress:
-            progress(1)
-    means = {t: sums[t] / counts[t] for t in sums if counts[t]}
-    return CalibrationRun(stats, batches, samples, time.perf_counter() - start, peak_rss_bytes(), means, grams)
+    observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []))
+    names = observed.names
+    model = with_outputs(fm.model, names)
+    if resume is not None:
+        stats, extras, done = load_calibration(resume, model_digest=fm.digest)
+        if done is None:
+            raise QuantizationError(f"quantize: {resume} holds finished statistics, not a calibration to continue; use stats=")
+        missing = [t for t in observed.tensors if t not in stats]
+        if missing:
+            raise QuantizationError(f"quantize: {resume} holds no statistics for {missing[:3]}; calibrate again")
+        state = CalibrationState.resumed(observed, stats, extras, done)
+    else:
+        state = CalibrationState(observed)
+    skip = state.batches
+
+    last_save = [time.perf_counter()]
+
+    def save(final: bool = False) -> None:
+        # At most every SAVE_EVERY_SECONDS, and at the end: a Gram matrix can be tens of megabytes.
+        if state_path is not None and (final or time.perf_counter() - last_save[0] >= SAVE_EVERY_SECONDS):
+            save_stats(state.stats, state_path, model_digest=fm.digest, extras=state.extras(), batches=state.batches)
+            last_save[0] = time.perf_counter()
+
+    batches = (b for k, b in enumerate(data.batches(batch_size)) if k >= skip)
+    if workers > 1 and names:
+        from qlinear.quantize._workers import run_in_processes
+
+        for reduced, n in run_in_processes(model, observed, batches, workers):
+            state.add(reduced, n)
+            save()
+            if progress:
+                progress(1)
+    else:
+        sess = session(model) if names else None
+        for feeds in batches:
+            values = run_batch(sess, names, feeds, f"calibration batch {state.batches}") if names else []
+            state.add(observed.reduce(values), _samples(feeds))
+            del values
+            save()
+            if progress:
+                progress(1)
+    save(final=True)
+    means = {t: state.sums[t] / state.counts[t] for t in state.sums if state.counts.get(t)}
+    return CalibrationRun(
+        state.stats, state.batches, state.samples, time.perf_counter() - start, peak_rss_bytes(), means, state.grams
+    )
+
+
+def _samples(feeds: dict) -> int:
+    return next(iter(feeds.values())).shape[0] if feeds else 0
 
 
 def peak_rss_bytes() -> int:

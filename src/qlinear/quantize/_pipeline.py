@@ -28,7 +28,7 @@ from qlinear.onnx import save
 from qlinear.quantize._awq import scale_for_weights
 from qlinear.quantize._bias_correction import input_channel_axes
 from qlinear.quantize._build import ModelBuilder
-from qlinear.quantize._calibrate import CalibrationRun, calibrate
+from qlinear.quantize._calibrate import CalibrationRun, CalibrationState, Observed, calibrate
 from qlinear.quantize._data import Dataset, load_dataset, random_dataset
 from qlinear.quantize._equalize import equalize
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
@@ -44,7 +44,7 @@ from qlinear.quantize._prepare import prepare
 from qlinear.quantize._report import PassResults, build_report
 from qlinear.quantize._sensitivity import analyze, most_sensitive_first
 from qlinear.quantize._smoothquant import smooth
-from qlinear.quantize._stats import load_stats, save_stats
+from qlinear.quantize._stats import load_calibration, save_stats
 
 __all__ = ["HELD_OUT", "QuantizeResult", "quantize_model"]
 
@@ -72,6 +72,8 @@ def quantize_model(
     calibrate_random: int | None = None,
     stats: str | PathLike[str] | None = None,
     save_stats_to: str | PathLike[str] | None = None,
+    resume: str | PathLike[str] | None = None,
+    workers: int = 1,
     options: QuantizeOptions | None = None,
     console: Console | None = None,
     progress: bool = False,
@@ -92,7 +94,13 @@ def quantize_model(
         calibrate_random: calibrate on this many uniform random samples
             instead (a smoke test; the report says so).
         stats: calibrate from statistics saved by an earlier run.
-        save_stats_to: write the calibration statistics here.
+        save_stats_to: write the calibration statistics here, as batches
+            complete (a stopped run can be continued from the file).
+        resume: continue the calibration saved in this file: its batches
+            are skipped (the data must come in the same order), and the
+            model is the one an uninterrupted run gives.
+        workers: processes that run the calibration batches (the same
+            statistics, bit for bit, as one process).
         options: a :class:`QuantizeOptions`, or its fields as keywords.
         console: where progress bars go (nothing is printed without one).
         progress: show progress bars on ``console`` (only if it is a terminal).
@@ -106,6 +114,10 @@ def quantize_model(
             be written or that names the input.
     """
     options = options or QuantizeOptions(**option_values)
+    if not (isinstance(workers, int) and workers >= 1):
+        raise QuantizationError(f"quantize: workers must be an int >= 1, got {workers!r}")
+    if resume is not None and stats is not None:
+        raise QuantizationError("quantize: give stats (finished statistics) or resume (a calibration to continue), not both")
     out_path = _check_output(model, output)
     fm = load_float_model(model)
     weight_only = options.activations is None
@@ -163,7 +175,7 @@ def quantize_model(
             step(cal_data.batch_count(options.batch_size) or 1)
     # The analysis and the search walk the eval data several times.
     eval_data = eval_data.replayable(options.batch_size)
-    run = _calibration(fm, options, cal_data, stats, save_stats_to, bars)
+    run = _calibration(fm, options, cal_data, stats, save_stats_to, bars, workers=workers, resume=resume)
     builder = ModelBuilder(fm, options, run)
     with bars.task("converting weights", 1) as step:
         requested = builder.build()
@@ -234,10 +246,10 @@ def quantize_model(
     return QuantizeResult(qmodel, out_path, report, target_met=search is None or search.met)
 
 
-def _calibration(fm, options, cal_data, stats, save_stats_to, bars) -> CalibrationRun | None:
-    """Statistics of every tensor any precision of any node may quantize, and the input means bias correction needs.
+def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1, resume=None) -> CalibrationRun | None:
+    """Statistics of every tensor any precision of any node may quantize, and the input means and Gram matrices.
 
-    None: nothing to calibrate (weight-only without bias correction).
+    None: nothing to calibrate (weight-only without bias correction or GPTQ).
     """
     # With 8-bit integer weights every node pairs with integer activations: the widest set of tensors.
     widest = plan(fm, replace(options, weights="int8", activations=options.activations or "uint8"))
@@ -247,26 +259,34 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars) -> Calibrati
     grams = gram_inputs(fm, nodes) if options.gptq else []
     if not tensors and not axes and not grams:
         return None
+    observed = Observed(tuple(tensors), axes, tuple(grams))
     if stats is not None:
-        if axes:
-            raise QuantizationError(
-                "quantize: bias correction needs the calibration data's input means; give calibration data, not stats"
-            )
-        if grams:
-            raise QuantizationError("quantize: GPTQ needs the calibration data's inputs; give calibration data, not stats")
-        saved = load_stats(str(stats), model_digest=fm.digest)
+        saved, extras, _ = load_calibration(str(stats), model_digest=fm.digest)
         missing = [t for t in tensors if t not in saved]
         if missing:
             raise QuantizationError(f"quantize: stats {stats} hold no statistics for {missing[:3]}; calibrate again")
-        run = CalibrationRun({t: saved[t] for t in tensors}, 0, 0, 0.0, 0)
-    else:
-        with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
-            run = calibrate(
-                fm, tensors, cal_data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams
+        state = CalibrationState.resumed(observed, saved, extras, 0)
+        if any(t not in state.sums for t in axes):
+            raise QuantizationError(
+                "quantize: bias correction needs the calibration data's input means, which these stats do not hold; "
+                "give calibration data, or stats saved with bias correction on"
             )
-    if save_stats_to is not None:
-        save_stats(run.stats, str(save_stats_to), model_digest=fm.digest)
-    return run
+        if any(t not in state.grams for t in grams):
+            raise QuantizationError(
+                "quantize: GPTQ needs the Gram matrices of the calibration inputs, which these stats do not hold; "
+                "give calibration data, or stats saved with GPTQ on"
+            )
+        means = {t: state.sums[t] / state.counts[t] for t in axes}
+        run = CalibrationRun(state.stats, 0, 0, 0.0, 0, means, {t: state.grams[t] for t in grams})
+        if save_stats_to is not None:
+            save_stats(run.stats, str(save_stats_to), model_digest=fm.digest, extras=state.extras())
+        return run
+    with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
+        return calibrate(
+            fm, tensors, cal_data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams,
+            workers=workers, state_path=str(save_stats_to) if save_stats_to is not None else None,
+            resume=str(resume) if resume is not None else None,
+        )  # fmt: skip
 
 
 def _check(model: onnx.ModelProto) -> None:

@@ -13,14 +13,16 @@ Nothing of the values themselves is kept.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from qlinear._errors import QuantizationError
 
-__all__ = ["MAX_BINS", "TensorStats", "load_stats", "save_stats"]
+__all__ = ["MAX_BINS", "TensorStats", "load_calibration", "load_stats", "save_stats"]
 
 MAX_BINS = 2048
 # Bins are never narrower than this (2**-100): below it every float32 range that
@@ -154,15 +156,36 @@ def _exponent(low: float, high: float) -> int:
     return e
 
 
-def save_stats(stats: dict[str, TensorStats], path: str, *, model_digest: str) -> None:
-    """Write calibration statistics to an ``.npz``, with the digest of the model they belong to."""
+def save_stats(
+    stats: dict[str, TensorStats],
+    path: str,
+    *,
+    model_digest: str,
+    extras: dict[str, np.ndarray] | None = None,
+    batches: int | None = None,
+) -> None:
+    """Write calibration statistics to an ``.npz``, with the digest of the model they belong to.
+
+    ``extras``: more named arrays (input means' sums, Gram matrices), and
+    ``batches``: the calibration batches counted so far, for a run that is
+    continued later. Written to a temporary file and renamed into place, so
+    the file is always whole even if the run is stopped while writing.
+    """
     arrays: dict[str, np.ndarray] = {"__model_digest__": np.array(model_digest), "__names__": np.array(list(stats), dtype=str)}
     for i, s in enumerate(stats.values()):
         arrays.update(s.to_arrays(str(i)))
+    for name, value in (extras or {}).items():
+        arrays[f"__extra__/{name}"] = value
+    if batches is not None:
+        arrays["__batches__"] = np.array(batches, np.int64)
+    tmp = f"{path}.partial"
     try:
-        with open(path, "wb") as f:
+        with open(tmp, "wb") as f:
             np.savez(f, **arrays)
+        os.replace(tmp, path)
     except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
         raise QuantizationError(f"quantize: cannot write statistics to {path}: {e.strerror}") from None
 
 
@@ -173,6 +196,11 @@ def load_stats(path: str, *, model_digest: str) -> dict[str, TensorStats]:
         QuantizationError: the file cannot be read, is no statistics file,
             or belongs to another model.
     """
+    return load_calibration(path, model_digest=model_digest)[0]
+
+
+def load_calibration(path: str, *, model_digest: str) -> tuple[dict[str, TensorStats], dict[str, np.ndarray], int | None]:
+    """``(statistics, extras, batches counted)`` as :func:`save_stats` wrote them (batches None: not recorded)."""
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = dict(f.items())
@@ -182,4 +210,7 @@ def load_stats(path: str, *, model_digest: str) -> dict[str, TensorStats]:
         raise QuantizationError(f"quantize: stats {path} is not a statistics file written by --save-stats")
     if str(arrays["__model_digest__"]) != model_digest:
         raise QuantizationError(f"quantize: stats {path} were computed for another model (digest differs); calibrate again")
-    return {str(name): TensorStats.from_arrays(arrays, str(i)) for i, name in enumerate(arrays["__names__"])}
+    stats = {str(name): TensorStats.from_arrays(arrays, str(i)) for i, name in enumerate(arrays["__names__"])}
+    extras = {k.removeprefix("__extra__/"): v for k, v in arrays.items() if k.startswith("__extra__/")}
+    batches = int(arrays["__batches__"]) if "__batches__" in arrays else None
+    return stats, extras, batches

@@ -1,0 +1,122 @@
+"""Calibration batches run in several processes: each its own ONNX Runtime session, the reductions merged in batch order.
+
+The driver reads the batches and hands batch ``k`` to worker ``k % N``
+through a bounded queue (at most two batches waiting a worker, so memory
+stays a few batches whatever the data). A worker runs the model, reduces
+the batch as the one-process run would (:meth:`Observed.reduce`: a
+histogram, channel sums, a Gram matrix; never the activations) and sends
+that back; the driver adds the reductions in batch order, so the
+statistics, and the model, are those of one process bit for bit. Workers
+are started with ``spawn`` (a fork would copy ONNX Runtime's and numba's
+threads mid-state) and load the model from a file written once, so a
+model over 2 GB goes through its external data, never through a pipe.
+Each session gets ``cores // N`` intra-op threads (at least one).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import onnx
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize._calibrate import Observed, run_batch, session
+
+__all__ = ["run_in_processes"]
+
+_DONE = None
+_WAIT_SECONDS = 600  # a batch that takes longer than this means a worker died
+
+
+def run_in_processes(
+    model: onnx.ModelProto, observed: Observed, batches: Iterable[dict], workers: int
+) -> Iterator[tuple[dict[str, Any], int]]:
+    """``(reduction, samples)`` of each batch, in batch order, computed by ``workers`` processes."""
+    folder = tempfile.mkdtemp(prefix="qlinear-calibration-")
+    path = os.path.join(folder, "model.onnx")
+    try:
+        onnx.save(model, path, save_as_external_data=model.ByteSize() > (1 << 30), location="model.onnx.data")
+        del model
+        ctx = mp.get_context("spawn")
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        inboxes = [ctx.Queue(maxsize=2) for _ in range(workers)]
+        outbox = ctx.Queue()
+        procs = [
+            ctx.Process(target=_work, args=(path, observed, threads, inboxes[w], outbox), daemon=True) for w in range(workers)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            yield from _drive(batches, inboxes, outbox, procs)
+        finally:
+            for box in inboxes:
+                try:
+                    box.put_nowait(_DONE)
+                except queue.Full:
+                    pass
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _drive(batches, inboxes, outbox, procs) -> Iterator[tuple[dict[str, Any], int]]:
+    """Hand out batches round robin and give back their reductions in order."""
+    pending: dict[int, tuple[dict[str, Any], int]] = {}
+    sent = done = 0
+    stream = iter(batches)
+    exhausted = False
+    while not exhausted or done < sent:
+        # Keep every worker's inbox full while there are batches.
+        while not exhausted:
+            box = inboxes[sent % len(inboxes)]
+            if box.full():
+                break
+            feeds = next(stream, None)
+            if feeds is None:
+                exhausted = True
+                break
+            box.put((sent, feeds))
+            sent += 1
+        if done < sent:
+            try:
+                k, result = outbox.get(timeout=_WAIT_SECONDS)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if not p.is_alive()]
+                raise QuantizationError(f"quantize: a calibration worker stopped (exit codes {dead})") from None
+            if isinstance(result, QuantizationError):
+                raise result
+            pending[k] = result
+            while done in pending:
+                yield pending.pop(done)
+                done += 1
+
+
+def _work(path: str, observed: Observed, threads: int, inbox, outbox) -> None:
+    """A worker: run each batch it is given and send back its reduction (or the error, once)."""
+    try:
+        sess = session(None, threads=threads, path=path)
+    except QuantizationError as e:
+        outbox.put((-1, e))
+        return
+    names = observed.names
+    while True:
+        item = inbox.get()
+        if item is _DONE:
+            return
+        k, feeds = item
+        try:
+            values = run_batch(sess, names, feeds, f"calibration batch {k}")
+            samples = next(iter(feeds.values())).shape[0] if feeds else 0
+            outbox.put((k, (observed.reduce(values), samples)))
+        except QuantizationError as e:
+            outbox.put((k, e))
+            return

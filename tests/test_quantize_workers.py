@@ -1,0 +1,59 @@
+"""Calibration in several processes, and a stopped calibration continued: the same model, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+
+import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
+from qlinear.quantize import _calibrate
+from quantize_models import layernorm_attention, outlier_mlp
+
+
+def _bytes(result) -> bytes:
+    return result.model.SerializeToString(deterministic=True)
+
+
+def test_two_workers_give_the_one_process_model():
+    # int4 weights: GPTQ's Gram matrices and bias correction's sums come from the workers too.
+    model, data = outlier_mlp()
+    cal, ev = {"x": data["x"][:800]}, {"x": data["x"][800:]}
+    one = qq.quantize_model(model, None, cal, eval=ev, weights="int4")
+    two = qq.quantize_model(model, None, cal, eval=ev, weights="int4", workers=2)
+    assert _bytes(one) == _bytes(two) and two.report["calibration"]["batches"] == 50
+    attention, tokens = layernorm_attention()
+    assert _bytes(qq.quantize_model(attention, None, tokens)) == _bytes(qq.quantize_model(attention, None, tokens, workers=2))
+
+
+def test_a_stopped_calibration_continues_to_the_same_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(_calibrate, "SAVE_EVERY_SECONDS", 0.0)
+    model, data = outlier_mlp()
+    batches = [{"x": data["x"][i : i + 16]} for i in range(0, 800, 16)]
+    ev = {"x": data["x"][800:]}
+    settings = dict(eval=ev, weights="int4", smoothquant=False)
+
+    def stopped_after(k):
+        for i, b in enumerate(batches):
+            if i == k:
+                raise KeyboardInterrupt  # the user's Ctrl-C
+            yield b
+
+    state = tmp_path / "state.npz"
+    with pytest.raises(KeyboardInterrupt):
+        qq.quantize_model(model, None, stopped_after(17), save_stats_to=state, **settings)
+    resumed = qq.quantize_model(model, None, iter(batches), resume=state, **settings)
+    whole = qq.quantize_model(model, None, iter(batches), **settings)
+    assert _bytes(resumed) == _bytes(whole) and resumed.report["calibration"]["batches"] == len(batches)
+    # Continuing a finished calibration runs no batch (it reads past them) and gives the same model.
+    done = tmp_path / "done.npz"
+    qq.quantize_model(model, None, iter(batches), save_stats_to=done, **settings)
+    again = qq.quantize_model(model, None, iter(batches), resume=done, **settings)
+    assert _bytes(again) == _bytes(whole)
+
+
+def test_workers_and_resume_are_checked():
+    model, data = outlier_mlp()
+    with pytest.raises(QuantizationError, match="workers must be an int >= 1"):
+        qq.quantize_model(model, None, data, workers=0)
+    with pytest.raises(QuantizationError, match="not both"):
+        qq.quantize_model(model, None, data, stats="a.npz", resume="b.npz")
