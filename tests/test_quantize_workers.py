@@ -57,3 +57,16 @@ def test_workers_and_resume_are_checked():
         qq.quantize_model(model, None, data, workers=0)
     with pytest.raises(QuantizationError, match="not both"):
         qq.quantize_model(model, None, data, stats="a.npz", resume="b.npz")
+
+
+def test_calibration_on_ray_gives_the_one_process_model():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'qlinear[ray]')")
+    model, data = outlier_mlp()
+    cal, ev = {"x": data["x"][:800]}, {"x": data["x"][800:]}
+    one = qq.quantize_model(model, None, cal, eval=ev, weights="int4")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = qq.quantize_model(model, None, cal, eval=ev, weights="int4", ray="auto")
+    finally:
+        ray.shutdown()
+    assert _bytes(on_ray) == _bytes(one) and on_ray.report["calibration"]["batches"] == 50

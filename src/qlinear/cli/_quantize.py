@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--workers", type=int, default=1, metavar="N", help="calibrate in N processes (the same model, bit for bit; default 1)"
     )
+    data.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="calibrate as tasks on a Ray cluster: auto, local, or its address (the same model; pip install 'qlinear[ray]')",
+    )
     data.add_argument("--stats", metavar="STATS.npz", help="quantize from saved statistics instead of calibrating")
     types = parser.add_argument_group("types")
     types.add_argument("--weights", default="int8", metavar="TYPE", help=f"weight type: {', '.join(WEIGHT_TYPES)} (default int8)")
@@ -244,6 +249,7 @@ def _quantize(args: argparse.Namespace, err: Console):
         save_stats_to=args.save_stats,
         resume=args.resume,
         workers=args.workers,
+        ray=args.ray,
         options=options,
         console=err,
         progress=not args.quiet,

@@ -202,6 +202,7 @@ def calibrate(
     channel_axes: dict[str, int] | None = None,
     gram_tensors: list[str] | None = None,
     workers: int = 1,
+    ray_address: str | None = None,
     state_path: str | None = None,
     resume: str | None = None,
 ) -> CalibrationRun:
@@ -213,7 +214,9 @@ def calibrate(
     batch by batch. ``workers``: processes that run the batches (each its
     own ONNX Runtime session with its share of the cores); each batch is
     reduced where it ran and added in batch order, so the result is the
-    one-process result bit for bit. ``state_path``: the statistics are
+    one-process result bit for bit. ``ray_address``: run the batches as
+    tasks on a Ray cluster instead (``"auto"``, ``"local"`` or an address;
+    :mod:`._ray`), with the same result. ``state_path``: the statistics are
     written there as batches complete (at most every
     :data:`SAVE_EVERY_SECONDS`, and at the end; ``--save-stats``); ``resume``: a file
     so written, whose batches are skipped and counted as they were.
@@ -243,10 +246,16 @@ def calibrate(
             last_save[0] = time.perf_counter()
 
     batches = (b for k, b in enumerate(data.batches(batch_size)) if k >= skip)
-    if workers > 1 and names:
-        from qlinear.quantize._workers import run_in_processes
+    if (workers > 1 or ray_address is not None) and names:
+        if ray_address is not None:
+            from qlinear.quantize._ray import run_on_ray
 
-        for reduced, n in run_in_processes(model, observed, batches, workers):
+            results = run_on_ray(model, observed, batches, ray_address)
+        else:
+            from qlinear.quantize._workers import run_in_processes
+
+            results = run_in_processes(model, observed, batches, workers)
+        for reduced, n in results:
             state.add(reduced, n)
             save()
             if progress:

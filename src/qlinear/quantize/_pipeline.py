@@ -74,6 +74,7 @@ def quantize_model(
     save_stats_to: str | PathLike[str] | None = None,
     resume: str | PathLike[str] | None = None,
     workers: int = 1,
+    ray: str | None = None,
     options: QuantizeOptions | None = None,
     console: Console | None = None,
     progress: bool = False,
@@ -101,6 +102,9 @@ def quantize_model(
             model is the one an uninterrupted run gives.
         workers: processes that run the calibration batches (the same
             statistics, bit for bit, as one process).
+        ray: run the calibration batches as tasks on a Ray cluster:
+            ``"auto"``, ``"local"`` or an address (``pip install
+            'qlinear[ray]'``); the same statistics as one process.
         options: a :class:`QuantizeOptions`, or its fields as keywords.
         console: where progress bars go (nothing is printed without one).
         progress: show progress bars on ``console`` (only if it is a terminal).
@@ -175,7 +179,7 @@ def quantize_model(
             step(cal_data.batch_count(options.batch_size) or 1)
     # The analysis and the search walk the eval data several times.
     eval_data = eval_data.replayable(options.batch_size)
-    run = _calibration(fm, options, cal_data, stats, save_stats_to, bars, workers=workers, resume=resume)
+    run = _calibration(fm, options, cal_data, stats, save_stats_to, bars, workers=workers, ray=ray, resume=resume)
     builder = ModelBuilder(fm, options, run)
     with bars.task("converting weights", 1) as step:
         requested = builder.build()
@@ -246,7 +250,7 @@ def quantize_model(
     return QuantizeResult(qmodel, out_path, report, target_met=search is None or search.met)
 
 
-def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1, resume=None) -> CalibrationRun | None:
+def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1, ray=None, resume=None) -> CalibrationRun | None:
     """Statistics of every tensor any precision of any node may quantize, and the input means and Gram matrices.
 
     None: nothing to calibrate (weight-only without bias correction or GPTQ).
@@ -284,7 +288,7 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1
     with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
         return calibrate(
             fm, tensors, cal_data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams,
-            workers=workers, state_path=str(save_stats_to) if save_stats_to is not None else None,
+            workers=workers, ray_address=ray, state_path=str(save_stats_to) if save_stats_to is not None else None,
             resume=str(resume) if resume is not None else None,
         )  # fmt: skip
 

@@ -1,0 +1,109 @@
+"""Calibration on a Ray cluster: shards of batches as Ray tasks, their reductions merged on the driver in batch order.
+
+What moves over the network: the model once (through Ray's object store,
+or as a path every node can read for models over 1 GB), each shard's input
+batches (object refs), and each batch's reduction back (histograms, channel
+sums, Gram matrices: :meth:`Observed.reduce`). Activations never leave the
+worker that computes them. Each task holds one CPU and runs ONNX Runtime on
+one thread; a worker process keeps its session between tasks. The driver
+adds the reductions in batch order, so the model is the one-process model
+bit for bit. Ray is an optional extra (``pip install 'qlinear[ray]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import onnx
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize._calibrate import Observed
+
+__all__ = ["SHARD_BATCHES", "run_on_ray"]
+
+SHARD_BATCHES = 4  # batches a task: enough to pay a task's overhead, few enough to spread a small calibration
+_INLINE_LIMIT = 1 << 30  # models up to this size travel through the object store; larger ones by path
+_sessions: dict[str, Any] = {}  # a worker process's sessions, by model key
+
+
+def run_on_ray(
+    model: onnx.ModelProto, observed: Observed, batches: Iterable[dict], address: str, *, model_dir: str | None = None
+) -> Iterator[tuple[dict[str, Any], int]]:
+    """``(reduction, samples)`` of each batch, in batch order, computed by Ray tasks.
+
+    ``address``: ``"auto"`` (the running cluster, or this process's Ray if
+    it started one), ``"local"`` (start Ray on this machine) or a cluster
+    address. ``model_dir``: where to write a model over 1 GB for the
+    workers, a folder every node reads (default: a temporary folder, which
+    serves one machine only).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise QuantizationError("quantize: --ray needs Ray: pip install 'qlinear[ray]'") from None
+    if not ray.is_initialized():
+        try:
+            ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
+        except Exception as e:  # Ray raises many types; the user needs the one line
+            raise QuantizationError(f"quantize: cannot reach the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
+    folder = None
+    if model.ByteSize() < _INLINE_LIMIT:
+        source: Any = ray.put(model.SerializeToString())
+    else:
+        folder = tempfile.mkdtemp(prefix="qlinear-ray-", dir=model_dir)
+        source = os.path.join(folder, "model.onnx")
+        onnx.save(model, source, save_as_external_data=True, location="model.onnx.data")
+    key = f"{os.getpid()}-{id(model)}"
+    task = ray.remote(num_cpus=1)(_shard)
+    window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)
+    in_flight: deque = deque()
+    try:
+        shard: list[dict] = []
+        for feeds in batches:
+            shard.append(feeds)
+            if len(shard) == SHARD_BATCHES:
+                in_flight.append(task.remote(key, source, observed, ray.put(shard)))
+                shard = []
+                if len(in_flight) >= window:
+                    yield from _results(ray, in_flight.popleft())
+        if shard:
+            in_flight.append(task.remote(key, source, observed, ray.put(shard)))
+        while in_flight:
+            yield from _results(ray, in_flight.popleft())
+    finally:
+        if folder is not None:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _results(ray, ref) -> list[tuple[dict[str, Any], int]]:
+    try:
+        results = ray.get(ref)
+    except Exception as e:  # a task's QuantizationError comes back wrapped by Ray
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, QuantizationError):
+            raise cause from None
+        raise QuantizationError(f"quantize: a Ray calibration task failed: {str(e).strip().splitlines()[-1]}") from None
+    return results
+
+
+def _shard(key: str, source: Any, observed: Observed, shard: list[dict]) -> list[tuple[dict[str, Any], int]]:
+    """A Ray task: each batch of the shard run and reduced."""
+    from qlinear.quantize._calibrate import run_batch, session
+
+    if key not in _sessions:
+        if isinstance(source, str):
+            _sessions[key] = session(None, threads=1, path=source)
+        else:
+            _sessions[key] = session(onnx.load_from_string(source), threads=1)
+    sess = _sessions[key]
+    out = []
+    for feeds in shard:
+        values = run_batch(sess, observed.names, feeds, "a calibration batch on Ray")
+        out.append((observed.reduce(values), next(iter(feeds.values())).shape[0] if feeds else 0))
+    return out
