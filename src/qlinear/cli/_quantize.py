@@ -15,6 +15,8 @@ line on stderr, no file written).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -34,6 +36,7 @@ from qlinear.quantize import (
     report_json,
 )
 from qlinear.quantize._html import render_html
+from qlinear.quantize._stream import quantize_weights_streaming
 
 _DEMO = "digits_cnn.onnx"
 
@@ -170,6 +173,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the report: JSON, or a self-contained HTML page with charts when the name ends in .html "
         "(needs pip install 'qlinear[report]')",
     )
+    out.add_argument(
+        "--stream-weights",
+        action="store_true",
+        help="weight-only, one weight at a time from the external data to the output's: for models larger than memory "
+        "(int8/uint8/int4/uint4; chosen by itself when the model passes half the memory with --activations none); "
+        "no calibration or evaluation",
+    )
     out.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of tables")
     out.add_argument("--quiet", action="store_true", help="no progress bars and no printed report")
 
@@ -177,6 +187,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
+        if _streams(args):
+            return _stream(args)
         result = _quantize(args, err)
         if args.report:
             if args.report.lower().endswith((".html", ".htm")):
@@ -254,6 +266,61 @@ def _quantize(args: argparse.Namespace, err: Console):
         console=err,
         progress=not args.quiet,
     )
+
+
+def _streams(args: argparse.Namespace) -> bool:
+    """Whether to quantize weights one at a time: asked for, or weight-only on a model whose weights pass half the memory."""
+    if args.stream_weights:
+        return True
+    if args.activations != "none" or args.model is None or args.demo or args.calibration or args.eval:
+        return False
+    return _model_bytes(Path(args.model)) > _memory_bytes() // 2
+
+
+def _model_bytes(path: Path) -> int:
+    """The model file and the external data files beside it that share its name."""
+    try:
+        return sum(f.stat().st_size for f in path.parent.glob(f"{path.name}*") if f.is_file())
+    except OSError:
+        return 0
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 62
+
+
+def _stream(args: argparse.Namespace) -> int:
+    if args.activations != "none":
+        raise QuantizationError("--stream-weights quantizes weights only: add --activations none")
+    if args.model is None or args.output is None:
+        raise QuantizationError("--stream-weights needs MODEL.onnx and -o OUT.onnx")
+    options = QuantizeOptions(
+        weights=args.weights, activations=None, granularity=args.granularity, block_size=args.block_size,
+        weight_clip=args.weight_clip, promote=False,
+    )  # fmt: skip
+    r = quantize_weights_streaming(args.model, args.output, options)
+    summary = {
+        "model": {"input": args.model, "output": str(r.path)},
+        "streamed": True,
+        "weights": r.weights,
+        "weight_bytes": {"before": r.bytes_before, "after": r.bytes_after},
+        "seconds": r.seconds,
+        "peak_rss_bytes": r.peak_rss_bytes,
+    }
+    if args.json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    elif not args.quiet:
+        Console().print(
+            f"qlinear quantize: {r.weights} weights, {r.bytes_before / 2**20:.1f} MiB -> {r.bytes_after / 2**20:.1f} MiB, "
+            f"one at a time, in {r.seconds:.1f} s, peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB -> {r.path} "
+            "(no calibration or evaluation: run the model on your runtime to check it)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return 0
 
 
 def _write_text(path: str, text: str) -> None:

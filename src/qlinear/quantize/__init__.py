@@ -19,9 +19,12 @@ from qlinear.quantize._options import (
 from qlinear.quantize._pipeline import QuantizeResult, quantize_model
 from qlinear.quantize._report import print_report, report_json
 from qlinear.quantize._stats import TensorStats
+from qlinear.quantize._stream import StreamResult, quantize_weights_streaming
 
 __all__ = [
     "quantize_model",
+    "quantize_weights_streaming",
+    "StreamResult",
     "QuantizeOptions",
     "QuantizeResult",
     "TensorStats",

@@ -1,0 +1,234 @@
+"""Weight-only quantization of a model larger than memory: one weight at a time, from its external data to the output's.
+
+The model is read with onnx-ir, whose external tensors stay on disk until
+asked for. Two passes, each holding one weight at a time:
+
+1. each weight to quantize (Conv, ConvTranspose, Gemm, MatMul weights and
+   Gather tables, as the plan pass chooses them) is read from the external
+   data file (a plain read at its offset, so its pages do not stay in the
+   process), its scales and zero points computed (:func:`weight_params`),
+   and a DequantizeLinear put in front of its readers, whose codes are an
+   onnx-ir ``LazyTensor``;
+2. onnx-ir writes the model, calling each lazy tensor as it writes it: the
+   weight is read again and quantized by qlinear's kernels, its bytes
+   written to the output's external data file and dropped.
+
+Peak memory is the graph plus a few of the largest weight, whatever the
+model's size. Why onnx-ir: its external tensors are lazy and its writer
+streams tensors to the data file one by one (with a bound on bytes in
+flight); written by hand the same needs protobuf surgery on TensorProto
+locations and offsets, which the onnx package's own save does not stream
+(it gathers every tensor first). The output passes the checker's path-based
+check. No calibration, analysis or evaluation runs: a model this size is
+checked by the caller on its own runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+import qlinear
+from qlinear._errors import QuantizationError
+from qlinear.dtypes import element_type
+from qlinear.quantize._calibrate import peak_rss_bytes
+from qlinear.quantize._choose import weight_params
+from qlinear.quantize._options import QuantizeOptions
+
+__all__ = ["StreamResult", "quantize_weights_streaming"]
+
+_FLOATS = ("FLOAT", "FLOAT16", "BFLOAT16")
+_TYPE_OPSET = {"int8": 13, "uint8": 13, "int4": 21, "uint4": 21}
+# Bytes onnx-ir may hold in flight while writing; a few times the largest weight is enough.
+_IN_FLIGHT = 64 << 20
+
+
+@dataclass
+class StreamResult:
+    path: Path
+    weights: int
+    bytes_before: int
+    bytes_after: int
+    seconds: float
+    peak_rss_bytes: int
+
+
+def quantize_weights_streaming(model_path: str | os.PathLike, output: str | os.PathLike, options: QuantizeOptions) -> StreamResult:
+    """Quantize the weights of the model at ``model_path`` into ``output`` (with ``output``.data beside it), one at a time.
+
+    Raises:
+        QuantizationError: a type other than int8/uint8/int4/uint4, a file
+            that is no model, external data that is missing, short, or
+            outside the model's folder, an opset too old for the type whose
+            operators changed since, or an output that cannot be written
+            (nothing is left behind).
+    """
+    import onnx_ir as ir
+
+    start = time.perf_counter()
+    if options.weights not in _TYPE_OPSET:
+        raise QuantizationError(f"quantize: streaming weights takes int8, uint8, int4 or uint4, got {options.weights!r}")
+    src, out = Path(model_path), Path(output)
+    try:
+        model = ir.load(src)
+    except Exception as e:  # onnx-ir raises the protobuf's and its own types
+        raise QuantizationError(f"quantize: {src} is not a readable ONNX model: {str(e).splitlines()[0]}") from None
+    base = src.resolve().parent
+    opset = _opset_for(model, options)
+    t = element_type(options.weights)
+    done: dict[str, ir.Value] = {}  # weight name -> its DequantizeLinear's output
+    before = after = 0
+    graph = model.graph
+    for node in list(graph):
+        site = _weight_site(node)
+        if site is None:
+            continue
+        index, channel_axis, reduction_axis = site
+        weight = node.inputs[index]
+        if weight is None or weight.const_value is None or weight.const_value.dtype.name not in _FLOATS or weight.name not in graph.initializers:
+            continue
+        if weight.name not in done:
+            array = _read(weight.const_value, base)
+            if array.ndim < 2 and node.op_type != "MatMul":
+                continue
+            params, axis, block = weight_params(
+                array.astype(np.float32), t, granularity=options.granularity, channel_axis=channel_axis % array.ndim,
+                reduction_axis=reduction_axis % array.ndim, block_size=options.block_size, clip=options.weight_clip,
+            )  # fmt: skip
+            before += array.nbytes
+            done[weight.name] = _dequantize(ir, graph, node, weight, params, axis, block, t, base)
+            after += (int(np.prod(weight.const_value.shape.numpy())) * t.bits + 7) // 8 + params.scale.nbytes
+            del array
+        node.replace_input_with(index, done[weight.name])
+    for name in done:
+        if not list(graph.initializers[name].uses()):  # a weight some other operator still reads stays
+            graph.initializers.pop(name)
+    _set_opset(model, opset)
+    _write(ir, model, out)
+    return StreamResult(out, len(done), before, after, time.perf_counter() - start, peak_rss_bytes())
+
+
+def _weight_site(node) -> tuple[int, int, int] | None:
+    """``(input index, channel axis, reduction axis)`` of the node's weight, as the plan pass takes it."""
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if op == "Conv":
+        return 1, 0, 1
+    if op == "ConvTranspose":
+        return 1, 1, 0
+    if op == "Gemm":
+        trans_b = node.attributes.get_int("transB", 0)
+        return (1, 0, 1) if trans_b else (1, 1, 0)
+    if op == "MatMul":
+        return 1, -1, -2
+    if op == "Gather":
+        return 0, 0, 1
+    return None
+
+
+def _read(tensor, base: Path) -> np.ndarray:
+    """A weight's values, read from its external data with a plain read (no mapping left behind), or from the model."""
+    import onnx_ir as ir
+
+    if not isinstance(tensor, ir.ExternalTensor):
+        return np.asarray(tensor.numpy())
+    path = Path(tensor.base_dir or base, tensor.location).resolve()
+    if base not in path.parents:
+        raise QuantizationError(
+            f"quantize: weight {tensor.name!r} names external data {tensor.location!r} outside the model's folder; refused"
+        )
+    dtype = tensor.dtype.numpy()
+    count = int(np.prod(tensor.shape.numpy()))
+    offset = tensor.offset or 0
+    try:
+        size = path.stat().st_size
+    except OSError:
+        raise QuantizationError(f"quantize: weight {tensor.name!r}: external data file {path} is missing") from None
+    if offset + count * dtype.itemsize > size:
+        raise QuantizationError(
+            f"quantize: weight {tensor.name!r}: external data file {path} holds {size} bytes, "
+            f"expected at least {offset + count * dtype.itemsize} (truncated?)"
+        )
+    return np.fromfile(path, dtype=dtype, count=count, offset=offset).reshape(tensor.shape.numpy())
+
+
+def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base: Path):
+    """A DequantizeLinear of lazily quantized codes for ``weight``, inserted before ``node``; its output value."""
+    source = weight.const_value
+    shape = source.shape
+
+    def codes():
+        array = _read(source, base).astype(np.float32)
+        q = qlinear.quantize_linear(array, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=t.name)
+        return ir.Tensor(q, name=f"{weight.name}_quantized")
+
+    lazy = ir.LazyTensor(codes, dtype=ir.DataType[t.name.upper()], shape=shape, name=f"{weight.name}_quantized")
+    tensors = [lazy, ir.Tensor(params.scale, name=f"{weight.name}_scale")]
+    if params.zero_point is not None:
+        tensors.append(ir.Tensor(params.zero_point, name=f"{weight.name}_zero_point"))
+    inputs = [ir.Value(name=c.name, const_value=c, type=ir.TensorType(c.dtype), shape=c.shape) for c in tensors]
+    for v in inputs:
+        graph.register_initializer(v)
+    attributes = {"axis": axis} if params.scale.ndim else {}
+    if block:
+        attributes["block_size"] = block
+    dq = ir.node("DequantizeLinear", inputs, attributes=attributes, name=f"{weight.name}_DequantizeLinear")
+    dq.outputs[0].name = f"{weight.name}_dequantized"
+    graph.insert_before(node, dq)
+    return dq.outputs[0]
+
+
+def _opset_for(model, options: QuantizeOptions) -> int:
+    """The ai.onnx opset the output needs; an older model is raised only where none of its operators changed since."""
+    current = model.opset_imports.get("", 1)
+    need = max(current, _TYPE_OPSET[options.weights], 21 if options.granularity == "blocked" else 13)
+    if need == current:
+        return current
+    changed = sorted(
+        {
+            n.op_type
+            for n in model.graph
+            if n.domain in ("", "ai.onnx")
+            and onnx.defs.get_schema(n.op_type, need).since_version != onnx.defs.get_schema(n.op_type, current).since_version
+        }
+    )
+    if changed:
+        raise QuantizationError(
+            f"quantize: {options.weights} {options.granularity} weights need opset {need}, and this model's opset {current} "
+            f"has operators that changed since ({', '.join(changed[:5])}); convert the model to opset {need} first"
+        )
+    return need
+
+
+def _set_opset(model, opset: int) -> None:
+    model.opset_imports[""] = opset
+    model.ir_version = max(model.ir_version, 10 if opset >= 21 else 7)
+
+
+def _write(ir, model, out: Path) -> None:
+    """The model and its external data written in a temporary folder beside ``out``, then moved in place."""
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise QuantizationError(f"quantize: output {out} cannot be written: folder {parent} does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        try:
+            ir.save(model, tmp / out.name, external_data=f"{out.name}.data", max_workers=1, max_in_flight_bytes=_IN_FLIGHT)
+        except OSError as e:
+            raise QuantizationError(f"quantize: cannot write {out}: {e.strerror or e}") from None
+        try:  # by path: the checker reads a model over 2 GB only so
+            onnx.checker.check_model(str(tmp / out.name), full_check=True)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+            raise QuantizationError(f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}") from None
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, parent / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,125 @@
+"""Weight-only quantization one weight at a time: the codes the in-memory path writes, a model over 2 GB, bad external data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+import qlinear
+import qlinear.onnx as qo
+import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
+from qlinear.cli import main
+
+ROWS, COLS = 256, 128
+
+
+def _external_model(folder: Path, weights: list[np.ndarray], *, location: str = "model.onnx.data", opset: int = 21) -> Path:
+    """MatMul -> Relu layers whose weights lie in one external data file written straight from the arrays."""
+    folder.mkdir(parents=True, exist_ok=True)
+    inits, nodes, offset = [], [], 0
+    data = folder / "model.onnx.data"
+    with open(data, "wb") as f:
+        for k, w in enumerate(weights):
+            t = TensorProto(name=f"w{k}", data_type=TensorProto.FLOAT, dims=list(w.shape), data_location=TensorProto.EXTERNAL)
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(w.nbytes))):
+                t.external_data.add(key=key, value=value)
+            w.tofile(f)
+            offset += w.nbytes
+            inits.append(t)
+            x = "x" if k == 0 else f"h{k - 1}"
+            nodes += [helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"], name=f"mm{k}"), helper.make_node("Relu", [f"m{k}"], [f"h{k}"], name=f"relu{k}")]
+    n_in = weights[0].shape[0]
+    graph = helper.make_graph(
+        nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n_in])],
+        [helper.make_tensor_value_info(f"h{len(weights) - 1}", TensorProto.FLOAT, ["N", weights[-1].shape[1]])], initializer=inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10  # what ONNX Runtime 1.31 reads (helper stamps the newest)
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _codes(path: Path, name: str) -> np.ndarray:
+    """The stored codes of weight ``name`` of a quantized model (read alone, lazily)."""
+    model = ir.load(path)
+    return model.graph.initializers[f"{name}_quantized"].const_value.numpy()
+
+
+@pytest.mark.parametrize(("weights", "granularity"), [("int8", "per-channel"), ("int4", "blocked"), ("uint4", "blocked")])
+def test_streamed_codes_are_the_in_memory_codes(tmp_path, weights, granularity):
+    rng = np.random.default_rng(0)
+    layers = [rng.standard_normal((ROWS, ROWS)).astype(np.float32) * 0.1 for _ in range(3)]
+    src = _external_model(tmp_path / "in", layers)
+    options = dict(weights=weights, granularity=granularity, activations=None)
+    out = tmp_path / "streamed.onnx"
+    r = qq.quantize_weights_streaming(src, out, qq.QuantizeOptions(**options))
+    assert r.weights == 3 and r.bytes_after < r.bytes_before / 3
+    onnx.checker.check_model(str(out), full_check=True)
+    feeds = {"x": rng.standard_normal((4, ROWS)).astype(np.float32)}
+    whole = qq.quantize_model(
+        str(src), None, eval=feeds, promote=False, bias_correction=False, gptq=False, awq=False, **options
+    ).model
+    inits = {t.name: t for t in whole.graph.initializer}
+    for k in range(3):
+        assert np.array_equal(_codes(out, f"w{k}"), qlinear.from_tensor_proto(inits[f"w{k}_quantized"]))
+    # And the streamed model runs and stays close to the float one.
+    ref, got = qo.run(str(src), feeds, backend="onnxruntime")["h2"], qo.run(str(out), feeds, backend="onnxruntime")["h2"]
+    assert 10 * np.log10((ref**2).sum() / ((ref - got) ** 2).sum()) > (30 if weights == "int8" else 10)
+
+
+def test_a_model_over_2_gb(tmp_path):
+    # Five weights of 436 MB: 2.2 GB of external data, written straight from numpy and removed afterwards.
+    rng = np.random.default_rng(1)
+    shapes = [(8192, 13312), (13312, 8192), (8192, 13312), (13312, 8192), (8192, 13312)]
+    try:
+        arrays = [rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02) for shape in shapes]
+        src = _external_model(tmp_path / "big", arrays)
+        kept = {0: arrays[0][:, :64].copy(), 3: arrays[3][:, :64].copy()}  # columns of two weights, to check
+        del arrays
+        assert (tmp_path / "big" / "model.onnx.data").stat().st_size > 2 << 30
+        out = tmp_path / "q.onnx"
+        assert main(["quantize", str(src), "-o", str(out), "--activations", "none", "--stream-weights", "--quiet"]) == 0
+        onnx.checker.check_model(str(out), full_check=True)  # by path: the checker's only way past 2 GB
+        model = ir.load(out)
+        for k, columns in kept.items():
+            codes = model.graph.initializers[f"w{k}_quantized"].const_value.numpy()[:, :64]
+            scale = model.graph.initializers[f"w{k}_scale"].const_value.numpy()[:64]
+            zp = model.graph.initializers[f"w{k}_zero_point"].const_value.numpy()[:64]
+            assert np.array_equal(codes, qlinear.quantize_linear(columns, scale, zp, axis=1))
+    finally:
+        for f in tmp_path.rglob("*.data"):
+            f.unlink()
+
+
+def test_external_data_outside_the_folder_is_refused(tmp_path):
+    secret = tmp_path / "secret.bin"
+    np.zeros((ROWS, ROWS), np.float32).tofile(secret)
+    src = _external_model(tmp_path / "model", [np.ones((ROWS, ROWS), np.float32)], location="../secret.bin")
+    with pytest.raises(QuantizationError, match="outside the model's folder; refused"):
+        qq.quantize_weights_streaming(src, tmp_path / "q.onnx", qq.QuantizeOptions(activations=None))
+    with pytest.raises(QuantizationError):  # the in-memory path refuses it too (qlinear.onnx.load)
+        qq.quantize_model(str(src), None, calibrate_random=4)
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_truncated_external_data_and_old_opsets_are_one_error(tmp_path, capsys):
+    src = _external_model(tmp_path / "m", [np.ones((ROWS, ROWS), np.float32)])
+    data = tmp_path / "m" / "model.onnx.data"
+    with open(data, "r+b") as f:
+        f.truncate(1000)
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(src), "-o", str(out), "--activations", "none", "--stream-weights"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "truncated" in err and not out.exists()
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".q.onnx")]  # no temporary folder left
+    old = _external_model(tmp_path / "old", [np.ones((ROWS, ROWS), np.float32)], opset=11)
+    with pytest.raises(QuantizationError, match="need opset 21"):
+        qq.quantize_weights_streaming(old, out, qq.QuantizeOptions(weights="int4", granularity="blocked", activations=None))
