@@ -34,7 +34,10 @@ def _external_model(folder: Path, weights: list[np.ndarray], *, location: str = 
             offset += w.nbytes
             inits.append(t)
             x = "x" if k == 0 else f"h{k - 1}"
-            nodes += [helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"], name=f"mm{k}"), helper.make_node("Relu", [f"m{k}"], [f"h{k}"], name=f"relu{k}")]
+            nodes += [
+                helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+                helper.make_node("Relu", [f"m{k}"], [f"h{k}"], name=f"relu{k}"),
+            ]
     n_in = weights[0].shape[0]
     graph = helper.make_graph(
         nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n_in])],
@@ -123,3 +126,20 @@ def test_truncated_external_data_and_old_opsets_are_one_error(tmp_path, capsys):
     old = _external_model(tmp_path / "old", [np.ones((ROWS, ROWS), np.float32)], opset=11)
     with pytest.raises(QuantizationError, match="need opset 21"):
         qq.quantize_weights_streaming(old, out, qq.QuantizeOptions(weights="int4", granularity="blocked", activations=None))
+
+
+def test_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
+    import errno
+
+    src = _external_model(tmp_path / "m", [np.ones((ROWS, ROWS), np.float32)])
+
+    def full(model, path, **kwargs):
+        Path(path).write_bytes(b"partial")  # what a writer leaves when the disk fills mid-way
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ir, "save", full)
+    out = tmp_path / "q.onnx"
+    with pytest.raises(QuantizationError, match="cannot write .*No space left on device"):
+        qq.quantize_weights_streaming(src, out, qq.QuantizeOptions(activations=None))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no output, no temporary folder
+    assert (tmp_path / "m" / "model.onnx.data").stat().st_size == ROWS * ROWS * 4  # the input untouched

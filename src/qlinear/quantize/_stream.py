@@ -60,7 +60,9 @@ class StreamResult:
     peak_rss_bytes: int
 
 
-def quantize_weights_streaming(model_path: str | os.PathLike, output: str | os.PathLike, options: QuantizeOptions) -> StreamResult:
+def quantize_weights_streaming(
+    model_path: str | os.PathLike, output: str | os.PathLike, options: QuantizeOptions
+) -> StreamResult:
     """Quantize the weights of the model at ``model_path`` into ``output`` (with ``output``.data beside it), one at a time.
 
     Raises:
@@ -84,34 +86,43 @@ def quantize_weights_streaming(model_path: str | os.PathLike, output: str | os.P
     opset = _opset_for(model, options)
     t = element_type(options.weights)
     done: dict[str, ir.Value] = {}  # weight name -> its DequantizeLinear's output
-    before = after = 0
-    graph = model.graph
-    for node in list(graph):
-        site = _weight_site(node)
-        if site is None:
-            continue
-        index, channel_axis, reduction_axis = site
-        weight = node.inputs[index]
-        if weight is None or weight.const_value is None or weight.const_value.dtype.name not in _FLOATS or weight.name not in graph.initializers:
-            continue
-        if weight.name not in done:
-            array = _read(weight.const_value, base)
-            if array.ndim < 2 and node.op_type != "MatMul":
+    spill = Path(tempfile.mkdtemp(prefix=".qlinear-scales-", dir=out.resolve().parent if out.resolve().parent.is_dir() else None))
+    try:
+        before = after = 0
+        graph = model.graph
+        for node in list(graph):
+            site = _weight_site(node)
+            if site is None:
                 continue
-            params, axis, block = weight_params(
-                array.astype(np.float32), t, granularity=options.granularity, channel_axis=channel_axis % array.ndim,
-                reduction_axis=reduction_axis % array.ndim, block_size=options.block_size, clip=options.weight_clip,
-            )  # fmt: skip
-            before += array.nbytes
-            done[weight.name] = _dequantize(ir, graph, node, weight, params, axis, block, t, base)
-            after += (int(np.prod(weight.const_value.shape.numpy())) * t.bits + 7) // 8 + params.scale.nbytes
-            del array
-        node.replace_input_with(index, done[weight.name])
-    for name in done:
-        if not list(graph.initializers[name].uses()):  # a weight some other operator still reads stays
-            graph.initializers.pop(name)
-    _set_opset(model, opset)
-    _write(ir, model, out)
+            index, channel_axis, reduction_axis = site
+            weight = node.inputs[index]
+            if (
+                weight is None
+                or weight.const_value is None
+                or weight.const_value.dtype.name not in _FLOATS
+                or weight.name not in graph.initializers
+            ):
+                continue
+            if weight.name not in done:
+                array = _read(weight.const_value, base)
+                if array.ndim < 2 and node.op_type != "MatMul":
+                    continue
+                params, axis, block = weight_params(
+                    array.astype(np.float32), t, granularity=options.granularity, channel_axis=channel_axis % array.ndim,
+                    reduction_axis=reduction_axis % array.ndim, block_size=options.block_size, clip=options.weight_clip,
+                )  # fmt: skip
+                before += array.nbytes
+                done[weight.name] = _dequantize(ir, graph, node, weight, params, axis, block, t, base, spill)
+                after += (int(np.prod(weight.const_value.shape.numpy())) * t.bits + 7) // 8 + params.scale.nbytes
+                del array
+            node.replace_input_with(index, done[weight.name])
+        for name in done:
+            if not list(graph.initializers[name].uses()):  # a weight some other operator still reads stays
+                graph.initializers.pop(name)
+        _set_opset(model, opset)
+        _write(ir, model, out)
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
     return StreamResult(out, len(done), before, after, time.perf_counter() - start, peak_rss_bytes())
 
 
@@ -160,24 +171,43 @@ def _read(tensor, base: Path) -> np.ndarray:
     return np.fromfile(path, dtype=dtype, count=count, offset=offset).reshape(tensor.shape.numpy())
 
 
-def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base: Path):
+def _spilled(ir, array: np.ndarray, name: str, folder: Path):
+    """``(lazy tensor, loader)`` of ``array`` kept in a file until needed: blocked scales are 1/32 of the weights, too much to hold."""
+    path = folder / f"{len(os.listdir(folder))}.bin"
+    np.ascontiguousarray(array).view(np.uint8).tofile(path)  # raw bytes: ml_dtypes' int4 is one byte an element
+    numpy_dtype, shape = array.dtype, array.shape
+
+    def load() -> np.ndarray:
+        return np.fromfile(path, np.uint8).view(numpy_dtype).reshape(shape)
+
+    lazy = ir.LazyTensor(
+        lambda: ir.Tensor(load(), name=name), dtype=ir.DataType.from_numpy(numpy_dtype), shape=ir.Shape(shape), name=name
+    )
+    return lazy, load
+
+
+def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base: Path, spill: Path):
     """A DequantizeLinear of lazily quantized codes for ``weight``, inserted before ``node``; its output value."""
     source = weight.const_value
     shape = source.shape
+    # Scales and zero points wait in files: the lazy codes must not hold them either.
+    scale, load_scale = _spilled(ir, params.scale, f"{weight.name}_scale", spill)
+    zero_point, load_zero_point = (None, lambda: None)
+    if params.zero_point is not None:
+        zero_point, load_zero_point = _spilled(ir, params.zero_point, f"{weight.name}_zero_point", spill)
+    scale_is_array = params.scale.ndim > 0
 
     def codes():
         array = _read(source, base).astype(np.float32)
-        q = qlinear.quantize_linear(array, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=t.name)
+        q = qlinear.quantize_linear(array, load_scale(), load_zero_point(), axis=axis, block_size=block, output_dtype=t.name)
         return ir.Tensor(q, name=f"{weight.name}_quantized")
 
     lazy = ir.LazyTensor(codes, dtype=ir.DataType[t.name.upper()], shape=shape, name=f"{weight.name}_quantized")
-    tensors = [lazy, ir.Tensor(params.scale, name=f"{weight.name}_scale")]
-    if params.zero_point is not None:
-        tensors.append(ir.Tensor(params.zero_point, name=f"{weight.name}_zero_point"))
+    tensors = [lazy, scale, *([zero_point] if zero_point is not None else [])]
     inputs = [ir.Value(name=c.name, const_value=c, type=ir.TensorType(c.dtype), shape=c.shape) for c in tensors]
     for v in inputs:
         graph.register_initializer(v)
-    attributes = {"axis": axis} if params.scale.ndim else {}
+    attributes = {"axis": axis} if scale_is_array else {}
     if block:
         attributes["block_size"] = block
     dq = ir.node("DequantizeLinear", inputs, attributes=attributes, name=f"{weight.name}_DequantizeLinear")
@@ -227,7 +257,9 @@ def _write(ir, model, out: Path) -> None:
         try:  # by path: the checker reads a model over 2 GB only so
             onnx.checker.check_model(str(tmp / out.name), full_check=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-            raise QuantizationError(f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}") from None
+            raise QuantizationError(
+                f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
+            ) from None
         for f in sorted(tmp.iterdir()):
             os.replace(f, parent / f.name)
     finally:
