@@ -139,7 +139,7 @@ def test_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ir, "save", full)
     out = tmp_path / "q.onnx"
-    with pytest.raises(QuantizationError, match="cannot write .*No space left on device"):
+    with pytest.raises(QuantizationError, match=r"cannot write .*No space left on device"):
         qq.quantize_weights_streaming(src, out, qq.QuantizeOptions(activations=None))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no output, no temporary folder
     assert (tmp_path / "m" / "model.onnx.data").stat().st_size == ROWS * ROWS * 4  # the input untouched
