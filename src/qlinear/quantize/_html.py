@@ -172,7 +172,7 @@ def _chart(go, nodes: list[dict[str, Any]]):
 def _summary(report: dict[str, Any]) -> str:
     size, out = report["size_bytes"], report["output"]
     rows = [
-        ("model", f"{report['model']['input']} → {report['model']['output']}"),
+        ("model", f"{report['model']['input']} → {report['model']['output'] or '(not written)'}"),
         ("size", f"{_bytes(size['before'])} → {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)"),
     ]
     lat = report.get("latency_ms")
