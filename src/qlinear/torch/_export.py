@@ -36,6 +36,8 @@ OPSETS = range(21, 29)
 class _Builder:
     """Nodes and initializers of the graph being written, with fresh names."""
 
+    module_names: dict[int, str]  # id(module) -> its name in the exported model, for errors
+
     def __init__(self, opset: int) -> None:
         self.opset = opset
         self.nodes: list[onnx.NodeProto] = []
@@ -57,8 +59,17 @@ class _Builder:
         return out
 
 
-def _qparam_arrays(qtype: Any, scale: torch.Tensor, zero_point: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+def _qparam_arrays(
+    b: _Builder, module: torch.nn.Module, qtype: Any, scale: torch.Tensor, zero_point: torch.Tensor | None
+) -> tuple[np.ndarray, np.ndarray]:
     s = scale.detach().to(torch.float32).cpu().numpy()
+    bad = ~(np.isfinite(s) & (s > 0))
+    if bad.any():
+        where = b.module_names.get(id(module), type(module).__name__)
+        raise QuantizationError(
+            f"export_onnx: module {where!r} ({type(module).__name__}) has {int(bad.sum())} scale(s) that are not positive "
+            f"and finite (first: {s.reshape(-1)[np.argmax(bad.reshape(-1))]!r}); ONNX models must not hold them"
+        )
     z = torch.zeros_like(scale) if zero_point is None else cast_zero_point(zero_point.detach(), qtype)
     return s, z.to(torch.float32).cpu().numpy().astype(qtype.dtype)
 
@@ -98,7 +109,7 @@ def _dq_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quantizer(b: _Builder, quant: QuantizeLinear | FakeQuantize, inp: str, example: torch.Tensor) -> str:
-    s, z = _qparam_arrays(quant.qtype, quant.scale, quant.zero_point)
+    s, z = _qparam_arrays(b, quant, quant.qtype, quant.scale, quant.zero_point)
     x = np.zeros((), np.float32)
     attrs = _q_attrs(quant, example.dim(), b.opset, np.broadcast_to(x, tuple(example.shape)), s, z)
     s_name, z_name = b.constant(s, "scale"), b.constant(z, "zero_point")
@@ -110,7 +121,7 @@ def _quantizer(b: _Builder, quant: QuantizeLinear | FakeQuantize, inp: str, exam
 
 def _dequantizer(b: _Builder, dq: DequantizeLinear, inp: str, example: torch.Tensor) -> str:
     qtype, scale, zero_point, axis, block_size = dq.qparams()
-    s, z = _qparam_arrays(qtype, scale, zero_point)
+    s, z = _qparam_arrays(b, dq, qtype, scale, zero_point)
     attrs: dict[str, Any] = {"axis": 1 if axis is None else axis % example.dim()}
     if block_size:
         attrs["block_size"] = block_size
@@ -122,7 +133,7 @@ def _weight(b: _Builder, layer: torch.nn.Module, quant: FakeQuantize | None) -> 
     w = layer.weight.detach().to(torch.float32).cpu().numpy()
     if quant is None:
         return b.constant(w, "weight")
-    s, z = _qparam_arrays(quant.qtype, quant.scale, quant.zero_point)
+    s, z = _qparam_arrays(b, quant, quant.qtype, quant.scale, quant.zero_point)
     attrs = _q_attrs(quant, w.ndim, b.opset, w, s, z)
     wq = qlinear.quantize_linear(
         w,
@@ -284,6 +295,10 @@ def export_onnx(
     was_training = model.training
     model.eval()
     b = _Builder(opset)
+    b.module_names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
+    for m in model.modules():  # a learned scale an optimizer step took to zero or below goes back to the floor
+        if isinstance(m, (QuantizeLinear, FakeQuantize)) and m.policy == "learnable" and bool(m.initialized):
+            m.keep_scale_valid()
     name, value, elem = "input", x, TensorProto.FLOAT
     graph_input = _value_info(name, x, elem)
     try:

@@ -35,6 +35,10 @@ __all__ = ["QuantizeLinear", "DequantizeLinear", "FakeQuantize"]
 POLICIES = ("fixed", "minmax", "moving_average", "learnable")
 
 
+# The smallest scale a learned one is kept at: float32's smallest normal value, the floor ONNX models hold.
+SCALE_FLOOR = 2.0**-126
+
+
 class _Quantizer(nn.Module):
     """What QuantizeLinear and FakeQuantize share: type, granularity, qparams."""
 
@@ -106,6 +110,12 @@ class _Quantizer(nn.Module):
             return g
         if not -len(x_shape) <= g.axis < len(x_shape):
             raise QuantizationError(f"{type(self).__name__}: axis={g.axis} is out of range for input of shape {x_shape}")
+        if g.block_size and g.block_size > x_shape[g.axis]:
+            # Every block would be cut short by the axis: a block a row, stored at more than the float's size.
+            raise QuantizationError(
+                f"{type(self).__name__}: block_size={g.block_size} runs along axis {g.axis} of size {x_shape[g.axis]} "
+                f"(input shape {x_shape}); use a block of at most {x_shape[g.axis]}, or per-axis (block_size=0)"
+            )
         return Granularity(g.kind, g.axis % len(x_shape), g.block_size)
 
     @torch.no_grad()
@@ -132,6 +142,21 @@ class _Quantizer(nn.Module):
         self.zero_point.copy_(zero_point)
         self.initialized.fill_(True)
 
+    @torch.no_grad()
+    def keep_scale_valid(self) -> None:
+        """Project a learned scale back to at least :data:`SCALE_FLOOR` (a NaN one as well).
+
+        Called before every forward, so an optimizer step that took a scale
+        to zero or below (or to NaN) is undone where the scale is next used,
+        and on export. A projection rather than a parametrization (``exp``,
+        ``softplus``): the parameter stays the scale itself, so its LSQ
+        gradient is LSQ's, its value is what is exported, and an optimizer's
+        state means what it says.
+        """
+        self.scale.copy_(
+            torch.nan_to_num(self.scale, nan=SCALE_FLOOR, posinf=torch.finfo(torch.float32).max).clamp_min(SCALE_FLOOR)
+        )
+
     def _materialize_for_load(self, state_dict: dict, prefix: str, *args: Any) -> None:
         # Uninitialised qparams take the saved shapes before the copy.
         for name in ("scale", "zero_point", "min_val", "max_val"):
@@ -140,10 +165,12 @@ class _Quantizer(nn.Module):
                 t.materialize(state_dict[prefix + name].shape, dtype=torch.float32)
 
     def _qparams_for(self, x: torch.Tensor) -> None:
-        """Observe or initialise in training mode; insist on values in eval mode."""
+        """Observe or initialise in training mode; insist on values in eval mode; keep learned scales positive."""
         if self.training and (self.policy in ("minmax", "moving_average") or not self.initialized):
             if self.policy != "fixed":
                 self.initialize(x)
+        if self.policy == "learnable" and self.initialized:
+            self.keep_scale_valid()
         if not self.initialized:
             raise QuantizationError(
                 f"{type(self).__name__}: qparams are not set; run it in training mode on data first, call initialize(x), or give a scale"

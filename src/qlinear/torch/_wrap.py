@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -88,7 +89,9 @@ def quantize_modules(model: nn.Module, config: QuantConfig | None = None) -> nn.
     Weight quantizers take their qparams from the weight at once (so
     optimizers created afterwards see learnable ones); input quantizers
     observe or initialise on the first training-mode batches. The model is
-    changed in place and returned.
+    changed in place and returned. A weight whose blocks would run along an
+    axis shorter than a block is quantized per output channel, with a
+    warning naming the layer.
 
     Raises:
         QuantizationError: ``model`` is not an nn.Module, or holds no layer to wrap.
@@ -101,10 +104,23 @@ def quantize_modules(model: nn.Module, config: QuantConfig | None = None) -> nn.
         raise QuantizationError(f"quantize_modules: model must be a torch.nn.Module, got {type(model).__name__}")
     config = config or QuantConfig()
     wrapped = 0
+    names = {id(m): n for n, m in model.named_modules()}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, WRAPPED):
-                weight_quant = None if config.weight is None else config.weight.build()
+                spec = config.weight
+                if spec is not None and spec.block_size and spec.axis is not None:
+                    length = child.weight.shape[spec.axis]
+                    if spec.block_size > length:
+                        # Blocks cut short by the axis (a first convolution's single input channel, say) would
+                        # store more than the float weight: one scale an output channel instead.
+                        warnings.warn(
+                            f"quantize_modules: {names.get(id(child), name)}: blocks of {spec.block_size} along axis "
+                            f"{spec.axis} of size {length}; quantized per output channel (axis 0) instead",
+                            stacklevel=2,
+                        )
+                        spec = replace(spec, axis=0, block_size=0)
+                weight_quant = None if spec is None else spec.build()
                 if weight_quant is not None:
                     weight_quant.initialize(child.weight)
                 input_quant = None if config.activation is None else config.activation.build()
