@@ -15,6 +15,7 @@ import torch
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType
 from qlinear.spec import QuantizePlan
+from qlinear.torch import _fast
 from qlinear.torch._autograd import FakeQuantizeFunction, QuantizeFunction, StraightThrough
 from qlinear.torch._convert import cast_zero_point
 from qlinear.torch._core import dequantize, quantize
@@ -142,6 +143,8 @@ def quantize_linear(
     if _needs_graph(x, y_scale, y_zero_point):
         q, _ = QuantizeFunction.apply(x, y_scale, y_zero_point, zp, plan, float(grad_scale))
         return q
+    if _fast.applies(plan, x, y_scale, zp):
+        return _fast.quantize(plan, x, y_scale, zp, axis=axis, block_size=block_size)
     return quantize(plan, x, y_scale, zp)
 
 
@@ -260,4 +263,6 @@ def fake_quantize(
     if _needs_graph(x, scale, zero_point):
         y, _, _ = FakeQuantizeFunction.apply(x, scale, zero_point, zp, plan, float(grad_scale), dq_plan)
         return y
+    if _fast.applies(plan, x, scale, zp):
+        return _fast.fake_quantize(plan, x, scale, zp, axis=axis, block_size=block_size)
     return dequantize(dq_plan, quantize(plan, x, scale, zp), scale, zp)

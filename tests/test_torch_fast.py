@@ -1,0 +1,58 @@
+"""qlinear.torch's calls without gradients on CPU float32 run on the fused kernels: the torch path's results, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import qlinear.torch as qt
+from qlinear.torch import _fast
+
+TYPES = ["uint8", "int8", "uint16", "int16", "int4", "uint4", "int2", "float8e4m3fn", "float8e5m2", "float4e2m1"]
+LAYOUTS = [dict(), dict(axis=1), dict(axis=0, block_size=4), dict(axis=2, block_size=3)]
+
+
+def _qparams(t: str, layout: dict, shape: tuple[int, ...], rng) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if "block_size" in layout:
+        s_shape = list(shape)
+        s_shape[layout["axis"]] = -(-shape[layout["axis"]] // layout["block_size"])
+    elif "axis" in layout:
+        s_shape = [shape[layout["axis"]]]
+    else:
+        s_shape = []
+    scale = torch.from_numpy(rng.uniform(0.01, 0.5, s_shape).astype(np.float32))
+    if t.startswith("float"):
+        return scale, None
+    lo, hi = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767)}.get(t, (0, 3))
+    zp = torch.from_numpy(rng.integers(lo, hi + 1, s_shape).astype(np.float32)) if t[0] == "u" else torch.zeros(s_shape)
+    return scale, zp
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()) or "per_tensor")
+@pytest.mark.parametrize("t", TYPES)
+def test_kernels_give_the_torch_paths_bits(t, layout, monkeypatch):
+    rng = np.random.default_rng(0)
+    # 5440 elements: above the 2048 below which the default backend runs numpy, so the numba kernels serve.
+    x = torch.from_numpy((rng.standard_normal((16, 20, 17)) * 40).astype(np.float32))
+    x[0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    scale, zp = _qparams(t, layout, tuple(x.shape), rng)
+    calls = {
+        "fake_quantize": lambda: qt.fake_quantize(x, scale, zp, output_dtype=t, **layout),
+        "quantize_linear": lambda: qt.quantize_linear(x, scale, zp, output_dtype=t, **layout),
+    }
+    for name, call in calls.items():
+        fast = call()
+        monkeypatch.setattr(_fast, "ENABLED", False)
+        slow = call()
+        monkeypatch.setattr(_fast, "ENABLED", True)
+        assert fast.dtype == slow.dtype and fast.shape == slow.shape, name
+        assert fast.numpy().tobytes() == slow.numpy().tobytes(), (name, t, layout)
+
+
+def test_kernels_serve_only_calls_without_gradients():
+    x = torch.randn(64, requires_grad=True)
+    y = qt.fake_quantize(x, torch.tensor(0.1), output_dtype="int8")
+    assert y.grad_fn is not None  # the torch path, which records the saturation mask for backward
+    with torch.no_grad():
+        assert qt.fake_quantize(x, torch.tensor(0.1), output_dtype="int8").grad_fn is None
