@@ -56,3 +56,33 @@ def test_kernels_serve_only_calls_without_gradients():
     assert y.grad_fn is not None  # the torch path, which records the saturation mask for backward
     with torch.no_grad():
         assert qt.fake_quantize(x, torch.tensor(0.1), output_dtype="int8").grad_fn is None
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(axis=1), dict(axis=2)], ids=["per_tensor", "axis1", "axis2"])
+@pytest.mark.parametrize("t", ["uint8", "int8", "int4", "uint16", "int2"])
+def test_training_forward_and_its_gradients_match_the_torch_path(t, layout, monkeypatch):
+    # Ties at .5 (round half to even), both saturation edges, NaN, infinities, -0.
+    rng = np.random.default_rng(1)
+    shape = (16, 20, 17)
+    scale, zp = _qparams(t, layout, shape, rng)
+    s_full = scale.reshape([-1 if (layout and d == layout["axis"]) else 1 for d in range(3)]) if layout else scale
+    halves = torch.from_numpy(rng.integers(-300, 300, shape).astype(np.float32)) + 0.5
+    x = torch.where(
+        torch.from_numpy(rng.random(shape) < 0.3),
+        halves * s_full,
+        torch.from_numpy((rng.standard_normal(shape) * 60).astype(np.float32)),
+    )
+    x[0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    results = []
+    for enabled in (True, False):
+        monkeypatch.setattr(_fast, "ENABLED", enabled)
+        xg, sg = x.clone().requires_grad_(True), scale.clone().requires_grad_(True)
+        zg = None if zp is None else zp.clone().requires_grad_(True)
+        y = qt.fake_quantize(xg, sg, zg, output_dtype=t, **layout)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        results.append([y.detach(), xg.grad, sg.grad, None if zg is None else zg.grad])
+    for fast, slow in zip(*results, strict=True):
+        if slow is None:
+            assert fast is None
+            continue
+        assert fast.numpy().tobytes() == slow.numpy().tobytes(), (t, layout)

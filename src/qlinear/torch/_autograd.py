@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from qlinear.spec import QuantizePlan
+from qlinear.torch import _fast
 from qlinear.torch._core import dequantize, pre_saturation, quotient, round_quotient
 from qlinear.torch._layout import counts, expand, reduce
 
@@ -103,6 +104,12 @@ class FakeQuantizeFunction(torch.autograd.Function):
         grad_scale: float,
         dq_plan: Any,
     ) -> torch.Tensor:
+        if _fast.applies(plan, x, scale, zp_values):
+            got = _fast.training_forward(
+                plan, x, scale, zp_values, axis=plan.granularity.axis or 0, block_size=plan.granularity.block_size
+            )
+            if got is not None:
+                return got
         q, inside, clamped = _forward(plan, x, scale, zp_values)
         return dequantize(dq_plan, q, scale, zp_values), inside, clamped
 
@@ -119,25 +126,42 @@ class FakeQuantizeFunction(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor, _grad_inside: Any, _grad_clamped: Any):
         x, scale, zp_values, inside, clamped = ctx.saved_tensors
         plan = ctx.plan
-        g_all = grad.to(torch.float32)
+        g_all = grad.to(torch.float32).contiguous()  # once: both passes below read it
         dx = ds = dz = None
         if ctx.needs_input_grad[0]:
-            dx = torch.where(inside, g_all, 0.0).to(x.dtype) * ctx.grad_scale
+            dx = _fast.straight_through(g_all, inside, ctx.grad_scale) if x.dtype == torch.float32 else None
+            if dx is None:
+                dx = torch.where(inside, g_all, 0.0).to(x.dtype) * ctx.grad_scale
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             shape = tuple(scale.shape)
-            lsq = torch.rsqrt(counts(plan.granularity, plan.x_shape, shape, x.device) * _qmax(plan))
+            lsq = torch.rsqrt(_counts(plan, shape, x.device) * _qmax(plan))
             s = expand(scale, plan.granularity, plan.x_shape).to(torch.float32)
             if ctx.needs_input_grad[1]:
-                z = 0.0 if zp_values is None else expand(zp_values, plan.granularity, plan.x_shape)
-                v = x.to(torch.float32) / s
-                per_element = g_all * ((clamped - z) - torch.where(inside, v, 0.0))
-                # NaN inputs carry no information about the scale.
-                per_element = torch.where(torch.isnan(per_element), 0.0, per_element)
+                per_element = _fast.lsq_scale_terms(plan, x, g_all, scale, zp_values, inside, clamped)
+                if per_element is None:
+                    z = 0.0 if zp_values is None else expand(zp_values, plan.granularity, plan.x_shape)
+                    v = x.to(torch.float32) / s
+                    per_element = g_all * ((clamped - z) - torch.where(inside, v, 0.0))
+                    # NaN inputs carry no information about the scale.
+                    per_element = torch.where(torch.isnan(per_element), 0.0, per_element)
                 ds = (reduce(per_element, plan.granularity, shape) * lsq).to(scale.dtype)
             if ctx.needs_input_grad[2]:
                 per_element = torch.where(inside, 0.0, -g_all * s)
                 dz = (reduce(per_element, plan.granularity, shape) * lsq).to(ctx.zp_dtype)
         return dx, ds, dz, None, None, None, None
+
+
+def _counts(plan: QuantizePlan, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Elements each scale applies to, as float32: counted, not summed, where every count is exact in float32."""
+    g = plan.granularity
+    total = 1
+    for d in plan.x_shape:
+        total *= d
+    if g.kind != "blocked":
+        per_scale = total // max(1, int(torch.Size(shape).numel()))
+        if per_scale <= 1 << 24:  # a sum of that many ones is exact in float32 whatever its order: the same bits
+            return torch.full(shape, float(per_scale), dtype=torch.float32, device=device)
+    return counts(g, plan.x_shape, shape, device)
 
 
 def _qmax(plan: QuantizePlan) -> float:
