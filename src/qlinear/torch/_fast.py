@@ -37,21 +37,22 @@ def applies(plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor, zero_point
     )
 
 
-def _arrays(plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None):
-    xn = x.detach().contiguous().numpy()
+def _codes(plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, axis: int, block_size: int):
+    """``(codes, scale, zero point)`` as arrays: QuantizeLinear by the kernels on the tensors' own memory."""
     sn = scale.detach().contiguous().numpy()
     zn = None if zero_point is None else zero_point.detach().contiguous().numpy().astype(plan.output_type.dtype)
-    return xn, sn, zn
+    q = qlinear.quantize_linear(
+        x.detach().contiguous().numpy(), sn, zn, axis=axis, block_size=block_size, output_dtype=plan.output_type.name,
+        saturate=plan.saturate,
+    )  # fmt: skip
+    return q, sn, zn
 
 
 def quantize(
     plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, *, axis: int, block_size: int
 ) -> torch.Tensor:
     """QuantizeLinear's values as a float32 tensor (as the torch path returns them)."""
-    xn, sn, zn = _arrays(plan, x, scale, zero_point)
-    q = qlinear.quantize_linear(
-        xn, sn, zn, axis=axis, block_size=block_size, output_dtype=plan.output_type.name, saturate=plan.saturate
-    )
+    q, _, _ = _codes(plan, x, scale, zero_point, axis, block_size)
     return torch.from_numpy(np.asarray(q).astype(np.float32))
 
 
@@ -59,10 +60,7 @@ def fake_quantize(
     plan: QuantizePlan, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, *, axis: int, block_size: int
 ) -> torch.Tensor:
     """DequantizeLinear(QuantizeLinear(x)) as a float32 tensor."""
-    xn, sn, zn = _arrays(plan, x, scale, zero_point)
-    q = qlinear.quantize_linear(
-        xn, sn, zn, axis=axis, block_size=block_size, output_dtype=plan.output_type.name, saturate=plan.saturate
-    )
+    q, sn, zn = _codes(plan, x, scale, zero_point, axis, block_size)
     return torch.from_numpy(qlinear.dequantize_linear(q, sn, zn, axis=axis, block_size=block_size))
 
 
