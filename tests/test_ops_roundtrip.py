@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -42,6 +42,9 @@ def test_integer_round_trip_within_half_scale(t, data):
 @given(
     x=hnp.arrays(np.float32, st.integers(1, 30), elements=st.floats(-1, 1, width=32)), scale=st.floats(0.015625, 8.0, width=32)
 )
+# A tie in float8e4m3fnuz (x / scale a hair below 168, between 160 and 176): the error is half a step, give or take
+# the float32 rounding of x and of the product.
+@example(x=np.array([0.7], np.float32), scale=0.99)
 def test_float_round_trip_within_half_ulp(t, x, scale):
     scale = np.float32(scale)
     x = (x * np.float32(t.max_finite) * scale).astype(np.float32)
@@ -52,4 +55,6 @@ def test_float_round_trip_within_half_ulp(t, x, scale):
     info = ml_dtypes.finfo(t.dtype)
     exponent = np.floor(np.log2(np.maximum(q, float(info.smallest_normal))))
     step = 2.0 ** (exponent - info.nmant) * scale
-    assert np.all(np.abs(back - x) <= step / 2 * (1 + 1e-6) + 1e-30)
+    # Half a step, plus the float32 rounding of x (made from the drawn value) and of the product back.
+    slack = 2 * np.finfo(np.float32).eps * (np.abs(x.astype(np.float64)) + np.abs(back))
+    assert np.all(np.abs(back - x) <= step / 2 + slack + 1e-30)
