@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.message import EncodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear._errors import QuantizationError
@@ -100,7 +101,13 @@ def load_float_model(model: onnx.ModelProto | str | PathLike[str]) -> FloatModel
         raise QuantizationError(f"quantize: model must be a path or an onnx.ModelProto, got {type(model).__name__}")
     if not proto.graph.node:
         raise QuantizationError("quantize: the model's graph has no nodes")
-    digest = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()[:16]
+    try:
+        digest = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()[:16]
+    except EncodeError:  # protobuf holds no message of 2 GiB or more
+        raise QuantizationError(
+            "quantize: the model is 2 GB or more; calibrated quantization holds the whole model as one protobuf "
+            "message, which cannot pass 2 GB: quantize its weights with --activations none --stream-weights"
+        ) from None
     _fold_constants(proto.graph)
     fm = FloatModel(proto, digest)
     index(fm)
