@@ -35,6 +35,18 @@ def test_the_ladder_widens_the_worse_side_then_goes_float():
     assert wider_activation("uint8", "uint16") == "uint16" and wider_activation("int16", "uint8") == "int16"
 
 
+def test_a_node_without_weight_widens_its_activations_and_a_broken_output_ranks_first():
+    p = NodePrecision(None, "uint8")  # an activation x activation MatMul
+    assert (
+        next_step(p, None, 30.0) == NodePrecision(None, "uint16")
+        and next_step(NodePrecision(None, "uint16"), None, 60.0) == FLOAT
+    )
+    assert NodePrecision(None, "uint16").describe() == "a uint16"
+    assert next_step(W2_A8, float("nan"), 3.0).weights == "int4"  # NaN: the worst side
+    figures = {n: NodeSensitivity(n, db, None, None) for n, db in (("a", 20.0), ("b", float("nan")), ("c", None), ("d", 5.0))}
+    assert most_sensitive_first(figures) == ["b", "d", "a", "c"]
+
+
 def _figures(dbs):
     return {n: NodeSensitivity(n, db, 10.0, 40.0) for n, db in dbs.items()}
 

@@ -193,7 +193,11 @@ def quantize_model(
     target = _target(options, reference)
     built, search = requested, None
     if target is not None:
-        start = dict.fromkeys((p.name for p in requested.plan.nodes), NodePrecision(options.weights, options.activations))
+        # A node without a weight has only its activations to widen.
+        start = {
+            p.name: NodePrecision(options.weights if p.weight is not None else None, options.activations)
+            for p in requested.plan.nodes
+        }
         steps = promotion_steps(
             most_sensitive_first(figures),
             start,

@@ -34,6 +34,8 @@ class NodePrecision:
     def describe(self) -> str:
         if not self.quantized:
             return "float"
+        if self.weights is None and self.activations:  # a node with no weight (activation x activation MatMul)
+            return f"a {self.activations}"
         return f"w {self.weights or 'float'} / a {self.activations or 'float'}"
 
 
@@ -63,7 +65,10 @@ def candidate_steps(p: NodePrecision, weight_db: float | None, activation_db: fl
 
 
 def _error(db: float | None) -> float:
-    return -float("inf") if db is None else -db
+    """The error a side's SQNR stands for: None (exact) none, NaN (the output broke) the most."""
+    if db is None:
+        return -float("inf")
+    return float("inf") if db != db else -db
 
 
 def wider_activation(a: str, b: str) -> str:

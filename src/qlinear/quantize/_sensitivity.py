@@ -48,12 +48,13 @@ def analyze(
 ) -> dict[str, NodeSensitivity]:
     """Each node of ``full.plan``'s figures on ``reference``'s batches, in graph order."""
     names = [p.name for p in full.plan.nodes]
-    requested = NodePrecision(builder.options.weights, builder.options.activations)
+    o = builder.options
+    requested = {p.name: NodePrecision(o.weights if p.weight is not None else None, o.activations) for p in full.plan.nodes}
     activation_db = _activation_sqnr(builder, full, reference)
     result = {}
     for name in names:
         alone = {other: FLOAT for other in names if other != name}
-        alone[name] = requested
+        alone[name] = requested[name]
         sqnr, _ = output_figures(builder.build(alone).model, reference)
         result[name] = NodeSensitivity(name, sqnr, full.converted[name].weight_sqnr_db, activation_db.get(name))
         if progress:
@@ -68,7 +69,10 @@ def most_sensitive_first(figures: dict[str, NodeSensitivity]) -> list[str]:
 
 
 def _error(db: float | None) -> float:
-    return np.inf if db is None else db
+    """Sort key: a NaN output SQNR (the node alone broke the output) first, an exact one (None) last."""
+    if db is None:
+        return np.inf
+    return -np.inf if db != db else db
 
 
 def _activation_sqnr(builder: ModelBuilder, full: Built, reference: Reference) -> dict[str, float | None]:
