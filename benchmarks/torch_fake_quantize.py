@@ -1,9 +1,9 @@
 """qlinear.torch.fake_quantize against PyTorch's fake quantization, 16M float32 elements, in one run.
 
 Rows: per-tensor uint8 and per-channel int8 (along the last axis, 1024
-channels); the forward without gradients (qlinear's kernels), the forward
-recording gradients, and forward + backward (both on the torch path, as
-training runs). Times are medians of alternating rounds (PyTorch, then
+channels); the forward without gradients, the forward recording gradients
+(x's, and the scale's for qlinear: LSQ; PyTorch's functions learn no
+scale), and forward + backward with a full upstream gradient. Times are medians of alternating rounds (PyTorch, then
 qlinear), 2 threads. Prints a Markdown table.
 
     python benchmarks/torch_fake_quantize.py [--rounds 7]
@@ -54,9 +54,21 @@ def main() -> None:
         lambda: torch.fake_quantize_per_tensor_affine(xg, 0.02, 128, 0, 255),
         lambda: qt.fake_quantize(xg, sg, z_t, output_dtype="uint8"),
     )
+    # The gradient arriving from the layers above: a full tensor, as in training (a .sum()'s would be one value
+    # broadcast, which neither library sees in a real network).
+    upstream = torch.randn_like(x)
     cases["per-tensor uint8, forward + backward"] = (
-        lambda: torch.fake_quantize_per_tensor_affine(xg, 0.02, 128, 0, 255).sum().backward(),
-        lambda: qt.fake_quantize(xg, sg, z_t, output_dtype="uint8").sum().backward(),
+        lambda: torch.fake_quantize_per_tensor_affine(xg, 0.02, 128, 0, 255).backward(upstream),
+        lambda: qt.fake_quantize(xg, sg, z_t, output_dtype="uint8").backward(upstream),
+    )
+    sc = s_c.clone().requires_grad_(True)
+    cases["per-channel int8 (last axis), forward recording gradients"] = (
+        lambda: torch.fake_quantize_per_channel_affine(xg, s_c, z_c, 1, -128, 127),
+        lambda: qt.fake_quantize(xg, sc, None, axis=1, output_dtype="int8"),
+    )
+    cases["per-channel int8 (last axis), forward + backward"] = (
+        lambda: torch.fake_quantize_per_channel_affine(xg, s_c, z_c, 1, -128, 127).backward(upstream),
+        lambda: qt.fake_quantize(xg, sc, None, axis=1, output_dtype="int8").backward(upstream),
     )
     print("| call (16M float32, 2 threads) | PyTorch | qlinear.torch | qlinear / PyTorch |")
     print("| --- | --: | --: | --: |")

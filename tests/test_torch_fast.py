@@ -58,7 +58,10 @@ def test_kernels_serve_only_calls_without_gradients():
         assert qt.fake_quantize(x, torch.tensor(0.1), output_dtype="int8").grad_fn is None
 
 
-@pytest.mark.parametrize("layout", [dict(), dict(axis=1), dict(axis=2)], ids=["per_tensor", "axis1", "axis2"])
+# Axis 0: runs of one scale (340 elements); axis 1: periods of 20 scales 17 apart; axis 2: a scale an element.
+@pytest.mark.parametrize(
+    "layout", [dict(), dict(axis=0), dict(axis=1), dict(axis=2)], ids=["per_tensor", "axis0", "axis1", "axis2"]
+)
 @pytest.mark.parametrize("t", ["uint8", "int8", "int4", "uint16", "int2"])
 def test_training_forward_and_its_gradients_match_the_torch_path(t, layout, monkeypatch):
     # Ties at .5 (round half to even), both saturation edges, NaN, infinities, -0.

@@ -128,7 +128,14 @@ class FakeQuantizeFunction(torch.autograd.Function):
         plan = ctx.plan
         g_all = grad.to(torch.float32).contiguous()  # once: both passes below read it
         dx = ds = dz = None
-        if ctx.needs_input_grad[0]:
+        fused = None
+        if ctx.needs_input_grad[1]:
+            # The scale's per-element terms, and x's gradient from the same pass where x is float32.
+            with_dx = ctx.needs_input_grad[0] and x.dtype == torch.float32
+            fused = _fast.lsq_scale_terms(plan, x, g_all, scale, zp_values, inside, clamped, ctx.grad_scale if with_dx else None)
+            if fused is not None and fused[1] is not None:
+                dx = fused[1]
+        if ctx.needs_input_grad[0] and dx is None:
             dx = _fast.straight_through(g_all, inside, ctx.grad_scale) if x.dtype == torch.float32 else None
             if dx is None:
                 dx = torch.where(inside, g_all, 0.0).to(x.dtype) * ctx.grad_scale
@@ -137,8 +144,9 @@ class FakeQuantizeFunction(torch.autograd.Function):
             lsq = torch.rsqrt(_counts(plan, shape, x.device) * _qmax(plan))
             s = expand(scale, plan.granularity, plan.x_shape).to(torch.float32)
             if ctx.needs_input_grad[1]:
-                per_element = _fast.lsq_scale_terms(plan, x, g_all, scale, zp_values, inside, clamped)
-                if per_element is None:
+                if fused is not None:
+                    per_element = fused[0]
+                else:
                     z = 0.0 if zp_values is None else expand(zp_values, plan.granularity, plan.x_shape)
                     v = x.to(torch.float32) / s
                     per_element = g_all * ((clamped - z) - torch.where(inside, v, 0.0))

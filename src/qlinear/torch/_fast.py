@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import qlinear
+from qlinear.kernels.cpu import _pool as pool
 from qlinear.spec import QuantizePlan
 
 __all__ = ["ENABLED", "applies", "fake_quantize", "quantize"]
@@ -91,18 +92,23 @@ def training_forward(
         n, inner = shape[g.axis], int(np.prod(shape[g.axis + 1 :], dtype=np.int64))
     else:
         n, inner = 1, 1
-    inside = np.empty(xn.size, np.bool_)
-    clamped = np.empty(xn.size, np.float32)
+    # From qlinear's output pool: fresh pages of this size would cost their zeroing each step.
+    inside = pool.empty((xn.size,), np.dtype(np.bool_))
+    clamped = pool.empty((xn.size,), np.dtype(np.float32))
     t = plan.output_type
     _kernels()["mask"](xn, sn, zn, n, *_rows(xn.size, n, inner), np.float32(t.qmin), np.float32(t.qmax), inside, clamped)
     return y, torch.from_numpy(inside.reshape(shape)), torch.from_numpy(clamped.reshape(shape))
 
 
-def lsq_scale_terms(plan: QuantizePlan, x, grad, scale, zero_point, inside, clamped) -> torch.Tensor | None:
+def lsq_scale_terms(
+    plan: QuantizePlan, x, grad, scale, zero_point, inside, clamped, grad_scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """LSQ's per-element scale gradient ``g ((clamped - z) - inside * x / s)`` (NaN as 0), one pass; None: torch path.
 
-    The same float32 operations in the same order as the torch path, so the
-    tensor, and the sum the caller takes of it, are the torch path's bits.
+    With ``grad_scale``, x's straight-through gradient (:func:`straight_through`)
+    comes from the same pass: ``(per-element terms, dx or None)``. The same
+    float32 operations in the same order as the torch path, so the tensors,
+    and the sum the caller takes, are the torch path's bits.
     """
     g = plan.granularity
     tensors = (x, grad, scale, inside, clamped) + (() if zero_point is None else (zero_point,))
@@ -120,10 +126,13 @@ def lsq_scale_terms(plan: QuantizePlan, x, grad, scale, zero_point, inside, clam
     )
     shape = tuple(x.shape)
     n, inner = (shape[g.axis], int(np.prod(shape[g.axis + 1 :], dtype=np.int64))) if g.kind == "per_axis" else (1, 1)
-    out = np.empty(xn.size, np.float32)
+    out = pool.empty((xn.size,), np.dtype(np.float32))
+    dx = pool.empty((xn.size if grad_scale is not None else 0,), np.dtype(np.float32))
     kernel = _kernels()["lsq"]
-    kernel(xn, gn, sn, zn, n, *_rows(xn.size, n, inner), inside.numpy().reshape(-1), clamped.numpy().reshape(-1), out)
-    return torch.from_numpy(out.reshape(shape))
+    rows = _rows(xn.size, n, inner)
+    gs = np.float32(grad_scale if grad_scale is not None else 1.0)
+    kernel(xn, gn, sn, zn, n, *rows, inside.numpy().reshape(-1), clamped.numpy().reshape(-1), out, dx, gs)
+    return torch.from_numpy(out.reshape(shape)), (torch.from_numpy(dx.reshape(shape)) if grad_scale is not None else None)
 
 
 def straight_through(grad: torch.Tensor, inside: torch.Tensor, grad_scale: float) -> torch.Tensor | None:
@@ -131,16 +140,25 @@ def straight_through(grad: torch.Tensor, inside: torch.Tensor, grad_scale: float
     if not ENABLED or grad.dtype != torch.float32 or grad.device.type != "cpu":
         return None
     gn = grad.detach().contiguous().numpy().reshape(-1)
-    out = np.empty(gn.size, np.float32)
-    _kernels()["ste"](gn, inside.numpy().reshape(-1), np.float32(grad_scale), -(-gn.size // 65536), 65536, out)
+    out = pool.empty((gn.size,), np.dtype(np.float32))
+    _kernels()["ste"](gn, inside.numpy().reshape(-1), np.float32(grad_scale), *_rows(gn.size, 1, 1)[:2], out)
     return torch.from_numpy(out.reshape(grad.shape))
 
 
-def _rows(total: int, n: int, inner: int) -> tuple[int, int]:
-    """``(rows, row length)``: runs of one scale; a single scale's run is cut in rows of 64K for the threads."""
+def _rows(total: int, n: int, inner: int) -> tuple[int, int, int]:
+    """``(rows, row length, inner)`` the kernels walk, in parallel over rows.
+
+    Runs of one scale (``inner`` 0 below: the scale of row ``r`` is
+    ``r % n``) where they are long; one scale's run is cut in rows of 64K
+    for the threads. Where runs are short (per axis on the last axes), a row
+    is a whole period of ``n`` scales and element ``t`` of it has scale
+    ``t // inner``.
+    """
     if n == 1:
-        return -(-total // 65536), 65536
-    return total // inner, inner
+        return -(-total // 65536), 65536, 0
+    if inner >= 256:
+        return total // inner, inner, 0
+    return total // (n * inner), n * inner, inner
 
 
 _KERNELS: dict = {}
@@ -151,28 +169,62 @@ def _kernels() -> dict:
     if not _KERNELS:
         from numba import njit, prange
 
+        # Each kernel has three loops: rows of one scale (``inner`` 0: the scale read once a row, so the loop
+        # vectorizes), rows of a period whose scale steps with the element (``inner`` 1), and rows of a
+        # period whose element ``t`` has scale ``t // inner``.
         @njit(parallel=True, cache=True, error_model="numpy")
-        def mask(x, s, z, n, rows, length, lo, hi, inside, clamped):  # pragma: no cover - compiled
+        def mask(x, s, z, n, rows, length, inner, lo, hi, inside, clamped):  # pragma: no cover - compiled
             total = x.size
             for r in prange(rows):
-                k = r % n
-                sk, zk = s[k], z[k]
-                for j in range(r * length, min(total, (r + 1) * length)):
-                    p = np.rint(x[j] / sk) + zk
-                    inside[j] = p >= lo and p <= hi
-                    clamped[j] = p if p != p else min(max(p, lo), hi)
+                base = r * length
+                if inner == 0:
+                    sk, zk = s[r % n], z[r % n]
+                    for j in range(base, min(total, base + length)):
+                        p = np.rint(x[j] / sk) + zk
+                        inside[j] = p >= lo and p <= hi
+                        clamped[j] = p if p != p else min(max(p, lo), hi)
+                elif inner == 1:  # per axis on the last axis: the scale steps with the element
+                    for j in range(base, min(total, base + length)):
+                        p = np.rint(x[j] / s[j - base]) + z[j - base]
+                        inside[j] = p >= lo and p <= hi
+                        clamped[j] = p if p != p else min(max(p, lo), hi)
+                else:
+                    for j in range(base, min(total, base + length)):
+                        k = (j - base) // inner
+                        p = np.rint(x[j] / s[k]) + z[k]
+                        inside[j] = p >= lo and p <= hi
+                        clamped[j] = p if p != p else min(max(p, lo), hi)
 
         @njit(parallel=True, cache=True, error_model="numpy")
-        def lsq(x, g, s, z, n, rows, length, inside, clamped, out):  # pragma: no cover - compiled
+        def lsq(x, g, s, z, n, rows, length, inner, inside, clamped, out, dx, gs):  # pragma: no cover - compiled
             total = x.size
             zero = np.float32(0.0)
+            with_dx = dx.size > 0
             for r in prange(rows):
-                k = r % n
-                sk, zk = s[k], z[k]
-                for j in range(r * length, min(total, (r + 1) * length)):
-                    v = x[j] / sk if inside[j] else zero
-                    e = g[j] * ((clamped[j] - zk) - v)
-                    out[j] = zero if e != e else e
+                base = r * length
+                if inner == 0:
+                    sk, zk = s[r % n], z[r % n]
+                    for j in range(base, min(total, base + length)):
+                        v = x[j] / sk if inside[j] else zero
+                        e = g[j] * ((clamped[j] - zk) - v)
+                        out[j] = zero if e != e else e
+                        if with_dx:
+                            dx[j] = (g[j] if inside[j] else zero) * gs
+                elif inner == 1:
+                    for j in range(base, min(total, base + length)):
+                        v = x[j] / s[j - base] if inside[j] else zero
+                        e = g[j] * ((clamped[j] - z[j - base]) - v)
+                        out[j] = zero if e != e else e
+                        if with_dx:
+                            dx[j] = (g[j] if inside[j] else zero) * gs
+                else:
+                    for j in range(base, min(total, base + length)):
+                        k = (j - base) // inner
+                        v = x[j] / s[k] if inside[j] else zero
+                        e = g[j] * ((clamped[j] - z[k]) - v)
+                        out[j] = zero if e != e else e
+                        if with_dx:
+                            dx[j] = (g[j] if inside[j] else zero) * gs
 
         @njit(parallel=True, cache=True, error_model="numpy")
         def ste(g, inside, scale, rows, length, out):  # pragma: no cover - compiled
