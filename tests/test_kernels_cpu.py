@@ -648,7 +648,7 @@ def test_cpu_float4_line_by_lookup_and_by_arithmetic(monkeypatch):
     # (value - z) * s, across a split of two scales.
     from numba import njit
 
-    from qlinear.kernels.cpu import _dequantize, _lines
+    from qlinear.kernels.cpu import _dequantize, _dequantize_lines, _lines
     from qlinear.kernels.cpu import _dequantize_kernel as kernel
     from qlinear.kernels.cpu._dequantize_runs import _format
 
@@ -664,11 +664,11 @@ def test_cpu_float4_line_by_lookup_and_by_arithmetic(monkeypatch):
     want = np.concatenate([(values[:5] - z0) * s0, (values[5:] - z1) * s1])
     ways = (False, True) if _lines.table_lookup() else (False,)
     for lookup in ways:
-        monkeypatch.setattr(_lines, "table_lookup", lambda lookup=lookup: lookup)
+        monkeypatch.setattr(_dequantize_lines, "table_lookup", lambda lookup=lookup: lookup)
 
         @njit
         def line(codes, fmt, dst, start):
-            _lines.dequantize_float4_line(codes, 0, np.int32(0), fmt, dst, start, s0, z0, s1, z1, 5)
+            _dequantize_lines.dequantize_float4_line(codes, 0, np.int32(0), fmt, dst, start, s0, z0, s1, z1, 5)
 
         backing = np.zeros(32, np.float32)
         start = int(-backing.ctypes.data % 64 // 4)

@@ -16,18 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from qlinear.kernels.cpu._dequantize_runs import (
-    crumb_runs,
-    float_runs,
-    int32_runs,
-    integer_runs,
-    nibble_runs,
-    packed_lines_fit,
-    packed_period_lines,
-    period_lines,
-    sextet_runs,
-    table_runs,
-)
+from qlinear.kernels.cpu._dequantize_packed import crumb_runs, nibble_runs, packed_lines_fit, packed_period_lines, sextet_runs
+from qlinear.kernels.cpu._dequantize_runs import float_runs, int32_runs, integer_runs, period_lines, table_runs
 from qlinear.kernels.cpu._lines import LONGEST_BLOCK_PERIOD, store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_N
 from qlinear.kernels.cpu._tiles import TILE, encode_wide
@@ -128,6 +118,4 @@ def dequantize_kernel(x8, x16, x32, table, scale, zp, out32, out16, lay, p):
     total, chunk = lay[L_N], lay[L_CHUNK]
     for c in prange((total + chunk - 1) // chunk):
         start = c * chunk
-        _dequantize_chunk(
-            x8, x16, x32, start, min(total, start + chunk), table, scale, zp, zi, out32, out16, lay, p
-        )
+        _dequantize_chunk(x8, x16, x32, start, min(total, start + chunk), table, scale, zp, zi, out32, out16, lay, p)

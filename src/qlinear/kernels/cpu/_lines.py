@@ -16,8 +16,9 @@ output from registers and stores it aligned and non-temporal, with exactly
 the arithmetic of the element function it stands for
 (:func:`._quantize_runs.integer_code` for :func:`quantize_line`,
 :func:`._encode.float_code` for :func:`quantize_float_line`,
-:func:`._dequantize_runs.integer_runs`' arithmetic for :func:`dequantize_line`,
-:func:`._dequantize_runs.float_runs`' for :func:`dequantize_float8_line`). Being
+:func:`._dequantize_runs.integer_runs`' arithmetic for
+:func:`._dequantize_lines.dequantize_line`, :func:`._dequantize_runs.float_runs`'
+for :func:`._dequantize_lines.dequantize_float8_line`). Being
 intrinsics, they are inlined with no call: a call that passes arrays costs
 numba's atomic reference counting, and every atomic instruction waits for
 all loads in flight.
@@ -29,9 +30,11 @@ integer codes three (64 codes over blocks of 32) and two lanes;
 :func:`line_scales` walks them. Float codes keep lines of one scale: their
 lines of three measured no faster on blocks.
 
-Packed QuantizeLinear on blocks of 32 codes has vector functions here too
-(:func:`quantize_nibble_block` and its siblings), with ordinary stores:
-they compute a block's codes and pack them in registers.
+This module holds what the line functions share (the streaming policy,
+LLVM helpers, the line walk) and QuantizeLinear's lines;
+:mod:`._dequantize_lines` holds DequantizeLinear's, and
+:mod:`._packed_lines` the vector functions of packed codes (QuantizeLinear
+on blocks of 32 codes, 6-bit codes).
 
 :func:`store_fence` ends a task's streaming: non-temporal stores are not
 ordered with later ones until a fence.
@@ -48,25 +51,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = [
-    "BLOCK_CODES",
     "LINE",
     "LONGEST_BLOCK_PERIOD",
     "STREAM_MIN_RUN",
-    "dequantize_crumb_line",
-    "dequantize_float4_line",
-    "dequantize_float8_line",
-    "dequantize_line",
-    "dequantize_nibble_line",
     "last_level_cache_bytes",
     "line_offset",
     "line_scales",
     "line_span",
     "period_scale",
-    "quantize_crumb_block",
-    "quantize_float4_block",
     "quantize_float_line",
     "quantize_line",
-    "quantize_nibble_block",
     "store_fence",
     "streams",
     "table_lookup",
@@ -346,193 +340,6 @@ def quantize_line(typingctx, x, xj, dst, dj, s, z, splits, qmin, qmax, mask):
 
 
 @intrinsic
-def dequantize_line(typingctx, x, xj, sign, dst, dj, s, z, s1, z1, split):
-    """``dst[dj:]``'s line (16 float32) = (signed(x[xj:], sign) - z) * s, for 8- or 16-bit codes ``x``.
-
-    Lanes from ``split`` on use ``s1`` and ``z1`` instead: a line that
-    spans two scales' runs. ``sign`` is the codes' sign bit (0: unsigned),
-    applied as ``(v ^ sign) - sign`` in int32. ``dst + dj`` must be 64-byte
-    aligned.
-    """
-    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth not in (8, 16):
-        return None
-    lanes = LINE // 4
-    f = types.float32
-    sig = types.void(x, types.intp, types.int32, dst, types.intp, f, f, f, f, types.intp)
-
-    def codegen(context, builder, signature, args):
-        xs, xj_, sign_, ds, dj_, s0, z0, s1_, z1_, split_ = args
-        i32 = ir.VectorType(ir.IntType(32), lanes)
-        raw = _load(
-            builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(x.dtype.bitwidth), lanes)
-        )
-        values = _integer_values(builder, builder.zext(raw, i32), sign_, lanes)
-        _scaled_line(builder, values, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-def _integer_values(builder, c, sign, lanes):
-    """float32 values of the unsigned codes ``c`` (int32 lanes) whose sign bit is ``sign`` (0: unsigned): ``(c ^ sign) - sign``."""
-    sign_v = _splat(builder, sign, ir.VectorType(ir.IntType(32), lanes))
-    return builder.sitofp(builder.sub(builder.xor(c, sign_v), sign_v), ir.VectorType(ir.FloatType(), lanes))
-
-
-def _small_float_values(builder, c, fmt, lanes, specials):
-    """float32 values of the small-float codes ``c`` (int32 lanes), :func:`._dequantize_runs._float_value` step for step.
-
-    ``fmt`` is that function's int32 format tuple. Without ``specials``
-    (float4e2m1: neither infinity nor NaN), :func:`._dequantize_runs._finite_value`.
-    """
-    f32 = ir.VectorType(ir.FloatType(), lanes)
-    i32 = ir.VectorType(ir.IntType(32), lanes)
-    mult, exp_off, sign_bit, max_bits, inf_bits, neg_zero_nan = (builder.extract_value(fmt, k) for k in range(6))
-
-    def splat_i(v):
-        return _splat(builder, v, i32)
-
-    def as_float(bits):
-        return builder.bitcast(bits, f32)
-
-    sign_v = splat_i(sign_bit)
-    magnitude = builder.and_(c, builder.sub(sign_v, splat_i(ir.Constant(ir.IntType(32), 1))))
-    f = as_float(builder.add(builder.mul(magnitude, splat_i(mult)), splat_i(exp_off)))
-    half_smallest = as_float(splat_i(exp_off))
-    two = ir.Constant(f32, [2.0] * lanes)
-    subnormal = builder.fcmp_ordered("<", f, builder.fmul(two, half_smallest))
-    f = builder.select(subnormal, builder.fmul(two, builder.fsub(f, half_smallest)), f)
-    if specials:
-        nan = as_float(ir.Constant(i32, [0x7FC00000] * lanes))
-        inf = ir.Constant(f32, [float("inf")] * lanes)
-        special = builder.select(builder.fcmp_ordered("==", f, as_float(splat_i(inf_bits))), inf, nan)
-        f = builder.select(builder.fcmp_ordered(">", f, as_float(splat_i(max_bits))), special, f)
-        negative_zero = builder.and_(
-            builder.icmp_signed("!=", splat_i(neg_zero_nan), ir.Constant(i32, [0] * lanes)), builder.icmp_signed("==", c, sign_v)
-        )
-        f = builder.select(negative_zero, nan, f)
-    negative = builder.icmp_signed("!=", builder.and_(c, sign_v), ir.Constant(i32, [0] * lanes))
-    return builder.select(negative, builder.fneg(f), f)
-
-
-def _scaled_line(builder, values, s0, z0, s1, z1, split, dst_data, dj, nan_values=False):
-    """Store ``(values - z) * s`` (two scales split at lane ``split``) as a streamed line at ``dst_data[dj]``.
-
-    Where ``values`` may hold NaN (``nan_values``), the first NaN in the
-    formula is kept, as ``_dequantize_runs.affine`` does.
-    """
-    f32 = values.type
-    s, z = _split_splat(builder, s0, s1, split, f32), _split_splat(builder, z0, z1, split, f32)
-    if not nan_values:
-        _store_line(builder, builder.fmul(builder.fsub(values, z), s), dst_data, dj)
-        return
-    diff = _keep_first_nan(builder, values, builder.fsub(values, z))
-    _store_line(builder, _keep_first_nan(builder, diff, builder.fmul(diff, s)), dst_data, dj)
-
-
-_F = types.float32
-_FORMAT = types.UniTuple(types.int32, 6)
-
-
-@intrinsic
-def dequantize_float8_line(typingctx, x, xj, fmt, dst, dj, s, z, s1, z1, split):
-    """``dst[dj:]``'s line (16 float32) = (value(x[xj:]) - z) * s, for float8 codes ``x``.
-
-    ``value`` is :func:`._dequantize_runs._float_value` with its int32
-    format tuple ``fmt``, step for step; lanes from ``split`` on use ``s1``
-    and ``z1``, as in :func:`dequantize_line`. ``dst + dj`` must be 64-byte
-    aligned.
-    """
-    # 16-bit codes type-check too, and read as their low bytes: one walker
-    # serves 8/16-bit integers and float8, and takes this line for float8 only.
-    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth not in (8, 16):
-        return None
-    lanes = LINE // 4
-    sig = types.void(x, types.intp, _FORMAT, dst, types.intp, _F, _F, _F, _F, types.intp)
-
-    def codegen(context, builder, signature, args):
-        xs, xj_, fmt_, ds, dj_, s0, z0, s1_, z1_, split_ = args
-        raw = _load(
-            builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(x.dtype.bitwidth), lanes)
-        )
-        c = builder.and_(
-            builder.zext(raw, ir.VectorType(ir.IntType(32), lanes)),
-            ir.Constant(ir.VectorType(ir.IntType(32), lanes), [255] * lanes),
-        )
-        f = _small_float_values(builder, c, fmt_, lanes, specials=True)
-        _scaled_line(builder, f, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_, nan_values=True)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-def _packed_line(x, dst, bits, small_float):
-    """Signature and code of a line of 16 float32 from packed ``bits``-bit codes (see :func:`dequantize_nibble_line`)."""
-    if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth != 8:
-        return None
-    lanes = LINE // 4
-    per_byte = 8 // bits
-    sig = types.void(x, types.intp, types.int32, _FORMAT, dst, types.intp, _F, _F, _F, _F, types.intp)
-
-    def codegen(context, builder, signature, args):
-        xs, byte, sign_, fmt_, ds, dj_, s0, z0, s1_, z1_, split_ = args
-        i32 = ir.VectorType(ir.IntType(32), lanes)
-        raw = _load(
-            builder, _data(context, builder, signature.args[0], xs), byte, ir.VectorType(ir.IntType(8), lanes // per_byte)
-        )
-        # Each byte into the lanes of its codes, shifted down to each code's place: code q is bits q*bits.. of its byte.
-        spread = builder.shuffle_vector(
-            raw,
-            ir.Constant(raw.type, ir.Undefined),
-            ir.Constant(ir.VectorType(ir.IntType(32), lanes), [q // per_byte for q in range(lanes)]),
-        )
-        shifts = ir.Constant(i32, [bits * (q % per_byte) for q in range(lanes)])
-        c = builder.and_(builder.lshr(builder.zext(spread, i32), shifts), ir.Constant(i32, [(1 << bits) - 1] * lanes))
-        if small_float and table_lookup():
-            # The 16 values of the codes, computed once (LLVM hoists them out
-            # of the walker's loop) by the same arithmetic, then looked up:
-            # one permute a line in place of a dozen operations.
-            table = _small_float_values(builder, ir.Constant(i32, list(range(lanes))), fmt_, lanes, specials=False)
-            f32 = ir.VectorType(ir.FloatType(), lanes)
-            permute = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(f32, [f32, i32]), "llvm.x86.avx512.permvar.sf.512"
-            )
-            values = builder.call(permute, [table, c])
-        elif small_float:
-            values = _small_float_values(builder, c, fmt_, lanes, specials=False)
-        else:
-            values = _integer_values(builder, c, sign_, lanes)
-        _scaled_line(builder, values, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[4], ds), dj_)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def dequantize_nibble_line(typingctx, x, byte, sign, fmt, dst, dj, s, z, s1, z1, split):
-    """``dst[dj:]``'s line (16 float32) from the packed 4-bit integers in bytes ``x[byte:byte + 8]``.
-
-    Each byte's low nibble first; signed by ``sign`` (8 for int4, 0 for
-    uint4) as :func:`dequantize_line` does, then ``(v - z) * s`` with two
-    scales split at lane ``split``. ``fmt`` is unused (the float4 line's).
-    ``dst + dj`` must be 64-byte aligned.
-    """
-    return _packed_line(x, dst, 4, small_float=False)
-
-
-@intrinsic
-def dequantize_float4_line(typingctx, x, byte, sign, fmt, dst, dj, s, z, s1, z1, split):
-    """As :func:`dequantize_nibble_line`, for float4e2m1 codes decoded by :func:`._dequantize_runs._finite_value` (``fmt``)."""
-    return _packed_line(x, dst, 4, small_float=True)
-
-
-@intrinsic
-def dequantize_crumb_line(typingctx, x, byte, sign, fmt, dst, dj, s, z, s1, z1, split):
-    """As :func:`dequantize_nibble_line`, for packed 2-bit integers in bytes ``x[byte:byte + 4]`` (``sign`` 2 for int2)."""
-    return _packed_line(x, dst, 2, small_float=False)
-
-
-@intrinsic
 def quantize_float_line(typingctx, x, xj, dst, dj, s, z, has_zp, nan_to_zp, cap, k):
     """``dst[dj:]``'s line (64 bytes of codes) = float_code(x[xj:] / s, z, has_zp, nan_to_zp, cap, k).
 
@@ -563,201 +370,6 @@ def quantize_float_line(typingctx, x, xj, dst, dj, s, z, has_zp, nan_to_zp, cap,
         _store_line(
             builder, builder.trunc(code, ir.VectorType(ir.IntType(8), lanes)), _data(context, builder, signature.args[2], ds), dj_
         )
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-# Packed QuantizeLinear on blocks of 32 codes along the last axis: each
-# block's 16 (or 8) bytes computed as one vector, with one scale. A loop
-# over a block's bytes is shorter than LLVM's vector step, which leaves it
-# all to the scalar remainder.
-BLOCK_CODES = 32
-
-
-def _packed_bytes(builder, codes, bits):
-    """The int32 ``codes`` (each below ``2**bits``) packed into bytes, the first code in the lowest bits."""
-    per_byte = 8 // bits
-    nbytes = codes.type.count // per_byte
-    narrow = builder.trunc(codes, ir.VectorType(ir.IntType(8), codes.type.count))
-    packed = None
-    for place in range(per_byte):
-        part = builder.shuffle_vector(
-            narrow,
-            ir.Constant(narrow.type, ir.Undefined),
-            ir.Constant(ir.VectorType(ir.IntType(32), nbytes), [b * per_byte + place for b in range(nbytes)]),
-        )
-        if place:
-            part = builder.shl(part, ir.Constant(part.type, [bits * place] * nbytes))
-        packed = part if packed is None else builder.or_(packed, part)
-    return packed
-
-
-def _store_bytes(builder, value, array_data, index):
-    """Store the vector ``value`` at element ``index`` of an array's data (ordinary, unaligned)."""
-    builder.store(value, builder.bitcast(builder.gep(array_data, [index]), value.type.as_pointer()), align=1)
-
-
-def _block_fits(x, dst):
-    return isinstance(x, types.Array) and isinstance(dst, types.Array) and dst.dtype.bitwidth == 8
-
-
-def _integer_block(x, dst, bits):
-    if not _block_fits(x, dst):
-        return None
-    x_is_int = isinstance(x.dtype, types.Integer)
-    f = types.float32
-    sig = types.void(x, types.intp, f, f, dst, types.intp, f, f, types.int32)
-
-    def codegen(context, builder, signature, args):
-        xs, xj_, s_, z_, ds, byte, lo, hi, mask_ = args
-        f32 = ir.VectorType(ir.FloatType(), BLOCK_CODES)
-        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, BLOCK_CODES, x_is_int)
-        codes = _integer_codes(builder, v, _splat(builder, s_, f32), _splat(builder, z_, f32), lo, hi, mask_)
-        _store_bytes(builder, _packed_bytes(builder, codes, bits), _data(context, builder, signature.args[4], ds), byte)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def quantize_nibble_block(typingctx, x, xj, s, z, dst, byte, qmin, qmax, mask):
-    """``dst[byte:byte + 16]`` = the packed 4-bit integer codes of ``x[xj:xj + 32]`` (low nibble first).
-
-    Each code is :func:`._quantize_runs.integer_code` of ``x / s`` with zero
-    point ``z``; ``x`` is float32 or int32.
-    """
-    return _integer_block(x, dst, 4)
-
-
-@intrinsic
-def quantize_crumb_block(typingctx, x, xj, s, z, dst, byte, qmin, qmax, mask):
-    """As :func:`quantize_nibble_block`, into the 8 bytes of 32 packed 2-bit codes."""
-    return _integer_block(x, dst, 2)
-
-
-@intrinsic
-def quantize_float4_block(typingctx, x, xj, s, z, dst, byte, has_zp, nan_to_zp, cap, k):
-    """``dst[byte:byte + 16]`` = 32 packed float4e2m1 codes of ``x[xj:] / s``, :func:`._encode.float_code` step for step."""
-    if not _block_fits(x, dst):
-        return None
-    x_is_int = isinstance(x.dtype, types.Integer)
-    f = types.float32
-    sig = types.void(x, types.intp, f, f, dst, types.intp, types.boolean, types.boolean, f, _FLOAT_CODE_K)
-
-    def codegen(context, builder, signature, args):
-        xs, xj_, s_, z_, ds, byte, has_zp_, nan_to_zp_, cap_, k_ = args
-        x_data = _data(context, builder, signature.args[0], xs)
-        codes = _float_quotient_codes(builder, x_data, xj_, BLOCK_CODES, x_is_int, s_, z_, (has_zp_, nan_to_zp_, cap_, k_))
-        _store_bytes(builder, _packed_bytes(builder, codes, 4), _data(context, builder, signature.args[4], ds), byte)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-# 6-bit codes (float6e2m3, float6e3m2), ONNX-packed four to three bytes,
-# code q at bits 6q.. of a little-endian bit string: 16 codes are 12 bytes.
-SEXTET_CODES = 16
-SEXTET_BYTES = 12
-
-
-def _sextet_codes(builder, raw):
-    """int32 lanes of the 16 codes in the 12 bytes ``raw``: code q from the two bytes at bit 6q, shifted down and masked."""
-    i32 = ir.VectorType(ir.IntType(32), SEXTET_CODES)
-    undefined = ir.Constant(raw.type, ir.Undefined)
-    first = [6 * q >> 3 for q in range(SEXTET_CODES)]
-    # The last code lies in one byte: its "next" byte is itself, masked away.
-    low = builder.shuffle_vector(raw, undefined, ir.Constant(i32, first))
-    high = builder.shuffle_vector(raw, undefined, ir.Constant(i32, [min(b + 1, SEXTET_BYTES - 1) for b in first]))
-    word = builder.or_(builder.zext(low, i32), builder.shl(builder.zext(high, i32), ir.Constant(i32, [8] * SEXTET_CODES)))
-    shifts = ir.Constant(i32, [6 * q & 7 for q in range(SEXTET_CODES)])
-    return builder.and_(builder.lshr(word, shifts), ir.Constant(i32, [63] * SEXTET_CODES))
-
-
-def _sextet_values(context, builder, signature, xs, byte, fmt):
-    raw = _load(builder, _data(context, builder, signature.args[0], xs), byte, ir.VectorType(ir.IntType(8), SEXTET_BYTES))
-    return _small_float_values(builder, _sextet_codes(builder, raw), fmt, SEXTET_CODES, specials=False)
-
-
-def _sextets_fit(x, dst):
-    return isinstance(x, types.Array) and isinstance(dst, types.Array) and x.dtype.bitwidth == 8 and dst.dtype == types.float32
-
-
-@intrinsic
-def dequantize_sextets(typingctx, x, byte, fmt, dst, dj, s, z):
-    """``dst[dj:dj + 16]`` = (value - z) * s of the 16 packed 6-bit float codes in ``x[byte:byte + 12]``.
-
-    ``value`` is :func:`._dequantize_runs._finite_value` with its int32
-    format tuple ``fmt``, step for step. Ordinary (unaligned) stores.
-    """
-    if not _sextets_fit(x, dst):
-        return None
-    sig = types.void(x, types.intp, _FORMAT, dst, types.intp, _F, _F)
-
-    def codegen(context, builder, signature, args):
-        xs, byte_, fmt_, ds, dj_, s_, z_ = args
-        f32 = ir.VectorType(ir.FloatType(), SEXTET_CODES)
-        values = _sextet_values(context, builder, signature, xs, byte_, fmt_)
-        result = builder.fmul(builder.fsub(values, _splat(builder, z_, f32)), _splat(builder, s_, f32))
-        _store_bytes(builder, result, _data(context, builder, signature.args[3], ds), dj_)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def dequantize_sextet_steps(typingctx, x, byte, fmt, dst, dj, s, sj, z, zj):
-    """As :func:`dequantize_sextets`, with the 16 scales ``s[sj:]`` and zero points ``z[zj:]`` (float32 arrays)."""
-    if not (_sextets_fit(x, dst) and isinstance(s, types.Array) and isinstance(z, types.Array)):
-        return None
-    if s.dtype != types.float32 or z.dtype != types.float32:
-        return None
-    sig = types.void(x, types.intp, _FORMAT, dst, types.intp, s, types.intp, z, types.intp)
-
-    def codegen(context, builder, signature, args):
-        xs, byte_, fmt_, ds, dj_, s_, sj_, z_, zj_ = args
-        f32 = ir.VectorType(ir.FloatType(), SEXTET_CODES)
-        values = _sextet_values(context, builder, signature, xs, byte_, fmt_)
-        scales = _load(builder, _data(context, builder, signature.args[5], s_), sj_, f32)
-        zeros = _load(builder, _data(context, builder, signature.args[7], z_), zj_, f32)
-        _store_bytes(
-            builder, builder.fmul(builder.fsub(values, zeros), scales), _data(context, builder, signature.args[3], ds), dj_
-        )
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def pack_sextets(typingctx, codes, c, out, byte):
-    """``out[byte:byte + 12]`` = the 16 6-bit codes ``codes[c:c + 16]`` (one a byte, each below 64), ONNX-packed."""
-    if not (isinstance(codes, types.Array) and isinstance(out, types.Array)):
-        return None
-    if codes.dtype.bitwidth != 8 or out.dtype.bitwidth != 8:
-        return None
-    sig = types.void(codes, types.intp, out, types.intp)
-
-    def codegen(context, builder, signature, args):
-        cs, c_, os_, byte_ = args
-        i32x4 = ir.VectorType(ir.IntType(32), 4)
-        raw = _load(builder, _data(context, builder, signature.args[0], cs), c_, ir.VectorType(ir.IntType(8), SEXTET_CODES))
-        undefined = ir.Constant(raw.type, ir.Undefined)
-        # Four words of four codes each: code 4g + lane at bits 6 * lane of word g.
-        word = None
-        for lane in range(4):
-            part = builder.zext(
-                builder.shuffle_vector(raw, undefined, ir.Constant(i32x4, [4 * g + lane for g in range(4)])), i32x4
-            )
-            if lane:
-                part = builder.shl(part, ir.Constant(i32x4, [6 * lane] * 4))
-            word = part if word is None else builder.or_(word, part)
-        as_bytes = builder.bitcast(word, ir.VectorType(ir.IntType(8), 16))
-        packed = builder.shuffle_vector(
-            as_bytes,
-            ir.Constant(as_bytes.type, ir.Undefined),
-            ir.Constant(ir.VectorType(ir.IntType(32), SEXTET_BYTES), [4 * g + k for g in range(4) for k in range(3)]),
-        )
-        _store_bytes(builder, packed, _data(context, builder, signature.args[2], os_), byte_)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -102,7 +102,8 @@ def quantize(
     import numba
 
     from qlinear.kernels.cpu import _quantize_kernel as kernel
-    from qlinear.kernels.cpu._lines import BLOCK_CODES, LINE, LONGEST_BLOCK_PERIOD, streams
+    from qlinear.kernels.cpu._lines import LINE, LONGEST_BLOCK_PERIOD, streams
+    from qlinear.kernels.cpu._packed_lines import BLOCK_CODES
 
     t = plan.output_type
     count = math.prod(plan.x_shape)

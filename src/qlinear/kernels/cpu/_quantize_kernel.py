@@ -19,7 +19,7 @@ significand bits plus two, so that is the correctly rounded result).
 
 Packed 2/4-bit outputs from float32 (or int32) ``x`` go straight into
 their bytes where every run starts on a byte and is long, or a block of 32
-(:func:`._quantize_runs.packed_runs`; the caller decides, by
+(:func:`._quantize_packed.packed_runs`; the caller decides, by
 :func:`._params.packed_runs_fit`), in a kernel of their own.
 The rest, 6-bit codes among them, are computed a piece of 16K elements at
 a time into a buffer of one code a byte, then packed (a piece owns whole
@@ -46,14 +46,13 @@ from qlinear.kernels.cpu._encode import (
 )
 from qlinear.kernels.cpu._lines import store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_GATHER, L_N, MIN_CHUNK, PREC_BF16, PREC_F16, PREC_F32
+from qlinear.kernels.cpu._quantize_packed import pack, packed_runs
 from qlinear.kernels.cpu._quantize_runs import (
     float_runs,
     integer_code,
     integer_period_lines,
     integer_runs,
     integer_zero_point,
-    pack,
-    packed_runs,
     wide_runs,
 )
 from qlinear.kernels.cpu._tiles import TILE, decode_wide, gather_scales, locate, next_run, round_to_precision
@@ -66,7 +65,7 @@ __all__ = ["quantize_kernel", "quantize_packed_kernel"]
 # simple), which lets integer codes stream whole lines over blocks.
 # BYTE_RUNS: every run of a packed 2/4-bit output starts on a byte and is
 # long or a block of 32, so the codes go straight into their bytes
-# (_quantize_runs.packed_runs).
+# (_quantize_packed.packed_runs).
 (
     P_DIRECT,
     P_FLOAT_OUT,

@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from qlinear.kernels.cpu._lines import pack_sextets
+from qlinear.kernels.cpu._packed_lines import pack_sextets
 from qlinear.kernels.cpu._params import (
     L_B,
     L_D,
@@ -260,7 +260,9 @@ def _bfloat_bits(typingctx, v):
         i32 = ir.IntType(32)
         bits = builder.bitcast(args[0], i32)
         rounded = builder.lshr(_bfloat_rounded(builder, bits), ir.Constant(i32, 16))
-        quiet = builder.or_(builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 0x8000)), ir.Constant(i32, 0x7FC0))
+        quiet = builder.or_(
+            builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 0x8000)), ir.Constant(i32, 0x7FC0)
+        )
         nan = builder.fcmp_unordered("uno", args[0], args[0])
         return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
 
@@ -333,7 +335,12 @@ def pack_codes(codes, n, out, first, bits):
             pack_sextets(codes, 16 * v, out, o0 + 12 * v)
         for g in range(4 * vectors, whole):
             c = 4 * g
-            word = np.int32(codes[c]) | (np.int32(codes[c + 1]) << 6) | (np.int32(codes[c + 2]) << 12) | (np.int32(codes[c + 3]) << 18)
+            word = (
+                np.int32(codes[c])
+                | (np.int32(codes[c + 1]) << 6)
+                | (np.int32(codes[c + 2]) << 12)
+                | (np.int32(codes[c + 3]) << 18)
+            )
             out[o0 + 3 * g] = word & 0xFF
             out[o0 + 3 * g + 1] = (word >> 8) & 0xFF
             out[o0 + 3 * g + 2] = word >> 16
