@@ -147,25 +147,30 @@ def evaluate(
 
 
 class Reference:
-    """The float model's first output on some batches, computed once, for models compared against it many times.
+    """The float model's first output on the data's batches, computed once, for models compared against it many times."""
 
-    ``max_samples`` caps how many samples are kept (None: all of ``data``).
-    """
-
-    def __init__(self, float_model: onnx.ModelProto, data: Dataset, *, batch_size: int, max_samples: int | None = None) -> None:
+    def __init__(self, float_model: onnx.ModelProto, data: Dataset, *, batch_size: int) -> None:
         self.output = float_model.graph.output[0].name
         runner = Runner(float_model, [self.output])
-        self.batches: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
-        kept = 0
-        for feeds in data.batches(batch_size):
-            if max_samples is not None and kept >= max_samples:
-                break
-            self.batches.append((feeds, np.asarray(runner(feeds)[self.output])))
-            kept += next(iter(feeds.values())).shape[0]
+        self.batches: list[tuple[dict[str, np.ndarray], np.ndarray]] = [
+            (feeds, np.asarray(runner(feeds)[self.output])) for feeds in data.batches(batch_size)
+        ]
         if not self.batches:
             raise QuantizationError("quantize: the eval data holds no batch")
         first = self.batches[0][1]
         self.classifies = first.ndim > 0 and first.shape[-1] >= 2 and np.issubdtype(first.dtype, np.floating)
+
+    def head(self, max_samples: int) -> Reference:
+        """The first batches holding ``max_samples`` samples, from the outputs already computed."""
+        head = object.__new__(Reference)
+        head.output, head.classifies, head.batches = self.output, self.classifies, []
+        kept = 0
+        for feeds, out in self.batches:
+            if kept >= max_samples:
+                break
+            head.batches.append((feeds, out))
+            kept += next(iter(feeds.values())).shape[0]
+        return head
 
 
 def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float | None, float | None]:

@@ -186,7 +186,7 @@ def quantize_model(
         step(1)
     _check(requested.model)
     reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
-    analysis_ref = Reference(fm.model, eval_data, batch_size=options.batch_size, max_samples=ANALYSIS_SAMPLES)
+    analysis_ref = reference.head(ANALYSIS_SAMPLES)  # the float model is not run twice on them
     with bars.task("analysing nodes", len(requested.plan.nodes)) as step:
         figures = analyze(builder, requested, analysis_ref, progress=step)
     start_sqnr, start_agreement = output_figures(requested.model, reference)
