@@ -9,17 +9,20 @@ before reading, it checks that the file really holds the bytes the model says.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from os import PathLike
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx._large import TensorStore, is_marker, value_of
 
-__all__ = ["DEFAULT_EXTERNAL_THRESHOLD", "load", "save"]
+__all__ = ["DEFAULT_EXTERNAL_THRESHOLD", "load", "load_mapped", "save"]
 
 DEFAULT_EXTERNAL_THRESHOLD = 1 << 20  # 1 MiB
 _ALIGN = 4096  # page size, so a reader can mmap each tensor
@@ -37,32 +40,40 @@ def save(model: onnx.ModelProto, path: str | PathLike[str], *, external_threshol
     path = Path(path)
     if not isinstance(model, onnx.ModelProto):
         raise QuantizationError(f"save: model must be an onnx.ModelProto, got {type(model).__name__}")
-    unloaded = [t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    unloaded = [t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL and not is_marker(t)]
     if unloaded:
         raise QuantizationError(
             f"save: tensors {unloaded[:3]} have external data that is not loaded; load the model with qlinear.onnx.load"
         )
-    # ByteSize avoids copying raw_data just to measure it.
-    big = [t for t in model.graph.initializer if t.HasField("raw_data") and t.ByteSize() >= external_threshold]
+    # ByteSize avoids copying raw_data just to measure it. A marker's value is always written beside the model.
+    big = [t for t in model.graph.initializer if is_marker(t) or (t.HasField("raw_data") and t.ByteSize() >= external_threshold)]
     data_name = path.name + ".data"
-    moved: list[tuple[TensorProto, bytes]] = []
+    moved: list[tuple[TensorProto, TensorProto | bytes]] = []
     try:
         if big:
             with open(path.parent / data_name, "wb") as f:
                 for t in big:
-                    raw = t.raw_data
+                    if is_marker(t):
+                        raw: Any = np.ascontiguousarray(value_of(t)).reshape(-1).view(np.uint8)
+                        kept: TensorProto | bytes = TensorProto()
+                        kept.CopyFrom(t)
+                    else:
+                        raw = kept = t.raw_data
                     f.write(b"\0" * (-f.tell() % _ALIGN))
                     _point_to(t, data_name, f.tell(), len(raw))
-                    moved.append((t, raw))
+                    moved.append((t, kept))
                     f.write(raw)
         path.write_bytes(model.SerializeToString())
     except OSError as e:
         raise QuantizationError(f"save: cannot write {path}: {e.strerror}") from None
     finally:
-        for t, raw in moved:
+        for t, kept in moved:
+            if isinstance(kept, TensorProto):
+                t.CopyFrom(kept)
+                continue
             del t.external_data[:]
             t.ClearField("data_location")
-            t.raw_data = raw
+            t.raw_data = kept
 
 
 def _point_to(t: TensorProto, location: str, offset: int, length: int) -> None:
@@ -89,6 +100,50 @@ def load(path: str | PathLike[str]) -> onnx.ModelProto:
             or corrupt, or which external data file is short or missing.
     """
     path = Path(path)
+    model = _parse(path)
+    for t, f, offset, length in _external(model, path):
+        f.seek(offset)
+        t.raw_data = f.read(length)
+        del t.external_data[:]
+        t.ClearField("data_location")
+    return model
+
+
+def load_mapped(path: str | PathLike[str], store: TensorStore) -> onnx.ModelProto:
+    """Read the model at ``path``; its external tensors become markers of ``store`` over read-only memory maps.
+
+    Nothing of the external data is read until a value is used; each value
+    is a view of the file (copy it to change it). Tensors whose stored
+    bytes are not one array element each (4-bit and 2-bit types) are read.
+
+    Raises:
+        QuantizationError: as :func:`load`.
+    """
+    path = Path(path)
+    model = _parse(path)
+    for t, f, offset, length in _external(model, path):
+        dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+        count = int(np.prod(t.dims, dtype=np.int64))
+        if count * dtype.itemsize != length or t.data_type in _PACKED:
+            f.seek(offset)
+            t.raw_data = f.read(length)
+            del t.external_data[:]
+            t.ClearField("data_location")
+            continue
+        value = (
+            np.memmap(f.name, dtype=dtype, mode="r", offset=offset, shape=tuple(t.dims))
+            if count
+            else np.empty(tuple(t.dims), dtype)
+        )
+        t.CopyFrom(store.marker(t.name, value))
+    return model
+
+
+_PACKED = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, n)}
+
+
+def _parse(path: Path) -> onnx.ModelProto:
+    """The model at ``path``, its external data not read."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -103,11 +158,17 @@ def load(path: str | PathLike[str]) -> onnx.ModelProto:
     # last (opset imports) are then missing.
     if not model.HasField("graph") or not model.opset_import or not model.ir_version:
         raise QuantizationError(f"load: {path} is truncated or corrupt: it has no graph, opset imports or IR version")
-    _load_external(model, path.parent, path)
     return model
 
 
-def _load_external(model: onnx.ModelProto, base: Path, path: Path) -> None:
+def _external(model: onnx.ModelProto, path: Path) -> Iterator[tuple[TensorProto, BinaryIO, int, int]]:
+    """Each initializer with external data, its file open, and its bytes' offset and length, checked.
+
+    Refused: a location outside the model's folder (a crafted model must
+    not read arbitrary files), a missing file, a file shorter than the
+    tensor's bytes.
+    """
+    base = path.parent
     files: dict[str, BinaryIO] = {}
     try:
         for t in model.graph.initializer:
@@ -136,10 +197,7 @@ def _load_external(model: onnx.ModelProto, base: Path, path: Path) -> None:
                     f"load: {path}: external data file {location!r} is truncated: tensor {t.name!r} needs bytes "
                     f"[{offset}, {offset + length}), the file has {size}"
                 )
-            f.seek(offset)
-            t.raw_data = f.read(length)
-            del t.external_data[:]
-            t.ClearField("data_location")
+            yield t, f, offset, length
     finally:
         for f in files.values():
             f.close()

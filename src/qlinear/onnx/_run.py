@@ -34,6 +34,7 @@ from onnx.reference.op_run import OpRun
 from qlinear._errors import QuantizationError
 from qlinear.onnx._analysis import check_model
 from qlinear.onnx._io import load
+from qlinear.onnx._large import inline
 from qlinear.onnx._node_case import NodeCase, run_qlinear
 from qlinear.onnx._ort_values import from_ort_value, to_ort_value
 from qlinear.onnx._qdq_check import QDQ_OPS
@@ -106,6 +107,7 @@ def run(
         raise QuantizationError(f"run: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if not isinstance(model, onnx.ModelProto):
         model = load(model)
+    model = inline(model)  # weights a quantizer keeps beside a large model's graph
     check_model(model)
     graph_outputs = [o.name for o in model.graph.output]
     names = list(output_names) if output_names is not None else graph_outputs

@@ -8,9 +8,7 @@ there are.
 
 from __future__ import annotations
 
-import os
 import resource
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ import onnx
 import onnxruntime as ort
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx import _large as large
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._stats import TensorStats, load_calibration, save_stats
@@ -43,8 +42,6 @@ class CalibrationRun:
 
 # How often a calibration writes its statistics so far (state_path), in seconds.
 SAVE_EVERY_SECONDS = 5.0
-# Protobuf cannot serialize a message of 2 GiB or more; such models go to ONNX Runtime through a file.
-_PROTOBUF_LIMIT = (2 << 30) - (64 << 20)
 
 
 def session(
@@ -69,15 +66,12 @@ def session(
     )
     if optimized_path:
         so.optimized_model_filepath = optimized_path
+        # Its weights in a file beside it: an optimized model past 2 GB cannot be one protobuf file.
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx.data")
     try:
         if path is not None:
             return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        if model.ByteSize() < _PROTOBUF_LIMIT:
-            return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "model.onnx")
-            onnx.save(model, path, save_as_external_data=True, location="model.onnx.data")
-            return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        return large.session(model, so, ["CPUExecutionProvider"])
     except Exception as e:  # ONNX Runtime raises its own exception types; the user needs the one line
         raise QuantizationError(f"quantize: ONNX Runtime cannot load the model: {_first_line(e)}") from None
 

@@ -76,12 +76,11 @@ def rewrite(fm: FloatModel, tensor: str, nodes: list[onnx.NodeProto], s: np.ndar
     mul = helper.make_node("Mul", [tensor, inverse], [smoothed], name=_fresh(f"{tensor}_{label}", {n.name for n in g.node}))
     first = min(list(g.node).index(n) for n in nodes)
     g.node.insert(first, mul)
-    inits = {t.name: t for t in g.initializer}
     for node in nodes:
         node.input[0] = smoothed
-        w = numpy_helper.to_array(inits[node.input[1]])
+        w = fm.constant(node.input[1])
         rows_scale = s[None, :] if node.op_type == "Gemm" and attribute(node, "transB", 0) else s[:, None]
-        inits[node.input[1]].CopyFrom(numpy_helper.from_array((w.astype(np.float64) * rows_scale).astype(w.dtype), node.input[1]))
+        fm.set_constant(node.input[1], (w.astype(np.float64) * rows_scale).astype(w.dtype))
 
 
 def _fresh(base: str, taken: set[str]) -> str:

@@ -234,7 +234,7 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
     )
     node.input[p.weight.index] = dq_out
     result.weight_type, result.weight_sqnr_db = p.weight_type, stored.sqnr
-    result.weight_bytes_before, result.weight_bytes_after = w.astype(np.float32).nbytes, stored.nbytes
+    result.weight_bytes_before, result.weight_bytes_after = w.size * 4, stored.nbytes  # as float32
     bias_name, bias = p.bias, (fm.constant(p.bias) if p.bias else None)
     shift, where = _bias_shift(node, p, stored, ctx)
     if shift is not None and where.add is None:
@@ -295,12 +295,13 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     params = QuantParams(
         _in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point
     )
-    x = x if params.scale.dtype != np.float32 else x.astype(np.float32)
+    x = x if params.scale.dtype != np.float32 else x.astype(np.float32, copy=False)
     codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
-    w64 = w.astype(np.float64)
-    error = back.astype(np.float64) - w64
-    sqnr = sqnr_db(float((w64**2).sum()), float((error**2).sum()))
+    # Bias correction reads the error of a layer's weight where its input's means were calibrated.
+    keeps_error = o.bias_correction and p.weight.index == 1 and ctx.fm.node_inputs(p.name)[0] in ctx.input_means
+    sqnr, error = _weight_error(w, back, keep=keeps_error)
+    del back
     q_name = names.fresh(f"{p.weight.tensor}_quantized")
     s_name = names.fresh(f"{p.weight.tensor}_scale")
     z_name = names.fresh(f"{p.weight.tensor}_zero_point") if params.zero_point is not None else None
@@ -309,9 +310,29 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     if z_name:
         ctx.new_inits.append(to_tensor_proto(params.zero_point, z_name))
     nbytes = len(q_proto.raw_data) + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
-    stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, error if o.bias_correction else None)
+    stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, error)
     ctx.weights[key] = stored
     return stored
+
+
+# Elements a weight's error is summed over at a time: float64 copies of a slice, not of the weight.
+_ERROR_SLICE = 1 << 22
+
+
+def _weight_error(w: np.ndarray, back: np.ndarray, *, keep: bool) -> tuple[float | None, np.ndarray | None]:
+    """The weight's SQNR (dequantized ``back`` against ``w``) and, if ``keep``, its error ``back - w`` in float64."""
+    if keep:
+        w64 = w.astype(np.float64)
+        error = back.astype(np.float64) - w64
+        return sqnr_db(float((w64**2).sum()), float((error**2).sum())), error
+    signal = noise = 0.0
+    flat_w, flat_back = w.reshape(-1), back.reshape(-1)
+    for start in range(0, flat_w.size, _ERROR_SLICE):
+        a = flat_w[start : start + _ERROR_SLICE].astype(np.float64)
+        e = flat_back[start : start + _ERROR_SLICE].astype(np.float64) - a
+        signal += float(a @ a)
+        noise += float(e @ e)
+    return sqnr_db(signal, noise), None
 
 
 def _gptq(p: NodePlan, w: np.ndarray, wt, ctx: _Context):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from qlinear.quantize._model import FloatModel, index
 
@@ -43,8 +43,7 @@ def equalize(fm: FloatModel, excluded: set[str]) -> list[Equalized]:
     pairs = _pairs(fm, excluded)
     if not pairs:
         return []
-    inits = {t.name: t for t in fm.graph.initializer}
-    values = {name: numpy_helper.to_array(inits[name]).astype(np.float64) for p in pairs for name in _names(p)}
+    values = {name: fm.constant(name).astype(np.float64) for p in pairs for name in _names(p)}
     total = {(a.name, b.name): np.ones(values[a.input[1]].shape[0]) for a, b in pairs}
     for _ in range(ROUNDS):
         for a, b in pairs:
@@ -58,8 +57,7 @@ def equalize(fm: FloatModel, excluded: set[str]) -> list[Equalized]:
             values[b.input[1]] = w2 * s.reshape(1, -1, *([1] * (w2.ndim - 2)))
             total[(a.name, b.name)] *= s
     for name, v in values.items():
-        dtype = numpy_helper.to_array(inits[name]).dtype
-        inits[name].CopyFrom(numpy_helper.from_array(v.astype(dtype), name))
+        fm.set_constant(name, v.astype(fm.constant(name).dtype))
     index(fm)
     return [Equalized(a, b, float(s.max()), float(s.min())) for (a, b), s in total.items()]
 

@@ -7,7 +7,6 @@ quantizer that looks only at initializers leaves such weights in float).
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from os import PathLike
@@ -16,13 +15,17 @@ from typing import Any
 
 import numpy as np
 import onnx
-from google.protobuf.message import EncodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear._errors import QuantizationError
-from qlinear.onnx import load
+from qlinear.onnx import _large as large
+from qlinear.onnx._io import load_mapped
 
 __all__ = ["attribute", "FloatModel", "index", "load_float_model"]
+
+# Models of this many bytes or more keep their big initializers' values in a store, out of the graph:
+# copies of the graph then cost the graph alone, and a model past protobuf's 2 GiB is never serialized whole.
+STORE_THRESHOLD = 1 << 30
 
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
@@ -37,6 +40,8 @@ class FloatModel:
 
     model: onnx.ModelProto
     digest: str
+    # Where the values of a large model's big initializers live (its initializers are markers then); None: inline.
+    store: large.TensorStore | None = None
     producer: dict[str, onnx.NodeProto] = field(default_factory=dict)
     consumers: dict[str, list[onnx.NodeProto]] = field(default_factory=lambda: defaultdict(list))
     initializers: dict[str, TensorProto] = field(default_factory=dict)
@@ -63,7 +68,15 @@ class FloatModel:
     def constant(self, name: str) -> np.ndarray | None:
         """The value of initializer ``name``, or None if it is not a constant."""
         t = self.initializers.get(name)
-        return None if t is None else numpy_helper.to_array(t)
+        return None if t is None else large.value_of(t)
+
+    def set_constant(self, name: str, value: np.ndarray) -> None:
+        """Give initializer ``name`` the value ``value`` (kept in the store where the model has one)."""
+        t = self.initializers[name]
+        if self.store is not None and large.is_marker(t):
+            t.CopyFrom(self.store.marker(name, value))
+        else:
+            t.CopyFrom(numpy_helper.from_array(value, name))
 
     def is_float(self, name: str) -> bool:
         return self.elem_types.get(name, TensorProto.FLOAT) in _FLOAT_TYPES
@@ -79,7 +92,7 @@ class FloatModel:
         return list(self.nodes[name].input)
 
     def size_bytes(self) -> int:
-        return self.model.ByteSize()
+        return large.byte_size(self.model)
 
 
 def load_float_model(model: onnx.ModelProto | str | PathLike[str]) -> FloatModel:
@@ -89,27 +102,27 @@ def load_float_model(model: onnx.ModelProto | str | PathLike[str]) -> FloatModel
         QuantizationError: the file is missing, not ONNX or truncated; the
             model has no graph, no nodes or a node without an op type.
     """
+    store: large.TensorStore | None = large.TensorStore()
     if isinstance(model, (str, PathLike)):
         path = Path(model)
         if path.is_dir():
             raise QuantizationError(f"quantize: model {path} is a directory, expected an .onnx file")
-        proto = load(path)
+        proto = load_mapped(path, store)
+        if large.byte_size(proto) < STORE_THRESHOLD:
+            proto, store = large.inline(proto), None
     elif isinstance(model, onnx.ModelProto):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
+        if large.byte_size(model) >= STORE_THRESHOLD:
+            proto = large.into_store(model, store)
+        else:
+            proto, store = onnx.ModelProto(), None
+            proto.CopyFrom(model)
     else:
         raise QuantizationError(f"quantize: model must be a path or an onnx.ModelProto, got {type(model).__name__}")
     if not proto.graph.node:
         raise QuantizationError("quantize: the model's graph has no nodes")
-    try:
-        digest = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()[:16]
-    except EncodeError:  # protobuf holds no message of 2 GiB or more
-        raise QuantizationError(
-            "quantize: the model is 2 GB or more; calibrated quantization holds the whole model as one protobuf "
-            "message, which cannot pass 2 GB: quantize its weights with --activations none --stream-weights"
-        ) from None
+    digest = large.digest(proto)  # of the model as given, before its Constant nodes are folded
     _fold_constants(proto.graph)
-    fm = FloatModel(proto, digest)
+    fm = FloatModel(proto, digest, store)
     index(fm)
     return fm
 
@@ -154,7 +167,7 @@ def index(fm: FloatModel) -> None:
             taken.add(node.name)
     fm.initializers = {t.name: t for t in g.initializer}
     try:
-        inferred = onnx.shape_inference.infer_shapes(fm.model, data_prop=True)
+        inferred = large.infer_shapes(fm.model, data_prop=True)
     except Exception:  # inference is a help, not a requirement: unknown types default to float
         inferred = fm.model
     for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx import _large as large
 from qlinear.onnx import save
 from qlinear.quantize._awq import scale_for_weights
 from qlinear.quantize._bias_correction import input_channel_axes
@@ -60,6 +61,8 @@ class QuantizeResult:
     path: Path | None
     report: dict[str, Any]
     target_met: bool = True  # False: no promotion reached the accuracy target (the best model found is returned)
+    # A model of 2 GB or more keeps its big weights beside the graph (qlinear.onnx.save writes them): their holder.
+    weights: Any = None
 
 
 def quantize_model(
@@ -230,7 +233,7 @@ def quantize_model(
             options=options,
             opset=built.opset,
             size_before=fm.size_bytes(),
-            size_after=qmodel.ByteSize(),
+            size_after=large.byte_size(qmodel),
             plan=planned,
             converted=built.converted,
             calibration=run,
@@ -251,7 +254,9 @@ def quantize_model(
     )
     if out_path is not None:
         _write(qmodel, out_path)
-    return QuantizeResult(qmodel, out_path, report, target_met=search is None or search.met)
+    if not large.is_large(qmodel):
+        qmodel = large.inline(qmodel)
+    return QuantizeResult(qmodel, out_path, report, target_met=search is None or search.met, weights=fm.store)
 
 
 def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1, ray=None, resume=None) -> CalibrationRun | None:
@@ -298,8 +303,9 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1
 
 
 def _check(model: onnx.ModelProto) -> None:
+    """The checker's full check; a model with weights beside its graph is checked again by path when written."""
     try:
-        onnx.checker.check_model(model, full_check=True)
+        large.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise QuantizationError(
             f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
@@ -369,6 +375,13 @@ def _write(model: onnx.ModelProto, path: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.resolve().parent))
     try:
         save(model, tmp / path.name)
+        if large.is_large(model) or large.has_markers(model):  # the full check of the weights, by path
+            try:
+                onnx.checker.check_model(str(tmp / path.name), full_check=True)
+            except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+                raise QuantizationError(
+                    f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
+                ) from None
         for f in sorted(tmp.iterdir()):
             os.replace(f, path.resolve().parent / f.name)
     finally:

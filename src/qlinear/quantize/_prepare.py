@@ -16,7 +16,8 @@ operations.
 
 from __future__ import annotations
 
-from onnx import helper, numpy_helper
+import numpy as np
+from onnx import helper
 
 from qlinear.quantize._model import FloatModel, attribute, index
 
@@ -71,8 +72,7 @@ def _untranspose_gemm_weights(fm: FloatModel) -> bool:
         b = node.input[1]
         if b not in fm.initializers or len(fm.consumers.get(b, [])) != 1 or len(fm.shapes.get(b, ())) != 2:
             continue
-        t = fm.initializers[b]
-        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).T.copy(), b))
+        fm.set_constant(b, np.ascontiguousarray(fm.constant(b).T))
         for a in node.attribute:
             if a.name == "transB":
                 a.i = 0

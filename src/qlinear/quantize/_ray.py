@@ -21,6 +21,8 @@ from typing import Any
 import onnx
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx import _large as large
+from qlinear.onnx import save
 from qlinear.quantize._calibrate import Observed
 
 __all__ = ["SHARD_BATCHES", "run_on_ray"]
@@ -51,12 +53,12 @@ def run_on_ray(
         except Exception as e:  # Ray raises many types; the user needs the one line
             raise QuantizationError(f"quantize: cannot reach the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
     folder = None
-    if model.ByteSize() < _INLINE_LIMIT:
-        source: Any = ray.put(model.SerializeToString())
+    if large.byte_size(model) < _INLINE_LIMIT:
+        source: Any = ray.put(large.inline(model).SerializeToString())
     else:
         folder = tempfile.mkdtemp(prefix="qlinear-ray-", dir=model_dir)
         source = os.path.join(folder, "model.onnx")
-        onnx.save(model, source, save_as_external_data=True, location="model.onnx.data")
+        save(model, source)
     key = f"{os.getpid()}-{id(model)}"
     task = ray.remote(num_cpus=1)(_shard)
     window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)

@@ -26,6 +26,7 @@ from typing import Any
 import onnx
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx import save
 from qlinear.quantize._calibrate import Observed, run_batch, session
 
 __all__ = ["run_in_processes"]
@@ -41,7 +42,7 @@ def run_in_processes(
     folder = tempfile.mkdtemp(prefix="qlinear-calibration-")
     path = os.path.join(folder, "model.onnx")
     try:
-        onnx.save(model, path, save_as_external_data=model.ByteSize() > (1 << 30), location="model.onnx.data")
+        save(model, path)  # weights in an external file: a model past 2 GB, or one with markers, is written whole
         del model
         ctx = mp.get_context("spawn")
         threads = max(1, (os.cpu_count() or 1) // workers)

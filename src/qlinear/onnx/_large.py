@@ -1,0 +1,244 @@
+"""Models past protobuf's 2 GiB limit: their weights held beside the graph, never serialized with it.
+
+Protobuf serializes no message of 2 GiB or more, so a model whose weights
+pass that cannot reach ONNX Runtime, the checker or shape inference as
+bytes, and every copy of it costs its weights. Here its large initializers
+are *markers* (name, type and shape; data location EXTERNAL, naming a
+:class:`TensorStore`) and their values live in the store: arrays, or
+read-only memory maps of the model's external data file. Copies of the
+graph cost the graph alone.
+
+- ONNX Runtime receives the values as tensors beside the graph
+  (``SessionOptions.add_external_initializers``): nothing is written to
+  disk and nothing but the graph is serialized;
+- shape inference reads types and shapes from the markers;
+- the checker sees markers as graph inputs of the same type and shape (it
+  would look for a data file); a written model is checked by path;
+- :func:`qlinear.onnx.save` writes their values to the external data file.
+
+A model under the limit takes the ordinary path everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import secrets
+import weakref
+from typing import Any
+
+import numpy as np
+import onnx
+from google.protobuf.message import EncodeError
+from onnx import TensorProto, helper, numpy_helper
+
+from qlinear._errors import QuantizationError
+
+__all__ = [
+    "PROTOBUF_LIMIT", "TensorStore", "byte_size", "check_model", "digest", "graph_only", "has_markers", "infer_shapes", "inline", "into_store",
+    "is_large", "session", "value_of",
+]  # fmt: skip
+
+# What protobuf serializes, less a margin for the graph around the tensors.
+PROTOBUF_LIMIT = (2 << 30) - (64 << 20)
+# Initializers of this many bytes or more leave the graph-only copy.
+MOVED_THRESHOLD = 1 << 20
+_MARKER_LOCATION = "qlinear-in-memory"  # names no file: the values travel beside the graph
+_STORE_SCHEME = "qlinear-store:"  # a store marker's location: the scheme, the store's key, "/", the value's number
+_STORES: weakref.WeakValueDictionary[str, TensorStore] = weakref.WeakValueDictionary()
+
+
+class TensorStore:
+    """Values of initializers held beside their graph, each named in the graph by a marker.
+
+    A value is never changed once stored: a new value is a new marker, so
+    a copy of the graph made earlier keeps the value it was made with. The
+    store lives as long as something holds it (a model's markers do not):
+    keep it beside the graphs that name it.
+    """
+
+    def __init__(self) -> None:
+        self.key = secrets.token_hex(8)
+        self._values: dict[str, np.ndarray] = {}
+        self._numbers = itertools.count()
+        _STORES[self.key] = self
+
+    def marker(self, name: str, value: np.ndarray) -> TensorProto:
+        """A marker for initializer ``name`` whose value is ``value`` (kept, not copied: do not change it)."""
+        number = str(next(self._numbers))
+        self._values[number] = value
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype), dims=value.shape)
+        t.data_location = TensorProto.EXTERNAL
+        t.external_data.add(key="location", value=f"{_STORE_SCHEME}{self.key}/{number}")
+        return t
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def is_marker(t: TensorProto) -> bool:
+    """Whether ``t`` is a marker of a :class:`TensorStore`."""
+    return (
+        t.data_location == TensorProto.EXTERNAL
+        and len(t.external_data) == 1
+        and t.external_data[0].value.startswith(_STORE_SCHEME)
+    )
+
+
+def has_markers(model: onnx.ModelProto) -> bool:
+    """Whether ``model``'s graph names values of a :class:`TensorStore`."""
+    return any(is_marker(t) for t in model.graph.initializer)
+
+
+def value_of(t: TensorProto) -> np.ndarray:
+    """The value of ``t``: a marker's from its store, any other tensor's through ``numpy_helper``.
+
+    Raises:
+        QuantizationError: ``t`` is a marker whose store no longer exists.
+    """
+    if not is_marker(t):
+        return numpy_helper.to_array(t)
+    key, _, number = t.external_data[0].value[len(_STORE_SCHEME) :].partition("/")
+    store = _STORES.get(key)
+    if store is None or number not in store._values:
+        raise QuantizationError(f"tensor {t.name!r} names values of a model that no longer exists: keep the model alive")
+    return store._values[number]
+
+
+def inline(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its markers replaced by their values (itself, when it has none)."""
+    if not has_markers(model):
+        return model
+    out = onnx.ModelProto()
+    _copy_fields(model, out, skip="graph")
+    _copy_fields(model.graph, out.graph, skip="initializer")
+    for t in model.graph.initializer:
+        out.graph.initializer.append(numpy_helper.from_array(value_of(t), t.name) if is_marker(t) else t)
+    return out
+
+
+def byte_size(model: onnx.ModelProto) -> int:
+    """``model``'s serialized size in bytes, of any size (protobuf's ``ByteSize`` refuses 2 GiB or more)."""
+    try:
+        size = model.ByteSize()
+    except EncodeError:
+        light, moved = graph_only(model)
+        size = light.ByteSize() + sum(t.ByteSize() for t in moved)
+    return size + sum(value_of(t).nbytes for t in model.graph.initializer if is_marker(t))
+
+
+def is_large(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` is too large to serialize."""
+    return byte_size(model) >= PROTOBUF_LIMIT
+
+
+def graph_only(model: onnx.ModelProto, threshold: int = MOVED_THRESHOLD) -> tuple[onnx.ModelProto, list[TensorProto]]:
+    """A copy of ``model`` whose initializers of ``threshold`` bytes or more are markers, and those initializers.
+
+    The initializers returned are ``model``'s own (not copies): the copy
+    costs the graph, not the weights. Only the main graph's initializers
+    move; subgraphs and Constant nodes stay as they are.
+    """
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    moved = []
+    for t in model.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL and t.ByteSize() >= threshold:  # markers stay as they are
+            marker = light.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+            marker.data_location = TensorProto.EXTERNAL
+            marker.external_data.add(key="location", value=_MARKER_LOCATION)
+            moved.append(t)
+        else:
+            light.graph.initializer.append(t)
+    return light, moved
+
+
+def into_store(model: onnx.ModelProto, store: TensorStore, threshold: int | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers of ``threshold`` bytes or more (default: 1 MiB) are markers of ``store``."""
+    light, moved = graph_only(model, MOVED_THRESHOLD if threshold is None else threshold)
+    by_name = {t.name: t for t in moved}
+    for t in light.graph.initializer:
+        if t.name in by_name and not is_marker(t):
+            t.CopyFrom(store.marker(t.name, numpy_helper.to_array(by_name[t.name])))
+    return light
+
+
+def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
+    for fd, value in source.ListFields():
+        if fd.name == skip:
+            continue
+        if fd.is_repeated:
+            getattr(target, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(target, fd.name).CopyFrom(value)
+        else:
+            setattr(target, fd.name, value)
+
+
+def session(model: onnx.ModelProto, options: Any, providers: list[str]) -> Any:
+    """An ONNX Runtime session for ``model`` of any size: a large one's big initializers go beside its graph.
+
+    ``options`` (a ``SessionOptions``) is consumed: it holds the values for
+    the session's life.
+    """
+    import onnxruntime as ort
+
+    from qlinear.onnx._ort_values import to_ort_value
+
+    markers = [t for t in model.graph.initializer if is_marker(t)]
+    if not markers and not is_large(model):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    light, moved = graph_only(model) if is_large(model) else (model, [])
+    values = [to_ort_value(value_of(t)) for t in (*markers, *moved)]
+    options.add_external_initializers([t.name for t in (*markers, *moved)], values)
+    sess = ort.InferenceSession(light.SerializeToString(), options, providers=providers)
+    sess._qlinear_initializers = values  # ONNX Runtime reads them in place: they live as long as the session
+    return sess
+
+
+def infer_shapes(model: onnx.ModelProto, **kwargs: Any) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes`` of ``model``, or of its graph-only copy where ``model`` is large.
+
+    The result of a large model holds markers in place of its big
+    initializers: read shapes and types from it, not values.
+    """
+    if not is_large(model):
+        return onnx.shape_inference.infer_shapes(model, **kwargs)
+    return onnx.shape_inference.infer_shapes(graph_only(model)[0], **kwargs)
+
+
+def check_model(model: onnx.ModelProto, *, full_check: bool = True) -> None:
+    """``onnx.checker.check_model``; a large model is checked with its big initializers as graph inputs.
+
+    Their contents are not checked then (only their types and shapes): check
+    the model by path after writing it for that.
+    """
+    if not is_large(model) and not has_markers(model):
+        onnx.checker.check_model(model, full_check=full_check)
+        return
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    for t in model.graph.initializer:
+        if is_marker(t) or t.ByteSize() >= MOVED_THRESHOLD:
+            light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            light.graph.initializer.append(t)
+    onnx.checker.check_model(light, full_check=full_check)
+
+
+def digest(model: onnx.ModelProto) -> str:
+    """A short hex digest of ``model``'s content, of any size (each part hashed on its own)."""
+    markers = [t for t in model.graph.initializer if is_marker(t)]
+    if not markers and not is_large(model):
+        return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()[:16]
+    light, moved = graph_only(model)
+    for t in light.graph.initializer:  # a marker's location names this process's store: not the content
+        if is_marker(t):
+            del t.external_data[:]
+    h = hashlib.sha256(light.SerializeToString(deterministic=True))
+    for t in (*markers, *moved):
+        h.update(t.name.encode())
+        h.update(t.raw_data if t.HasField("raw_data") else np.ascontiguousarray(value_of(t)).reshape(-1).view(np.uint8))
+    return h.hexdigest()[:16]
