@@ -251,6 +251,50 @@ def _emit(b: _Builder, m: torch.nn.Module, inp: str, example: torch.Tensor) -> s
     )
 
 
+def _emits(m: torch.nn.Module) -> bool:
+    """Whether the Sequential path writes module ``m``."""
+    kinds = (QuantizedModule, torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, FakeQuantize, QuantizeLinear, DequantizeLinear)
+    return isinstance(m, (*kinds, *_POOLS, torch.nn.Flatten, *_PASS_THROUGH)) or type(m) in _ELEMENTWISE
+
+
+def _export_dynamo(model: torch.nn.Module, example_inputs: Any, path: Any, opset: int, dynamic_shapes: Any) -> onnx.ModelProto:
+    from qlinear.torch._dynamo import export_dynamo
+
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
+    for m in model.modules():
+        if isinstance(m, (QuantizeLinear, FakeQuantize)):
+            where = names[id(m)]
+            if not bool(m.initialized):
+                raise QuantizationError(
+                    f"export_onnx: module {where!r} ({type(m).__name__}) has no qparams yet; run the model on data "
+                    "in training mode first, or give scales"
+                )
+            if m.policy == "learnable":
+                m.keep_scale_valid()
+            b = _Builder(opset)
+            b.module_names = names
+            _qparam_arrays(b, m, m.qtype, m.scale, m.zero_point)  # refuses a scale that is not positive and finite
+    was_training = model.training
+    model.eval()
+    try:
+        proto = export_dynamo(model, args, opset=opset, dynamic_shapes=dynamic_shapes)
+    finally:
+        model.train(was_training)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, check_type=True)
+        onnx.checker.check_model(proto, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise QuantizationError(
+            f"export_onnx: the exported model fails onnx.checker (a qlinear bug, please report it): {e}"
+        ) from None
+    if path is not None:
+        from qlinear.onnx import save
+
+        save(proto, path)
+    return proto
+
+
 def _leaves(model: torch.nn.Module) -> list[torch.nn.Module]:
     if isinstance(model, torch.nn.Sequential):
         return [leaf for child in model for leaf in _leaves(child)]
@@ -262,29 +306,51 @@ def _value_info(name: str, value: torch.Tensor, elem_type: int) -> onnx.ValueInf
 
 
 def export_onnx(
-    model: torch.nn.Module, example_inputs: torch.Tensor | tuple[torch.Tensor], path: str | PathLike[str] | None, opset: int = 21
+    model: torch.nn.Module,
+    example_inputs: torch.Tensor | tuple[Any, ...],
+    path: str | PathLike[str] | None,
+    opset: int = 21,
+    *,
+    dynamo: bool | None = None,
+    dynamic_shapes: Any = None,
 ) -> onnx.ModelProto:
     """Write ``model`` as an ONNX model of standard QuantizeLinear/DequantizeLinear nodes.
 
-    The model is an ``nn.Sequential`` (nested ones too) of the modules
-    :func:`quantize_modules` produces, qlinear.torch's quantizers, and Linear,
-    Conv1d/2d, MaxPool/AvgPool, Flatten, ReLU, Sigmoid, Tanh, Dropout and
-    Identity, computing in float32. It is run once in eval mode on
-    ``example_inputs`` to learn the shapes; the batch dimension is named ``N``.
+    Two paths, one result (standard operators and types, weights stored
+    quantized, quantized values the torch forward's bit for bit):
+
+    - an ``nn.Sequential`` (nested ones too) of the modules
+      :func:`quantize_modules` produces, qlinear.torch's quantizers, and
+      Linear, Conv1d/2d, MaxPool/AvgPool, Flatten, ReLU, Sigmoid, Tanh,
+      Dropout and Identity is written node by node (no extra dependency;
+      the batch dimension is named ``N``);
+    - any other model goes through ``torch.onnx.export(..., dynamo=True)``
+      with qlinear's quantizers as custom operators translated to Q/DQ
+      (needs onnxscript; opset 21-23; ``dynamic_shapes`` as torch.export
+      takes them).
 
     Args:
-        model: the (quantized) model.
-        example_inputs: one float32 tensor (or a 1-tuple of it) the model accepts.
+        model: the (quantized) model; exported in eval mode, left in its mode.
+        example_inputs: a tensor or a tuple of the model's inputs (the
+            Sequential path takes one float32 tensor).
         path: where to save the model; None only returns it.
-        opset: ai.onnx opset, 21 to 28; types newer than it (float4 needs 23,
-            int2 25, float6 28) are refused.
+        opset: ai.onnx opset, 21 to 28 (21 to 23 through torch.onnx); types
+            newer than it (float4 needs 23, int2 25, float6 28) are refused.
+        dynamo: force a path (None: the Sequential path where it applies).
+        dynamic_shapes: for the torch.onnx path, as ``torch.export`` takes them.
 
     Returns:
         The checked ``onnx.ModelProto``.
 
     Raises:
-        QuantizationError: an unsupported module, opset or type.
+        QuantizationError: an unsupported module, opset or type; a quantizer
+            whose qparams are not set, or whose scale is not positive and
+            finite (the module named).
     """
+    if dynamo is None:
+        dynamo = not (isinstance(model, torch.nn.Sequential) and all(_emits(m) for m in _leaves(model)))
+    if dynamo:
+        return _export_dynamo(model, example_inputs, path, opset, dynamic_shapes)
     if not isinstance(opset, int) or opset not in OPSETS:
         raise QuantizationError(f"export_onnx: opset must be in [{OPSETS.start}, {OPSETS.stop - 1}], got {opset!r}")
     x = example_inputs[0] if isinstance(example_inputs, (tuple, list)) else example_inputs

@@ -186,6 +186,11 @@ class _Quantizer(nn.Module):
         }
 
     def _run(self, fn: Any, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():  # export_onnx checked the qparams; the kernels cannot be traced
+            from qlinear.torch._dynamo import exported_call
+
+            kind = "fake" if fn is fake_quantize else "quantize"
+            return exported_call(kind, x, self.scale, self.zero_point, self._kwargs())
         self._qparams_for(x)
         if not self.training:
             with torch.no_grad():
@@ -282,6 +287,10 @@ class DequantizeLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qtype, scale, zero_point, axis, block_size = self.qparams()
         kwargs = {"axis": 1 if axis is None else axis, "block_size": block_size, "input_dtype": qtype.name}
+        if torch.compiler.is_exporting():
+            from qlinear.torch._dynamo import exported_call
+
+            return exported_call("dequantize", x, scale, zero_point, kwargs)
         if not self.training:
             with torch.no_grad():
                 return dequantize_linear(x, scale, zero_point, **kwargs)
