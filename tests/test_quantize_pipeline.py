@@ -197,3 +197,17 @@ def test_streams_of_batches_for_calibration_and_evaluation():
     images = np.load(CALIBRATION)["image"]
     r = qq.quantize_model(MODEL, None, stream(images), eval=stream(data["image"])).report
     assert r["eval"]["samples"] == 450 and r["latency_ms"]["batch"] == 50 and r["output"]["top1_agreement"] > 0.99
+
+
+def test_unnamed_nodes_are_named_at_once():
+    # Exporters leave node names empty; each gets its op type and position (a clash takes a suffix).
+    model = onnx.load(MODEL)
+    for node in model.graph.node:
+        node.name = ""
+    model.graph.node[1].name = f"{model.graph.node[0].op_type}_0"  # the name the first node would take
+    from qlinear.quantize._model import load_float_model
+
+    fm = load_float_model(model)
+    given = [n.name for n in fm.graph.node]
+    assert len(set(given)) == len(given) and all(given)
+    assert given[0] == f"{model.graph.node[0].op_type}_0_1"

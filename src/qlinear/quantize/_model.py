@@ -7,6 +7,7 @@ quantizer that looks only at initializers leaves such weights in float).
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from os import PathLike
@@ -161,9 +162,8 @@ def index(fm: FloatModel) -> None:
     taken = {n.name for n in g.node}
     for i, node in enumerate(g.node):
         if not node.name:  # every pass and the report name nodes; unnamed ones get the op type and position
-            node.name = next(
-                n for n in (f"{node.op_type}_{i}", *(f"{node.op_type}_{i}_{k}" for k in range(1, 1 << 30))) if n not in taken
-            )
+            candidates = itertools.chain([f"{node.op_type}_{i}"], (f"{node.op_type}_{i}_{k}" for k in itertools.count(1)))
+            node.name = next(n for n in candidates if n not in taken)
             taken.add(node.name)
     fm.initializers = {t.name: t for t in g.initializer}
     try:
