@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE))
 _W4 = {"weights": "int4", "granularity": "blocked", "activations": None}
 _NONE = {"bias_correction": False, "gptq": False, "awq": False, "smoothquant": False}  # every algorithm off
 _MATMUL_ONLY = {"exclude": ["Gather", "Gemm", "Conv"]}  # the scope of ONNX Runtime's MatMulNBits quantizer
+_W4A8 = {"weights": "int4", "granularity": "blocked", "block_size": 32}
 RUNS = [
     ("qlinear int8/uint8 minmax", "qlinear", {}),
     ("qlinear int8/uint8 minmax, no promotion", "qlinear", {"promote": False}),
@@ -73,6 +74,8 @@ RUNS = [
     ("qlinear int4 per-channel/uint8", "qlinear", {"weights": "int4"}),
     ("qlinear int4 per-channel/uint8, no promotion", "qlinear", {"weights": "int4", "promote": False}),
     ("qlinear int4 per-channel/uint8, no promotion, no algorithms", "qlinear", {"weights": "int4", "promote": False, **_NONE}),
+    ("qlinear int4 blocked/uint8, no promotion", "qlinear", {**_W4A8, "promote": False}),
+    ("qlinear int4 blocked/uint8, no promotion, fine-tuned 300 steps", "qlinear", {**_W4A8, "promote": False, "finetune": 300}),
     (
         "qlinear int2 blocked, weight-only",
         "qlinear",

@@ -143,6 +143,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cross-layer equalization of Conv -> Relu -> Conv pairs (off by default: it did not help the CNNs measured)",
     )
     types.add_argument(
+        "--finetune",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="train the quantized model's scales and weights STEPS steps against the float model on the calibration "
+        "data (needs torch); kept only if it beats the post-training model on the held-out data",
+    )
+    types.add_argument(
+        "--finetune-scales-only", action="store_true", help="with --finetune, train the scales and leave the weights' codes"
+    )
+    types.add_argument(
         "--exclude", nargs="+", action="extend", default=[], metavar="NAME_OR_OP", help="node names or op types to leave in float"
     )
     types.add_argument(
@@ -249,6 +260,8 @@ def _quantize(args: argparse.Namespace, err: Console):
         smoothquant=args.smoothquant,
         awq=args.awq,
         equalize=args.equalize,
+        finetune=args.finetune,
+        finetune_weights=not args.finetune_scales_only,
     )
     return quantize_model(
         model,

@@ -79,6 +79,12 @@ class QuantizeOptions:
         equalize: cross-layer equalization of ``Conv -> [Relu] -> Conv``
             pairs before quantizing (needs no data). Off by default: on the
             CNNs measured it lowered the output SQNR (docs/quantize.md).
+        finetune: after the post-training model (and its promotions), train
+            its scales this many steps by distillation against the float
+            model on the calibration data (needs torch); kept only where it
+            beats the post-training model on the held-out data. 0: off.
+        finetune_weights: train the weights too, from their float values
+            (their codes change); False: the scales alone.
     """
 
     weights: str = "int8"
@@ -101,6 +107,8 @@ class QuantizeOptions:
     smoothquant: bool | None = None
     awq: bool | None = None
     equalize: bool = False
+    finetune: int = 0
+    finetune_weights: bool = True
 
     def __post_init__(self) -> None:
         _one_of("weights", self.weights, WEIGHT_TYPES)
@@ -134,6 +142,8 @@ class QuantizeOptions:
         if self.symmetric and self.activations in ("uint8", "uint16"):
             signed = "int" + self.activations[4:]
             object.__setattr__(self, "activations", signed)
+        if not (isinstance(self.finetune, int) and not isinstance(self.finetune, bool) and self.finetune >= 0):
+            raise QuantizationError(f"quantize: finetune must be an int >= 0 (training steps), got {self.finetune!r}")
         object.__setattr__(self, "exclude", tuple(self.exclude))
 
     @property
@@ -167,6 +177,8 @@ class QuantizeOptions:
             "smoothquant": self.smoothquant,
             "awq": self.awq,
             "equalize": self.equalize,
+            "finetune": self.finetune,
+            "finetune_weights": self.finetune_weights,
         }
 
 

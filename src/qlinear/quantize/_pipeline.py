@@ -33,6 +33,7 @@ from qlinear.quantize._calibrate import CalibrationRun, CalibrationState, Observ
 from qlinear.quantize._data import Dataset, load_dataset, random_dataset
 from qlinear.quantize._equalize import equalize
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
+from qlinear.quantize._finetune import finetune
 from qlinear.quantize._fusion import check_fusion
 from qlinear.quantize._gptq import gram_inputs
 from qlinear.quantize._mixed import Target, promotion_steps
@@ -220,6 +221,17 @@ def quantize_model(
             built = builder.build(search.precision)
             _check(built.model)
     qmodel, planned = built.model, built.plan
+    tuned = None
+    if options.finetune:
+        if cal_data.arrays is None and calibration is None:
+            raise QuantizationError("quantize: finetune trains on the calibration data; give calibration data, not stats alone")
+        with bars.task("fine-tuning", options.finetune) as step:
+            qmodel, tuned = finetune(
+                fm, qmodel, cal_data, reference, steps=options.finetune, batch_size=options.batch_size,
+                train_weights=options.finetune_weights, progress=step,
+            )  # fmt: skip
+        if tuned.kept:
+            _check(qmodel)
     fusion = check_fusion(qmodel, [p.name for p in planned.nodes])
     node_outputs = {p.name: fm.producer_output(p.name) for p in planned.nodes}
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
@@ -250,6 +262,7 @@ def quantize_model(
             smoothed=smoothed,
             awq=awq,
             equalized=equalized,
+            finetuned=tuned,
         )
     )
     if out_path is not None:

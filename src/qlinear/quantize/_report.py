@@ -54,6 +54,7 @@ class PassResults:
     smoothed: list[Smoothed] = field(default_factory=list)
     awq: list[Smoothed] = field(default_factory=list)
     equalized: list[Equalized] = field(default_factory=list)
+    finetuned: Any = None  # a FinetuneResult, where fine-tuning was asked for
 
 
 def build_report(r: PassResults) -> dict[str, Any]:
@@ -80,6 +81,8 @@ def build_report(r: PassResults) -> dict[str, Any]:
             }
         )
     warnings = []
+    if r.finetuned is not None and r.finetuned.note:
+        warnings.append(f"finetune: {r.finetuned.note}")
     if run is not None and r.calibration_data.random:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
     if fusion is not None and fusion.unfused:
@@ -131,6 +134,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
             {"first": e.first, "second": e.second, "largest_scale": e.largest, "smallest_scale": e.smallest} for e in r.equalized
         ],
         "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
+        "finetune": None if r.finetuned is None else r.finetuned.to_dict(),
         "warnings": warnings,
     }
 
@@ -249,6 +253,16 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     summary.add_row(
         "evaluation", f"{report['eval']['source']} ({report['eval']['samples']} samples, {report['eval']['backend']})"
     )
+    tuned = report.get("finetune")
+    if tuned is not None:
+        figures = (
+            f"output SQNR {_db(tuned['sqnr_db_before'])} -> {_db(tuned['sqnr_db_after'])} dB"
+            if tuned["agreement_before"] is None
+            else f"top-1 agreement {_share(tuned['agreement_before'])} -> {_share(tuned['agreement_after'])}, "
+            f"output SQNR {_db(tuned['sqnr_db_before'])} -> {_db(tuned['sqnr_db_after'])} dB"
+        )
+        kept = "kept" if tuned["kept"] else "[red]not kept[/]"
+        summary.add_row("fine-tuned", f"{tuned['steps']} steps, {tuned['seconds']:.1f} s: {figures} on the held-out data; {kept}")
     fusion = report["fusion"]
     if fusion["checked"]:
         unfused = fusion["unfused"]

@@ -1,0 +1,133 @@
+"""Fine-tuning a quantized model's scales and weights against the float model, written back as the same QDQ model."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import qlinear  # noqa: E402
+import qlinear.onnx as qo  # noqa: E402
+import qlinear.quantize as qq  # noqa: E402
+from qlinear._errors import QuantizationError  # noqa: E402
+from qlinear.torch._from_onnx import QDQModule, UnsupportedOperator  # noqa: E402
+from quantize_models import layernorm_attention  # noqa: E402
+
+DEMO = resources.files("qlinear.quantize") / "_demo"
+MODEL = str(DEMO / "digits_cnn.onnx")
+W4A8 = {"weights": "int4", "granularity": "blocked", "block_size": 32, "activations": "uint8", "promote": False}
+
+
+def _data():
+    cal = dict(np.load(str(DEMO / "digits_calibration.npz")))
+    ev = dict(np.load(str(DEMO / "digits_eval.npz")))
+    return cal, {"image": ev["image"]}
+
+
+def test_the_torch_module_is_the_quantized_model():
+    # Before any step, the module computes what ONNX Runtime computes on the QDQ model (float ops aside).
+    cal, ev = _data()
+    qmodel = qq.quantize_model(MODEL, None, cal, eval=ev, **W4A8).model
+    module = QDQModule(qmodel, {})
+    x = ev["image"][:32]
+    with torch.no_grad():
+        got = module({"image": torch.from_numpy(x)})[0].numpy()
+    want = qo.run(qmodel, {"image": x}, backend="onnxruntime")["logits"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    assert len(module.weights) == 4 and len(module.scales) >= 4 + 3  # 4 weights; the input's and 2 activations'
+
+
+def test_finetune_beats_post_training_quantization_and_writes_standard_qdq(tmp_path):
+    cal, ev = _data()
+    ptq = qq.quantize_model(MODEL, None, cal, eval=ev, **W4A8)
+    tuned = qq.quantize_model(MODEL, tmp_path / "q.onnx", cal, eval=ev, finetune=300, **W4A8)
+    f = tuned.report["finetune"]
+    assert f["kept"] and f["loss_after"] < f["loss_before"]
+    assert tuned.report["output"]["sqnr_db"] > ptq.report["output"]["sqnr_db"] + 2
+    assert tuned.report["output"]["top1_agreement"] >= ptq.report["output"]["top1_agreement"]
+    onnx.checker.check_model(str(tmp_path / "q.onnx"), full_check=True)
+    # The same graph, new values: same nodes, same initializer names and types.
+    assert [n.op_type for n in tuned.model.graph.node] == [n.op_type for n in ptq.model.graph.node]
+    types = {t.name: t.data_type for t in ptq.model.graph.initializer}
+    assert {t.name: t.data_type for t in tuned.model.graph.initializer} == types
+
+
+def test_int32_biases_follow_the_new_scales():
+    # Written back with every scale 10% larger: each int32 bias takes the product of its layer's new input and
+    # weight scales, and its codes hold the same float bias at that scale.
+    from qlinear.quantize._finetune import _written_back
+
+    cal, ev = _data()
+    ptq = qq.quantize_model(MODEL, None, cal, eval=ev, promote=False).model  # int8 weights: int32 biases
+    module = QDQModule(ptq, {})
+    with torch.no_grad():
+        for p in module.scales:
+            p.mul_(1.1)
+    tuned = _written_back(ptq, module)
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in tuned.graph.initializer}
+    old = {t.name: onnx.numpy_helper.to_array(t) for t in ptq.graph.initializer}
+    producer = {o: n for n in tuned.graph.node for o in n.output}
+    checked = 0
+    for node in tuned.graph.node:
+        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3 or node.input[2] not in producer:
+            continue
+        bias_dq, act_dq, w_dq = (producer[node.input[i]] for i in (2, 0, 1))
+        if values[bias_dq.input[0]].dtype != np.int32:
+            continue
+        scale = values[bias_dq.input[1]]
+        assert np.array_equal(scale, np.float32(values[act_dq.input[1]]) * values[w_dq.input[1]].astype(np.float32))
+        before = old[bias_dq.input[0]].astype(np.float64) * old[bias_dq.input[1]].astype(np.float64)
+        after = values[bias_dq.input[0]].astype(np.float64) * scale.astype(np.float64)
+        np.testing.assert_allclose(after, before, atol=float(scale.max()))  # within one step of the new scale
+        checked += 1
+    assert checked == 4  # the two convolutions and the two Gemms
+
+
+def test_scales_only_leave_the_weights_codes_to_the_scales():
+    cal, ev = _data()
+    tuned = qq.quantize_model(MODEL, None, cal, eval=ev, finetune=50, finetune_weights=False, **W4A8)
+    f = tuned.report["finetune"]
+    assert f["steps"] == 50 and f["loss_after"] < f["loss_before"]
+    assert tuned.report["settings"]["finetune_weights"] is False
+
+
+def test_an_operator_torch_cannot_run_keeps_the_post_training_model():
+    # HardSwish has no torch form here: the run warns and returns the post-training model unchanged.
+    model, data = layernorm_attention()
+    node = onnx.helper.make_node("HardSwish", ["logits_pre"], ["logits"], name="act")
+    head = next(n for n in model.graph.node if n.name == "head")
+    head.output[0] = "logits_pre"
+    model.graph.node.append(node)
+    ptq = qq.quantize_model(model, None, data, promote=False)
+    tuned = qq.quantize_model(model, None, data, promote=False, finetune=10)
+    assert not tuned.report["finetune"]["kept"]
+    assert "HardSwish" in tuned.report["finetune"]["note"]
+    assert any("HardSwish" in w for w in tuned.report["warnings"])
+    assert tuned.model.SerializeToString() == ptq.model.SerializeToString()
+    with pytest.raises(UnsupportedOperator, match="HardSwish"):
+        QDQModule(ptq.model, {})
+
+
+@pytest.mark.parametrize("steps", [-1, 1.5, True])
+def test_bad_step_counts_are_named(steps):
+    with pytest.raises(QuantizationError, match="finetune must be an int >= 0"):
+        qq.QuantizeOptions(finetune=steps)
+
+
+def test_finetuned_codes_are_the_kernels_codes_of_the_learned_weights():
+    # Written-back codes are qlinear.quantize_linear of a latent weight at the learned scale: they round-trip.
+    cal, ev = _data()
+    tuned = qq.quantize_model(MODEL, None, cal, eval=ev, finetune=20, **W4A8).model
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in tuned.graph.initializer}
+    for node in tuned.graph.node:
+        codes_name = node.input[0] if node.input else ""
+        if node.op_type == "DequantizeLinear" and codes_name in values and values[codes_name].dtype != np.int32:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            codes, scale, zp = (values[n] for n in node.input)
+            w = qlinear.dequantize_linear(codes, scale, zp, axis=attrs["axis"], block_size=attrs["block_size"])
+            again = qlinear.quantize_linear(w, scale, zp, axis=attrs["axis"], block_size=attrs["block_size"], output_dtype="int4")
+            assert np.array_equal(again.view(np.uint8), codes.view(np.uint8))
