@@ -42,7 +42,9 @@ def test_run_benchmark_reports_every_case():
 def test_run_benchmark_with_float16_x():
     # x, the scale and DequantizeLinear's result in float16: half the bytes
     # of x to move, and ONNX Runtime's node takes float16 too.
-    report = run_benchmark(size=4096, threads=1, repeats=1, reference=True, types=("int8",), granularities=("per-tensor",), x_dtype="float16")
+    report = run_benchmark(
+        size=4096, threads=1, repeats=1, reference=True, types=("int8",), granularities=("per-tensor",), x_dtype="float16"
+    )
     q, dq = report["rows"]
     assert report["x_dtype"] == "float16"
     assert q["bytes_moved"] == 4096 * 2 + 4096 + 2 + 1  # x, codes, one float16 scale, one zero point

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+
+from qlinear import __version__
+from qlinear.cli._args import Parser
 
 __all__ = ["main"]
 
@@ -21,7 +23,8 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``qlinear`` command line; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="qlinear", description="ONNX linear quantization, exact to the specification.")
+    parser = Parser(prog="qlinear", description="ONNX linear quantization, exact to the specification.")
+    parser.add_argument("--version", action="version", version=f"qlinear {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = {}
     for name, module_name in SUBCOMMANDS.items():

@@ -41,16 +41,24 @@ from qlinear.bench import (
     startup_table,
 )
 from qlinear.bench._measure import SETTLE_S
+from qlinear.cli._args import add_json, cpu_count, int_in, json_on_stdout, name_in, write_json
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", type=int, default=1 << 24, help="float32 elements of x (default 16M: 16384 x 1024)")
-    parser.add_argument("--threads", type=int, default=2, help="threads for qlinear and ONNX Runtime (default 2)")
+    parser.add_argument(
+        "--size", type=int_in(1, what="a size"), default=1 << 24, help="float32 elements of x (default 16M: 16384 x 1024)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int_in(1, cpu_count, what="a thread count"),
+        default=min(2, cpu_count()),
+        help="threads for qlinear and ONNX Runtime (default 2)",
+    )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=int_in(1, what="a repeat count"),
         default=5,
         help=(
             "timed calls per case, best kept; with --startup, fresh processes per step, median kept; "
@@ -76,9 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--granularities",
         nargs="+",
         default=list(GRANULARITIES),
-        choices=list(GRANULARITIES),
+        type=name_in(GRANULARITIES),
         metavar="G",
-        help=f"granularities among: {', '.join(GRANULARITIES)}",
+        help=f"granularities among: {', '.join(g.replace(' ', '-') for g in GRANULARITIES)}",
     )
     parser.add_argument(
         "--startup",
@@ -97,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--load",
-        type=int,
+        type=int_in(1, what="a count of busy cores"),
         metavar="N",
         help="instead, keep N cores busy with other processes and time qlinear (on --threads and on 1 thread) and ONNX Runtime, --repeats rounds a case",
     )
@@ -106,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="instead, time qlinear right after an ONNX Runtime run, no pause, against after a pause (--repeats rounds a case)",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the measurements as JSON to PATH")
+    add_json(parser, "the measurements", path_after_json=True)
 
 
 def _ms(seconds: float | None) -> str:
@@ -117,10 +125,9 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 
 
-def _write_json(report: dict, path: str | None) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump(report, f, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+def _write_json(report: dict, args: argparse.Namespace) -> None:
+    if args.json or args.json_file:
+        write_json(json.dumps(report, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v), args)
 
 
 def _run_startup(args: argparse.Namespace, console: Console) -> int:
@@ -130,7 +137,7 @@ def _run_startup(args: argparse.Namespace, console: Console) -> int:
             repeats=args.repeats, progress=lambda done, total: progress.update(task, completed=done, total=total)
         )
     console.print(startup_table(startup))
-    _write_json({"startup": startup}, args.json)
+    _write_json({"startup": startup}, args)
     return 0
 
 
@@ -174,7 +181,7 @@ def _run_stores(args: argparse.Namespace, console: Console) -> int:
     console.print(
         "Times: medians over the pairs; streamed/plain: the median of each pair's own ratio (below 1: streaming is faster)."
     )
-    _write_json(report, args.json)
+    _write_json(report, args)
     return 0
 
 
@@ -189,7 +196,7 @@ def _run_ort_pairs(args: argparse.Namespace, console: Console) -> int:
         "Times: medians over the pairs; qlinear/ORT: the median of each pair's own ratio (below 1: qlinear is faster). "
         "Q+DQ: ONNX Runtime runs the pair (it cannot hand the type to numpy); qlinear runs Q then DQ."
     )
-    _write_json(report, args.json)
+    _write_json(report, args)
     return 0
 
 
@@ -222,7 +229,7 @@ def _run_load(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(table)
     console.print("*: ONNX Runtime runs a Q+DQ pair (it cannot hand the type to numpy); qlinear runs Q then DQ.")
-    _write_json(report, args.json)
+    _write_json(report, args)
     return 0
 
 
@@ -243,12 +250,13 @@ def _run_after_ort(args: argparse.Namespace, console: Console) -> int:
             *_case_cells(row), _ms(row["after_ort_s"]), _ms(row["settled_s"]), _ratio(row["after_ort_s"], row["settled_s"])
         )
     console.print(table)
-    _write_json(report, args.json)
+    _write_json(report, args)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(width=150)  # the table is wide; a narrower terminal wraps lines rather than cells
+    # The table is wide; a narrower terminal wraps lines rather than cells. With --json, tables go to stderr.
+    console = Console(width=150, stderr=json_on_stdout(args))
     if args.load is not None:
         if args.load < 0:
             Console(stderr=True).print(f"qlinear bench: --load must be >= 0, got {args.load}", highlight=False)
@@ -317,5 +325,5 @@ def run(args: argparse.Namespace) -> int:
     console.print("* ONNX Runtime timed as a QuantizeLinear+DequantizeLinear pair; qlinear/ORT then compares qlinear's Q+DQ.")
     console.print("qlinear ms: the plain call (a fresh result each call); out= ms: into a reused buffer.")
     console.print("mem/out: peak memory a qlinear call allocates, over its output plus scales and zero points.")
-    _write_json(report, args.json)
+    _write_json(report, args)
     return 0

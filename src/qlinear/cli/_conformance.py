@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from qlinear.cli._args import add_json, json_on_stdout, write_json
 from qlinear.cli._warmup import warm_up
 from qlinear.onnx._conformance import run_conformance
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON to PATH ('-' for stdout)")
+    add_json(parser, "the full report", path_after_json=True)
     parser.add_argument("--no-onnxruntime", action="store_true", help="leave ONNX Runtime out")
     parser.add_argument("--no-reference", action="store_true", help="leave onnx.reference out")
     parser.add_argument("--backend-only", action="store_true", help="run only ONNX's backend cases")
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(stderr=args.json == "-")
+    console = Console(stderr=json_on_stdout(args))
     # The cpu backend's kernels first, under a line that says so: in a fresh
     # environment they compile (minutes), which a progress bar would hide.
     warm_up(console, verbose=False)
@@ -67,11 +67,6 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         "qlinear agrees with the specification on every case." if verdict else "qlinear DISAGREES with the specification."
     )
-    if args.json:
-        text = json.dumps(report.to_json(), indent=2, default=str)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+    if args.json or args.json_file:
+        write_json(json.dumps(report.to_json(), indent=2, default=str), args)
     return 0 if verdict else 1

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from qlinear._errors import QuantizationError
+from qlinear.cli._args import add_json, write_json
 from qlinear.onnx._inspect import ModelReport, inspect_model
 from qlinear.onnx._io import load
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL.onnx", help="the model file (external data is read from beside it)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+    add_json(parser, "the report")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,9 +33,9 @@ def run(args: argparse.Namespace) -> int:
     except QuantizationError as e:
         Console(stderr=True).print(f"qlinear inspect: {escape(str(e))}", highlight=False)
         return 2
-    if args.json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
-    else:
+    if args.json or args.json_file:
+        write_json(json.dumps(report.to_json(), indent=2), args)
+    if not args.json:
         _print(Console(), report)
     return 1 if report.problems else 0
 

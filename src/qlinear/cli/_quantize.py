@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from importlib import resources
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from qlinear._errors import QuantizationError
+from qlinear.cli._args import add_json, write_json
 from qlinear.quantize import (
     ACTIVATION_TYPES,
     GRANULARITIES,
@@ -191,7 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(int8/uint8/int4/uint4; chosen by itself when the model passes half the memory with --activations none); "
         "no calibration or evaluation",
     )
-    out.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of tables")
+    add_json(out, "the report")
     out.add_argument("--quiet", action="store_true", help="no progress bars and no printed report")
 
 
@@ -210,9 +210,9 @@ def run(args: argparse.Namespace) -> int:
         message = str(e).removeprefix("quantize: ")  # the library's own prefix, said once by the command's
         err.print(f"qlinear quantize: {escape(message)}", highlight=False, soft_wrap=True)
         return 2
-    if args.json:
-        sys.stdout.write(report_json(result.report) + "\n")
-    elif not args.quiet:
+    if args.json or args.json_file:
+        write_json(report_json(result.report), args)
+    if not args.json and not args.quiet:
         print_report(result.report, Console(), analysis=args.analyze)
     if not result.target_met:
         # The model is written all the same (the best found); the status says the target was missed.
@@ -323,9 +323,9 @@ def _stream(args: argparse.Namespace) -> int:
         "seconds": r.seconds,
         "peak_rss_bytes": r.peak_rss_bytes,
     }
-    if args.json:
-        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
-    elif not args.quiet:
+    if args.json or args.json_file:
+        write_json(json.dumps(summary, indent=2), args)
+    if not args.json and not args.quiet:
         Console().print(
             f"qlinear quantize: {r.weights} weights, {r.bytes_before / 2**20:.1f} MiB -> {r.bytes_after / 2**20:.1f} MiB, "
             f"one at a time, in {r.seconds:.1f} s, peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB -> {r.path} "
