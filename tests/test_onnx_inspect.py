@@ -6,6 +6,8 @@ import json
 
 import ml_dtypes
 import numpy as np
+import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from qlinear import to_tensor_proto
@@ -109,3 +111,67 @@ def test_cli_inspect_exit_status_for_problems_and_unreadable_files(tmp_path, cap
     assert main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
     assert "truncated or corrupt" in err
+
+
+def _dq_model(scale: np.ndarray, *, in_if: bool = False) -> onnx.ModelProto:
+    """y = DequantizeLinear(int8 codes, scale), in the main graph or inside an If's branches."""
+    from onnx import numpy_helper
+
+    codes = numpy_helper.from_array(np.arange(4, dtype=np.int8), "codes")
+    s = numpy_helper.from_array(scale.astype(np.float32), "scale")
+    dq = helper.make_node("DequantizeLinear", ["codes", "scale"], ["y"], name="dq")
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    if not in_if:
+        graph = helper.make_graph([dq], "g", [], [out], initializer=[codes, s])
+    else:
+        branch = helper.make_graph([dq], "branch", [], [out])
+        cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+        node = helper.make_node("If", ["cond"], ["y"], name="choose", then_branch=branch, else_branch=branch)
+        graph = helper.make_graph([node], "g", [cond], [out], initializer=[codes, s])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+def test_qdq_nodes_inside_subgraphs_are_reported(tmp_path, capsys):
+    report = inspect_model(_dq_model(np.float32(0.5), in_if=True))
+    inner = [n for n in report.qdq_nodes if n.subgraph]
+    assert sorted(n.subgraph for n in inner) == ["choose.else_branch", "choose.then_branch"]
+    assert inner[0].scale_min == 0.5 and report.node_count == 3
+    save(_dq_model(np.float32(0.5), in_if=True), tmp_path / "if.onnx")
+    assert main(["inspect", str(tmp_path / "if.onnx")]) == 0
+    assert "2 Q/DQ nodes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("scale", "said"),
+    [
+        (np.float32(np.nan), "1 of 1 scale(s) NaN"),
+        (np.float32(0.0), "1 of 1 scale(s) zero"),
+        (np.float32(-0.5), "1 of 1 scale(s) negative"),
+        (np.float32(1e-40), "1 of 1 scale(s) subnormal"),
+        (np.float32(np.inf), "1 of 1 scale(s) infinite"),
+    ],
+)
+def test_bad_scales_are_warnings_and_exit_1(tmp_path, capsys, scale, said):
+    report = inspect_model(_dq_model(scale))
+    assert any(said in w for w in report.warnings), report.warnings
+    if np.isnan(scale):
+        assert report.qdq_nodes[0].scale_min is None  # no "nan .. nan" range
+    save(_dq_model(scale), tmp_path / "m.onnx")
+    assert main(["inspect", str(tmp_path / "m.onnx")]) == 1
+    assert said in capsys.readouterr().out
+
+
+def test_a_declared_output_type_unlike_the_zero_point_is_a_warning():
+    from onnx import numpy_helper
+
+    q = helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q")
+    graph = helper.make_graph(
+        [q], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("q", TensorProto.INT8, [4])],
+        initializer=[numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.uint8(128), "zp")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    report = inspect_model(model)
+    assert report.warnings == ["node 'q': output 'q' is declared INT8, its zero point is UINT8"]

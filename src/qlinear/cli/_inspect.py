@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(json.dumps(report.to_json(), indent=2), args)
     if not args.json:
         _print(Console(), report)
-    return 1 if report.problems else 0
+    return 1 if report.problems or report.warnings else 0
 
 
 def _size(n: int) -> str:
@@ -67,6 +67,8 @@ def _print(console: Console, report: ModelReport) -> None:
             "" if n.zero_points is None else ((" .. " if n.zero_points_are_range else ", ").join(f"{z:g}" for z in n.zero_points))
         )
         sizes = f"{_size(n.quantized_bytes)} / {_size(n.float_bytes)}" if n.float_bytes else ""
+        if n.subgraph:
+            op = f"{op} in {n.subgraph}"
         if n.problem:
             table.add_row(escape(n.name), escape(op), "[red]invalid[/]", "", "", "", "", "", "")
         else:
@@ -91,3 +93,5 @@ def _print(console: Console, report: ModelReport) -> None:
         )
     for problem in report.problems:
         console.print(f"[red]problem:[/] {escape(problem)}", highlight=False)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)

@@ -39,6 +39,8 @@ class QDQNodeReport:
             no initializer.
         float_bytes: bytes the same tensor takes in the node's float type.
         problem: why the node is invalid at the model's opset; None when it is valid.
+        subgraph: for a node inside an If, Loop or Scan body, the node and
+            attribute holding that body (``"loop_1.body"``); None in the main graph.
     """
 
     name: str
@@ -57,6 +59,7 @@ class QDQNodeReport:
     quantized_bytes: int = 0
     float_bytes: int = 0
     problem: str | None = None
+    subgraph: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ class ModelReport:
     node_count: int
     qdq_nodes: list[QDQNodeReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # Valid but suspicious: scales that are NaN, infinite, zero, negative or subnormal; declared output
+    # types that differ from the zero point's.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def quantized_bytes(self) -> int:
@@ -100,14 +106,113 @@ def inspect_model(model: onnx.ModelProto) -> ModelReport:
         node = report.node
         if node.op_type in QDQ_OPS and node.domain in ("", "com.microsoft"):
             nodes.append(_qdq_report(report.node, report.qdq, report.problem, initializers, analysis.tensors))
+    sub_nodes = list(_subgraph_qdq(model.graph, initializers))
+    nodes += [r for r, _ in sub_nodes]
+    node_count = len(model.graph.node) + sum(len(g.node) for _, _, g in _subgraphs(model.graph))
+    warnings = []
+    for r in nodes:
+        warnings += _scale_warnings(r.name, r.subgraph, _scale_of(r, model.graph, sub_nodes, initializers))
+    warnings += _type_warnings(model.graph, initializers)
     return ModelReport(
         ir_version=model.ir_version,
         opsets=dict(analysis.opsets),
         node_domains=sorted({n.domain or "ai.onnx" for n in model.graph.node}),
-        node_count=len(model.graph.node),
+        node_count=node_count,
         qdq_nodes=nodes,
         problems=analysis.problems,
+        warnings=warnings,
     )
+
+
+def _subgraphs(graph: onnx.GraphProto, where: str = ""):
+    """``(owner, attribute, body)`` of every If/Loop/Scan body, nested ones too."""
+    for node in graph.node:
+        for a in node.attribute:
+            bodies = (
+                [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []
+            )
+            for body in bodies:
+                owner = f"{where}{node.name or node.op_type}"
+                yield owner, a.name, body
+                yield from _subgraphs(body, f"{owner}.{a.name}/")
+
+
+def _subgraph_qdq(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto]):
+    """A report of each Q/DQ node inside a subgraph (its types read from constants, where they are)."""
+    for owner, attr, body in _subgraphs(graph):
+        consts = {**outer, **{t.name: t for t in body.initializer}}
+        for node in body.node:
+            if node.op_type not in QDQ_OPS or node.domain not in ("", "com.microsoft"):
+                continue
+            scale_t = consts.get(node.input[1]) if len(node.input) > 1 else None
+            zp_t = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            scale = None if scale_t is None else from_tensor_proto(scale_t).astype(np.float64)
+            zero_points, as_range = _zero_points(None if zp_t is None else from_tensor_proto(zp_t))
+            report = QDQNodeReport(
+                name=node.name,
+                op=node.op_type,
+                domain=node.domain,
+                quantized_type=None if zp_t is None else element_type(zp_t.data_type).name,
+                scale_min=_finite_min(scale),
+                scale_max=_finite_max(scale),
+                zero_points=zero_points,
+                zero_points_are_range=as_range,
+                subgraph=f"{owner}.{attr}",
+            )
+            yield report, scale
+
+
+def _finite_min(scale: np.ndarray | None) -> float | None:
+    return float(np.nanmin(scale)) if scale is not None and scale.size and not np.isnan(scale).all() else None
+
+
+def _finite_max(scale: np.ndarray | None) -> float | None:
+    return float(np.nanmax(scale)) if scale is not None and scale.size and not np.isnan(scale).all() else None
+
+
+def _scale_of(r: QDQNodeReport, graph: onnx.GraphProto, sub_nodes: list, initializers: dict) -> np.ndarray | None:
+    """The constant scale of the node ``r`` reports (main graph or subgraph), or None."""
+    if r.subgraph is not None:
+        return next((scale for rep, scale in sub_nodes if rep is r), None)
+    node = next((n for n in graph.node if n.name == r.name and n.op_type == r.op), None)
+    if node is None or len(node.input) < 2 or node.input[1] not in initializers:
+        return None
+    return from_tensor_proto(initializers[node.input[1]]).astype(np.float64)
+
+
+def _scale_warnings(name: str, subgraph: str | None, scale: np.ndarray | None) -> list[str]:
+    """What is wrong with a constant scale: NaN, infinite, zero, negative or subnormal values, counted."""
+    if scale is None or not scale.size:
+        return []
+    where = f"node {name!r}" + (f" (in {subgraph})" if subgraph else "")
+    finite = np.isfinite(scale)
+    tiny = np.finfo(np.float32).tiny
+    counts = {
+        "NaN": int(np.isnan(scale).sum()),
+        "infinite": int(np.isinf(scale).sum()),
+        "zero": int((scale == 0).sum()),
+        "negative": int((finite & (scale < 0)).sum()),
+        "subnormal (below float32's smallest normal, 1.2e-38)": int((finite & (scale > 0) & (scale < tiny)).sum()),
+    }
+    return [f"{where}: {n} of {scale.size} scale(s) {what}" for what, n in counts.items() if n]
+
+
+def _type_warnings(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> list[str]:
+    """QuantizeLinear outputs whose declared type differs from their zero point's (onnx.checker rejects them)."""
+    declared = {
+        vi.name: vi.type.tensor_type.elem_type for vi in [*graph.value_info, *graph.output] if vi.type.HasField("tensor_type")
+    }
+    out = []
+    for node in graph.node:
+        if node.op_type != "QuantizeLinear" or len(node.input) < 3 or node.input[2] not in initializers:
+            continue
+        zp_type, said = initializers[node.input[2]].data_type, declared.get(node.output[0], 0)
+        if said and said != zp_type:
+            out.append(
+                f"node {node.name!r}: output {node.output[0]!r} is declared {onnx.TensorProto.DataType.Name(said)}, "
+                f"its zero point is {onnx.TensorProto.DataType.Name(zp_type)}"
+            )
+    return out
 
 
 def _qdq_report(
@@ -149,8 +254,8 @@ def _qdq_report(
         axis=None if g.kind == "per_tensor" else g.axis,
         block_size=g.block_size,
         scale_type=tensors[node.input[1]].type_name,
-        scale_min=float(scale.min()) if scale is not None and scale.size else None,
-        scale_max=float(scale.max()) if scale is not None and scale.size else None,
+        scale_min=_finite_min(scale),
+        scale_max=_finite_max(scale),
         zero_points=zero_points,
         zero_points_are_range=as_range,
         quantized_bytes=quantized_bytes,
