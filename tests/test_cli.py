@@ -71,3 +71,12 @@ def test_json_means_stdout_in_every_subcommand(capsys, tmp_path):
     argv = ["quantize", model, "-o", str(tmp_path / "q.onnx"), "--calibration", str(DEMO / "digits_calibration.npz")]
     assert main([*argv, "--no-promote", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"]["output"] == str(tmp_path / "q.onnx")
+
+
+def test_a_missing_optional_dependency_names_what_to_install(monkeypatch):
+    # Stand in for an environment without PyTorch: importing qlinear.torch says which extra to install.
+    for name in [m for m in sys.modules if m == "qlinear.torch" or m.startswith("qlinear.torch.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ImportError, match=r"qlinear.torch needs PyTorch: pip install 'qlinear\[torch\]'"):
+        import qlinear.torch  # noqa: F401

@@ -134,7 +134,10 @@ def run(
 
 
 def _run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
-    import onnxruntime as ort
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise QuantizationError("run: backend='onnxruntime' needs ONNX Runtime: pip install onnxruntime") from None
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

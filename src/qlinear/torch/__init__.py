@@ -8,6 +8,11 @@ bit-identical to :func:`qlinear.quantize_linear` and
 
 from __future__ import annotations
 
+try:
+    import torch  # noqa: F401
+except ImportError:
+    raise ImportError("qlinear.torch needs PyTorch: pip install 'qlinear[torch]'") from None
+
 from qlinear.torch._export import export_onnx
 from qlinear.torch._functional import dequantize_linear, fake_quantize, quantize_linear
 from qlinear.torch._modules import DequantizeLinear, FakeQuantize, QuantizeLinear
