@@ -80,3 +80,26 @@ def test_a_missing_optional_dependency_names_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(ImportError, match=r"qlinear.torch needs PyTorch: pip install 'qlinear\[torch\]'"):
         import qlinear.torch  # noqa: F401
+
+
+def test_tables_at_80_columns_fold_rather_than_cut(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from qlinear.cli._inspect import _print
+    from qlinear.onnx import load
+    from qlinear.onnx._inspect import inspect_model
+    from qlinear.quantize import quantize_model
+    from qlinear.quantize._report import print_report
+
+    result = quantize_model(str(DEMO / "digits_cnn.onnx"), tmp_path / "q.onnx", str(DEMO / "digits_calibration.npz"))
+    for show in (
+        lambda c: print_report(result.report, c, analysis=True),
+        lambda c: _print(c, inspect_model(load(tmp_path / "q.onnx"))),
+    ):
+        out = io.StringIO()
+        show(Console(file=out, width=80))
+        text = out.getvalue()
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+        assert "conv1" in text  # node names stay readable

@@ -20,8 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rich.table import Table
-
+from qlinear._table import Table
 from qlinear.kernels import AUTO_REFERENCE_BELOW
 
 __all__ = ["SMALL", "LARGE", "run_child", "run_startup", "startup_table"]

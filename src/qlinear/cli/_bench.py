@@ -25,8 +25,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from qlinear._table import Table
 from qlinear.bench import (
     GRANULARITIES,
     MORE_TYPES,

@@ -15,8 +15,8 @@ import json
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
-from rich.table import Table
 
+from qlinear._table import Table
 from qlinear.cli._args import add_json, json_on_stdout, write_json
 from qlinear.cli._warmup import warm_up
 from qlinear.onnx._conformance import run_conformance

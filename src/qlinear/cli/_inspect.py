@@ -14,9 +14,9 @@ import json
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from qlinear._errors import QuantizationError
+from qlinear._table import Table
 from qlinear.cli._args import add_json, write_json
 from qlinear.onnx._inspect import ModelReport, inspect_model
 from qlinear.onnx._io import load

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from qlinear._table import Table
 from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._convert import ConvertedNode
 from qlinear.quantize._data import Dataset
