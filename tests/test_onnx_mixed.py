@@ -7,9 +7,9 @@ import pytest
 
 import qlinear
 from qlinear import QuantizationError
+from qlinear.conformance._edge_cases import generated_cases
+from qlinear.conformance._run import backend_cases
 from qlinear.onnx import Graph, run
-from qlinear.onnx._conformance import backend_cases
-from qlinear.onnx._edge_cases import generated_cases
 from qlinear.onnx._mixed import MixedRunner
 
 pytest.importorskip("onnxruntime")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qlinear.kernels import BACKENDS
-from qlinear.onnx import backend_cases
+from qlinear.conformance import backend_cases
 from qlinear.onnx._node_case import run_qlinear
 
 CASES = backend_cases()

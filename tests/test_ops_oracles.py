@@ -16,11 +16,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from qlinear.conformance._oracles import Unsupported, run_onnx_reference, run_onnxruntime, run_spec_model, same
 from qlinear.dtypes import element_type
 from qlinear.kernels import BACKENDS
-from qlinear.onnx import NodeCase, generated_cases
+from qlinear.conformance import generated_cases
+from qlinear.onnx import NodeCase
 from qlinear.onnx._node_case import run_qlinear
-from qlinear.onnx._oracles import Unsupported, run_onnx_reference, run_onnxruntime, run_spec_model, same
 from qlinear.spec import operator_version
 
 OPSETS = [10, 13, 19, 21, 23, 24, 25, 28]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import qlinear
+from qlinear.conformance._oracles import Unsupported, run_onnx_reference, run_onnxruntime
 from qlinear.onnx import NodeCase
-from qlinear.onnx._oracles import Unsupported, run_onnx_reference, run_onnxruntime
 
 NAN, INF = np.float32(np.nan), np.float32(np.inf)
 

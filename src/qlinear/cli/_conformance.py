@@ -19,7 +19,7 @@ from rich.progress import Progress
 from qlinear._table import Table
 from qlinear.cli._args import add_json, json_on_stdout, write_json
 from qlinear.cli._warmup import warm_up
-from qlinear.onnx._conformance import run_conformance
+from qlinear.conformance._run import run_conformance
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qlinear.conformance._edge_cases import generated_cases
+from qlinear.conformance._oracles import Unsupported, run_onnx_reference, run_onnxruntime, run_spec_model, same
 from qlinear.kernels import BACKENDS
-from qlinear.onnx._edge_cases import generated_cases
 from qlinear.onnx._node_case import NodeCase, node_case_from_model, run_qlinear
-from qlinear.onnx._oracles import Unsupported, run_onnx_reference, run_onnxruntime, run_spec_model, same
 
 __all__ = ["Outcome", "ConformanceReport", "backend_cases", "run_conformance"]
 

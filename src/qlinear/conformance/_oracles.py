@@ -13,8 +13,8 @@ import onnx
 from onnx import helper
 
 from qlinear._errors import QuantizationError
+from qlinear.conformance import _spec_model
 from qlinear.dtypes import element_type
-from qlinear.onnx import _spec_model
 from qlinear.onnx._node_case import NodeCase
 from qlinear.spec import plan_dequantize, plan_quantize
 
