@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qlinear.kernels import BACKENDS
 from qlinear.conformance import backend_cases
+from qlinear.kernels import BACKENDS
 from qlinear.onnx._node_case import run_qlinear
 
 CASES = backend_cases()

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from qlinear.conformance import generated_cases
 from qlinear.conformance._oracles import Unsupported, run_onnx_reference, run_onnxruntime, run_spec_model, same
 from qlinear.dtypes import element_type
 from qlinear.kernels import BACKENDS
-from qlinear.conformance import generated_cases
 from qlinear.onnx import NodeCase
 from qlinear.onnx._node_case import run_qlinear
 from qlinear.spec import operator_version
