@@ -30,6 +30,7 @@ from qlinear.quantize._awq import scale_for_weights
 from qlinear.quantize._bias_correction import input_channel_axes
 from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, CalibrationState, Observed, calibrate
+from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, load_dataset, random_dataset
 from qlinear.quantize._equalize import equalize
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
@@ -188,7 +189,7 @@ def quantize_model(
     with bars.task("converting weights", 1) as step:
         requested = builder.build()
         step(1)
-    _check(requested.model)
+    check_quantized(requested.model)
     reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
     analysis_ref = reference.head(ANALYSIS_SAMPLES)  # the float model is not run twice on them
     with bars.task("analysing nodes", len(requested.plan.nodes)) as step:
@@ -219,7 +220,7 @@ def quantize_model(
             search = meet_target(steps, (start_sqnr, start_agreement)[pick], target, measure)
         if search.promotions:
             built = builder.build(search.precision)
-            _check(built.model)
+            check_quantized(built.model)
     qmodel, planned = built.model, built.plan
     tuned = None
     if options.finetune:
@@ -231,7 +232,7 @@ def quantize_model(
                 train_weights=options.finetune_weights, progress=step,
             )  # fmt: skip
         if tuned.kept:
-            _check(qmodel)
+            check_quantized(qmodel)
     fusion = check_fusion(qmodel, [p.name for p in planned.nodes])
     node_outputs = {p.name: fm.producer_output(p.name) for p in planned.nodes}
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
@@ -315,16 +316,6 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1
         )  # fmt: skip
 
 
-def _check(model: onnx.ModelProto) -> None:
-    """The checker's full check; a model with weights beside its graph is checked again by path when written."""
-    try:
-        large.check_model(model, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise QuantizationError(
-            f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
-        ) from None
-
-
 def _target(options: QuantizeOptions, reference: Reference) -> Target | None:
     """The target the search reaches, or None (no search)."""
     if options.target_agreement is not None:
@@ -389,12 +380,7 @@ def _write(model: onnx.ModelProto, path: Path) -> None:
     try:
         save(model, tmp / path.name)
         if large.is_large(model) or large.has_markers(model):  # the full check of the weights, by path
-            try:
-                onnx.checker.check_model(str(tmp / path.name), full_check=True)
-            except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-                raise QuantizationError(
-                    f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
-                ) from None
+            check_quantized(tmp / path.name)
         for f in sorted(tmp.iterdir()):
             os.replace(f, path.resolve().parent / f.name)
     finally:

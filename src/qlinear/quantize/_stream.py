@@ -39,6 +39,7 @@ import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.quantize._calibrate import peak_rss_bytes
+from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._choose import weight_params
 from qlinear.quantize._options import QuantizeOptions
 
@@ -254,12 +255,7 @@ def _write(ir, model, out: Path) -> None:
             ir.save(model, tmp / out.name, external_data=f"{out.name}.data", max_workers=1, max_in_flight_bytes=_IN_FLIGHT)
         except OSError as e:
             raise QuantizationError(f"quantize: cannot write {out}: {e.strerror or e}") from None
-        try:  # by path: the checker reads a model over 2 GB only so
-            onnx.checker.check_model(str(tmp / out.name), full_check=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-            raise QuantizationError(
-                f"quantize: the quantized model fails onnx.checker (a qlinear bug, please report it): {e}"
-            ) from None
+        check_quantized(tmp / out.name)  # by path: the checker reads a model over 2 GB only so
         for f in sorted(tmp.iterdir()):
             os.replace(f, parent / f.name)
     finally:
