@@ -40,6 +40,16 @@ def test_readme_examples_run(tmp_path, monkeypatch):
     assert namespace["w4"].dtype.name == "int4" and namespace["packed"].size == namespace["w4"].size // 2
 
 
+@pytest.mark.parametrize("page", ["operators.md", "onnx.md"])
+def test_docs_examples_run(tmp_path, monkeypatch, page):
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S)
+    assert blocks
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, page, "exec"), namespace)
+
+
 def test_readme_commands_match_ci():
     text = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
