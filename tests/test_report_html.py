@@ -43,6 +43,17 @@ def test_page_is_self_contained_with_every_node(report):
     assert "<script>alert(1)</script>" not in render_html(hostile)
 
 
+def test_page_shows_the_fine_tuning_and_repeats_it():
+    pytest.importorskip("torch")
+    tuned = qq.quantize_model(
+        MODEL, None, CALIBRATION, eval=EVAL, weights="int4", granularity="blocked", promote=False, finetune=20
+    ).report
+    page = render_html(tuned)
+    f = tuned["finetune"]
+    assert "<th>fine-tuned</th>" in page and f"{f['steps']} steps" in page
+    assert "--finetune 20" in page
+
+
 def test_report_command_renders_a_saved_report(tmp_path, capsys):
     saved = tmp_path / "r.json"
     assert (

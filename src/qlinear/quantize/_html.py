@@ -196,6 +196,17 @@ def _summary(report: dict[str, Any]) -> str:
         target = f"top-1 agreement ≥ {_share(t['value'])}" if t["metric"] == "agreement" else f"output SQNR ≥ {t['value']:g} dB"
         state = '<span class="good">met</span>' if promotions["met"] else '<span class="bad">not met</span>'
         rows.append(("target", f"{_e(target)}: {state}, {len(promotions['steps'])} promotion(s)"))
+    tuned = report.get("finetune")
+    if tuned:
+        state = "kept" if tuned["kept"] else f"not kept: {tuned['note']}"
+        rows.append(
+            (
+                "fine-tuned",
+                f"{tuned['steps']} steps, {tuned['seconds']:.1f} s: top-1 agreement {_share(tuned['agreement_before'])} → "
+                f"{_share(tuned['agreement_after'])}, output SQNR {_db(tuned['sqnr_db_before'])} → {_db(tuned['sqnr_db_after'])} dB "
+                f"on the held-out data; {state}",
+            )
+        )
     rows.append(("settings", f"<code>{_e(_command(report))}</code>"))
     body = "".join(f"<tr><th>{_e(k)}</th><td>{v if k in ('target', 'settings') else _e(v)}</td></tr>" for k, v in rows)
     return f'<table class="summary">{body}</table>'
@@ -223,6 +234,8 @@ def _command(report: dict[str, Any]) -> str:
             parts.append(flag if s[key] else "--no-" + flag[2:])
     if s.get("equalize"):
         parts.append("--equalize")
+    if s.get("finetune"):
+        parts += ["--finetune", str(s["finetune"])] + ([] if s.get("finetune_weights", True) else ["--finetune-scales-only"])
     if s.get("target_agreement") is not None:
         parts += ["--target-agreement", f"{s['target_agreement']:g}"]
     if s.get("target_sqnr_db") is not None:
