@@ -132,13 +132,14 @@ def is_large(model: onnx.ModelProto) -> bool:
     return byte_size(model) >= PROTOBUF_LIMIT
 
 
-def graph_only(model: onnx.ModelProto, threshold: int = MOVED_THRESHOLD) -> tuple[onnx.ModelProto, list[TensorProto]]:
-    """A copy of ``model`` whose initializers of ``threshold`` bytes or more are markers, and those initializers.
+def graph_only(model: onnx.ModelProto, threshold: int | None = None) -> tuple[onnx.ModelProto, list[TensorProto]]:
+    """A copy of ``model`` whose initializers of ``threshold`` bytes (default 1 MiB) or more are markers, and those initializers.
 
     The initializers returned are ``model``'s own (not copies): the copy
     costs the graph, not the weights. Only the main graph's initializers
     move; subgraphs and Constant nodes stay as they are.
     """
+    threshold = MOVED_THRESHOLD if threshold is None else threshold
     light = onnx.ModelProto()
     _copy_fields(model, light, skip="graph")
     _copy_fields(model.graph, light.graph, skip="initializer")
@@ -156,7 +157,7 @@ def graph_only(model: onnx.ModelProto, threshold: int = MOVED_THRESHOLD) -> tupl
 
 def into_store(model: onnx.ModelProto, store: TensorStore, threshold: int | None = None) -> onnx.ModelProto:
     """A copy of ``model`` whose initializers of ``threshold`` bytes or more (default: 1 MiB) are markers of ``store``."""
-    light, moved = graph_only(model, MOVED_THRESHOLD if threshold is None else threshold)
+    light, moved = graph_only(model, threshold)
     by_name = {t.name: t for t in moved}
     for t in light.graph.initializer:
         if t.name in by_name and not is_marker(t):
@@ -187,9 +188,10 @@ def session(model: onnx.ModelProto, options: Any, providers: list[str]) -> Any:
     from qlinear.onnx._ort_values import to_ort_value
 
     markers = [t for t in model.graph.initializer if is_marker(t)]
-    if not markers and not is_large(model):
+    large = is_large(model)
+    if not markers and not large:
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-    light, moved = graph_only(model) if is_large(model) else (model, [])
+    light, moved = graph_only(model) if large else (model, [])
     values = [to_ort_value(value_of(t)) for t in (*markers, *moved)]
     options.add_external_initializers([t.name for t in (*markers, *moved)], values)
     sess = ort.InferenceSession(light.SerializeToString(), options, providers=providers)
@@ -217,14 +219,12 @@ def check_model(model: onnx.ModelProto, *, full_check: bool = True) -> None:
     if not is_large(model) and not has_markers(model):
         onnx.checker.check_model(model, full_check=full_check)
         return
-    light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(model.graph, light.graph, skip="initializer")
-    for t in model.graph.initializer:
-        if is_marker(t) or t.ByteSize() >= MOVED_THRESHOLD:
-            light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        else:
-            light.graph.initializer.append(t)
+    light, _ = graph_only(model)
+    inits = light.graph.initializer
+    for k in reversed(range(len(inits))):  # markers, old and new, become inputs of their type and shape
+        if inits[k].data_location == TensorProto.EXTERNAL:
+            light.graph.input.append(helper.make_tensor_value_info(inits[k].name, inits[k].data_type, list(inits[k].dims)))
+            del inits[k]
     onnx.checker.check_model(light, full_check=full_check)
 
 
