@@ -198,32 +198,47 @@ class QDQModule(nn.Module):
                 self.weight_nodes[node.output[0]] = node
                 self.weights.append(nn.Parameter(torch.from_numpy(np.array(start, np.float32)), requires_grad=train_weights))
         self.values = values
+        self._prepare()
 
     def scale(self, name: str) -> torch.Tensor:
         return self.scales[self.scale_index[name]]
 
     def _zero_point(self, node: onnx.NodeProto) -> tuple[torch.Tensor, str]:
         zp = node.input[2] if len(node.input) > 2 and node.input[2] else None
-        if zp is None:
-            raise UnsupportedOperator(f"finetune: {node.op_type} {node.name!r} has no zero point (its type is not written)")
+        if zp is None or zp not in self.values:
+            raise UnsupportedOperator(
+                f"finetune: {node.op_type} {node.name!r} has no constant zero point (its type is not written)"
+            )
         t = self.values[zp]
         return torch.from_numpy(np.asarray(numpy_helper.to_array(t), np.float32)), _type_name(t.data_type)
+
+    def _prepare(self) -> None:
+        """What forward reads a step: each node's attributes, Constant values, Q/DQ zero points and types."""
+        self.attrs = [_attrs(node) for node in self.nodes]
+        self.qdq_params: dict[str, tuple[torch.Tensor, str, dict[str, int]]] = {}
+        for node, a in zip(self.nodes, self.attrs, strict=True):
+            if node.op_type == "Constant":
+                self.constants[node.output[0]] = torch.from_numpy(np.array(numpy_helper.to_array(a["value"])))
+            elif node.op_type in _QDQ and node.output[0] not in self.bias_values:
+                zp, type_name = self._zero_point(node)
+                self.qdq_params[node.output[0]] = (
+                    zp,
+                    type_name,
+                    {"axis": a.get("axis", 1), "block_size": a.get("block_size", 0)},
+                )
 
     def forward(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         env: dict[str, Any] = dict(self.constants)
         env.update(feeds)
-        for node in self.nodes:
+        for node, a in zip(self.nodes, self.attrs, strict=True):
             out = node.output[0]
             if node.op_type == "Constant":
-                env[out] = torch.from_numpy(np.array(numpy_helper.to_array(_attrs(node)["value"])))
                 continue
             if out in self.bias_values:
                 env[out] = self.bias_values[out]
                 continue
-            a = _attrs(node)
             if node.op_type in _QDQ:
-                zp, type_name = self._zero_point(node)
-                kw = {"axis": a.get("axis", 1), "block_size": a.get("block_size", 0)}
+                zp, type_name, kw = self.qdq_params[out]
                 s = self.scale(node.input[1])
                 if out in self.weight_index:
                     w = self.weights[self.weight_index[out]]
