@@ -101,17 +101,18 @@ def inspect_model(model: onnx.ModelProto) -> ModelReport:
     """
     analysis = analyse(model)
     initializers = {t.name: t for t in model.graph.initializer}
-    nodes = []
+    nodes, warnings = [], []
     for report in analysis.nodes:
         node = report.node
         if node.op_type in QDQ_OPS and node.domain in ("", "com.microsoft"):
             nodes.append(_qdq_report(report.node, report.qdq, report.problem, initializers, analysis.tensors))
-    sub_nodes = list(_subgraph_qdq(model.graph, initializers))
-    nodes += [r for r, _ in sub_nodes]
+            scale_t = initializers.get(node.input[1]) if len(node.input) > 1 else None
+            scale = None if scale_t is None else from_tensor_proto(scale_t).astype(np.float64)
+            warnings += _scale_warnings(node.name, None, scale)
+    for r, scale in _subgraph_qdq(model.graph, initializers):
+        nodes.append(r)
+        warnings += _scale_warnings(r.name, r.subgraph, scale)
     node_count = len(model.graph.node) + sum(len(g.node) for _, _, g in _subgraphs(model.graph))
-    warnings = []
-    for r in nodes:
-        warnings += _scale_warnings(r.name, r.subgraph, _scale_of(r, model.graph, sub_nodes, initializers))
     warnings += _type_warnings(model.graph, initializers)
     return ModelReport(
         ir_version=model.ir_version,
@@ -168,16 +169,6 @@ def _finite_min(scale: np.ndarray | None) -> float | None:
 
 def _finite_max(scale: np.ndarray | None) -> float | None:
     return float(np.nanmax(scale)) if scale is not None and scale.size and not np.isnan(scale).all() else None
-
-
-def _scale_of(r: QDQNodeReport, graph: onnx.GraphProto, sub_nodes: list, initializers: dict) -> np.ndarray | None:
-    """The constant scale of the node ``r`` reports (main graph or subgraph), or None."""
-    if r.subgraph is not None:
-        return next((scale for rep, scale in sub_nodes if rep is r), None)
-    node = next((n for n in graph.node if n.name == r.name and n.op_type == r.op), None)
-    if node is None or len(node.input) < 2 or node.input[1] not in initializers:
-        return None
-    return from_tensor_proto(initializers[node.input[1]]).astype(np.float64)
 
 
 def _scale_warnings(name: str, subgraph: str | None, scale: np.ndarray | None) -> list[str]:

@@ -299,7 +299,7 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
     # Bias correction reads the error of a layer's weight where its input's means were calibrated.
-    keeps_error = o.bias_correction and p.weight.index == 1 and ctx.fm.node_inputs(p.name)[0] in ctx.input_means
+    keeps_error = o.bias_correction and p.weight.index == 1 and _input_mean(p, ctx) is not None
     sqnr, error = _weight_error(w, back, keep=keeps_error)
     del back
     q_name = names.fresh(f"{p.weight.tensor}_quantized")
@@ -354,7 +354,7 @@ def _bias_shift(node: onnx.NodeProto, p: NodePlan, stored: _StoredWeight, ctx: _
     """``(shift, site)`` of bias correction for this node, or ``(None, None)``."""
     if stored.error is None or p.weight.index != 1:
         return None, None
-    mean = ctx.input_means.get(ctx.fm.node_inputs(p.name)[0])
+    mean = _input_mean(p, ctx)
     if mean is None:
         return None, None
     float_node = ctx.fm.node(p.name)
@@ -365,6 +365,11 @@ def _bias_shift(node: onnx.NodeProto, p: NodePlan, stored: _StoredWeight, ctx: _
     if where is None or (where.tensor is None and where.add is None and node.op_type not in ("Conv", "Gemm")):
         return None, None
     return shift, where
+
+
+def _input_mean(p: NodePlan, ctx: _Context) -> np.ndarray | None:
+    """The calibrated per-channel mean of the node's input (what bias correction reads), or None."""
+    return ctx.input_means.get(ctx.fm.node_inputs(p.name)[0])
 
 
 def _bias_fits(node: onnx.NodeProto, p: NodePlan) -> bool:

@@ -212,8 +212,8 @@ def _written_back(qmodel: onnx.ModelProto, module: Any) -> onnx.ModelProto:
     values = {t.name: t for t in g.initializer}
     new: dict[str, np.ndarray] = {}
     for name, index in module.scale_index.items():
-        dtype = numpy_helper.to_array(values[name]).dtype
-        new[name] = module.scales[index].detach().numpy().astype(dtype).reshape(numpy_helper.to_array(values[name]).shape)
+        old = numpy_helper.to_array(values[name])
+        new[name] = module.scales[index].detach().numpy().astype(old.dtype).reshape(old.shape)
     for dq_out, node in module.weight_nodes.items():
         a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
         stored = numpy_helper.to_array(values[node.input[0]])

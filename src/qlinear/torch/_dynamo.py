@@ -197,7 +197,7 @@ def fold_constants(model: onnx.ModelProto) -> None:
             values[node.output[0]] = _add(g, numpy_helper.from_array(numpy_helper.to_array(node.attribute[0].t), node.output[0]))
             continue
         if node.op_type == "Cast" and node.input[0] in values:
-            to = next(a.i for a in node.attribute if a.name == "to")
+            to = _cast_to(node)
             value = _cast(numpy_helper.to_array(values[node.input[0]]), to)
             name = _fresh(f"{node.input[0]}_{helper.tensor_dtype_to_string(to).split('.')[-1].lower()}", taken)
             renamed[node.output[0]] = name
@@ -206,7 +206,7 @@ def fold_constants(model: onnx.ModelProto) -> None:
         if node.op_type == "Cast" and node.input[0] in producers:
             # Cast(Cast(q, FLOAT), T) where q already is of type T: the codes themselves.
             inner = producers[node.input[0]]
-            to = next(a.i for a in node.attribute if a.name == "to")
+            to = _cast_to(node)
             if inner.op_type == "Cast" and inner.input[0] in producers and _cast_to(inner) == TensorProto.FLOAT:
                 source = producers[inner.input[0]]
                 if source.op_type == "QuantizeLinear" and _quantized_enum(source, values) == to:
