@@ -9,7 +9,9 @@ import pytest
 
 import qlinear
 from qlinear.conformance._oracles import Unsupported, run_onnx_reference, run_onnxruntime
+from qlinear.kernels import BACKENDS
 from qlinear.onnx import NodeCase
+from qlinear.onnx._node_case import run_qlinear
 
 NAN, INF = np.float32(np.nan), np.float32(np.inf)
 
@@ -312,3 +314,16 @@ def test_dynamic_ignores_nan():
     assert y.tolist() == [127, 0, 254]
     ref = run_onnx_reference(NodeCase("nan", "DynamicQuantizeLinear", 11, [x]))
     assert np.isnan(ref[1]) or ref[0].tolist() != [127, 0, 254]
+
+
+def test_float8e4m3fn_overflow_is_nan():
+    # saturate=0: quotients up to 464 round to 448 (464 is the tie, to even); beyond, NaN. ONNX Runtime 1.31
+    # gives 448 for quotients in [480, 496) instead (docs/semantics.md).
+    q = np.array([448.0, 460.0, 464.0, 465.0, 480.0, 490.0, 496.0, 600.0], np.float32)
+    x = np.concatenate([q, -q]) * np.float32(2)
+    case = NodeCase("over", "QuantizeLinear", 21, [x, np.float32(2), ml_dtypes.float8_e4m3fn(0)], {"saturate": 0})
+    want = np.array([448, 448, 448] + [np.nan] * 5, np.float32)
+    for backend in sorted(BACKENDS):
+        got = run_qlinear(case, backend=backend)[0].astype(np.float32)
+        np.testing.assert_array_equal(got, np.concatenate([want, -want]), err_msg=backend)
+    np.testing.assert_array_equal(run_onnx_reference(case)[0].astype(np.float32), np.concatenate([want, -want]))
