@@ -47,3 +47,37 @@ def test_warmup_command_loads_every_kernel(capsys):
     assert main(["warmup"]) == 0
     err = capsys.readouterr().err
     assert "cpu kernels ready" in err and "DequantizeLinear" in err and "int4 (packed)" in err
+
+
+# torch.export rebinds builtins.min and builtins.max to Python wrappers while it
+# traces. In a fresh numba cache, three kernel specializations (the codes' width
+# and writeability are the kernel's types) compile: the first inside a trace that
+# also imports numba, the second outside, the third inside a trace again.
+_UNDER_TRACE = """
+import builtins, contextlib, functools, json, numpy as np, qlinear
+
+@contextlib.contextmanager
+def trace():
+    real_min, real_max = builtins.min, builtins.max
+    builtins.min = functools.partial(lambda *a, real, **k: real(*a, **k), real=real_min)
+    builtins.max = functools.partial(lambda *a, real, **k: real(*a, **k), real=real_max)
+    try:
+        yield
+    finally:
+        builtins.min, builtins.max = real_min, real_max
+
+uint8 = np.arange(256, dtype=np.uint8)
+read_only_uint8, read_only_int16 = uint8.copy(), np.arange(-8, 8, dtype=np.int16)
+read_only_uint8.flags.writeable = read_only_int16.flags.writeable = False
+same = []
+for codes, traced in [(uint8, True), (read_only_uint8, False), (read_only_int16, True)]:
+    zp = codes.dtype.type(3)
+    with trace() if traced else contextlib.nullcontext():
+        y = qlinear.dequantize_linear(codes, np.float32(0.5), zp, backend="cpu")
+    same.append(bool((y == qlinear.dequantize_linear(codes, np.float32(0.5), zp, backend="reference")).all()))
+print(json.dumps({"same": same}))
+"""
+
+
+def test_kernels_compile_while_torch_export_rebinds_min_and_max(tmp_path):
+    assert _run(_UNDER_TRACE, str(tmp_path)) == {"same": [True, True, True]}

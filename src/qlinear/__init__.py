@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import qlinear._builtins  # noqa: F401 - first: the true min/max for numba (see the module)
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import from_tensor_proto, pack, to_tensor_proto, unpack
 from qlinear.ops import dequantize_linear, dynamic_quantize_linear, quantize_linear

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import qlinear
+from qlinear._builtins import import_numba, max, min
 from qlinear.kernels.cpu import _pool as pool
 from qlinear.spec import QuantizePlan
 
@@ -167,7 +168,8 @@ _KERNELS: dict = {}
 def _kernels() -> dict:
     """The numba kernels of the training passes (compiled and cached on first use)."""
     if not _KERNELS:
-        from numba import njit, prange
+        numba = import_numba()
+        njit, prange = numba.njit, numba.prange
 
         # Each kernel has three loops: rows of one scale (``inner`` 0: the scale read once a row, so the loop
         # vectorizes), rows of a period whose scale steps with the element (``inner`` 1), and rows of a

@@ -9,6 +9,7 @@ from types import ModuleType
 import ml_dtypes
 import numpy as np
 
+from qlinear._builtins import import_numba
 from qlinear.dtypes import ElementType
 from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, layout, scale_period
 from qlinear.kernels.cpu._pool import empty
@@ -94,7 +95,7 @@ def dequantize(
     (already checked by the caller) receives the result. Without ``wait``,
     returns None instead of waiting for the kernel to compile (:mod:`._warm`).
     """
-    import numba
+    numba = import_numba()
 
     from qlinear.kernels.cpu import _dequantize_kernel as kernel
     from qlinear.kernels.cpu._lines import LINE, streams

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from qlinear._builtins import min
 from qlinear.kernels.cpu._dequantize_packed import crumb_runs, nibble_runs, packed_lines_fit, packed_period_lines, sextet_runs
 from qlinear.kernels.cpu._dequantize_runs import float_runs, int32_runs, integer_runs, period_lines, table_runs
 from qlinear.kernels.cpu._lines import LONGEST_BLOCK_PERIOD, store_fence

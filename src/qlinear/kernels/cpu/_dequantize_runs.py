@@ -49,6 +49,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
+from qlinear._builtins import min
 from qlinear.kernels.cpu._dequantize_lines import (
     dequantize_float8_line,
     dequantize_line,

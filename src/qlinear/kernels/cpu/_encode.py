@@ -30,6 +30,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from qlinear._builtins import max
 from qlinear.dtypes import ElementType
 from qlinear.kernels.cpu._params import (
     E_M,

@@ -50,6 +50,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from qlinear._builtins import max
+
 __all__ = [
     "LINE",
     "LONGEST_BLOCK_PERIOD",

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
+from qlinear._builtins import import_numba
 from qlinear.dtypes import ElementType, packed_size, round_to
 from qlinear.kernels.cpu._params import (
     PREC_BF16,
@@ -99,7 +100,7 @@ def quantize(
     Without ``wait``, returns None instead of waiting for the kernel to
     compile (:mod:`._warm`), ``out`` left unwritten.
     """
-    import numba
+    numba = import_numba()
 
     from qlinear.kernels.cpu import _quantize_kernel as kernel
     from qlinear.kernels.cpu._lines import LINE, LONGEST_BLOCK_PERIOD, streams

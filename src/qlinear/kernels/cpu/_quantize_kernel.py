@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from qlinear._builtins import min
 from qlinear.kernels.cpu._encode import (
     K_NAN,
     K_NEG,

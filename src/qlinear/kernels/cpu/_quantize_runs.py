@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 from numba import literally, njit
 
+from qlinear._builtins import max, min
 from qlinear.kernels.cpu._encode import add_zero_point, float_code
 from qlinear.kernels.cpu._lines import (
     LINE,

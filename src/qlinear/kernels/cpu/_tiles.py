@@ -18,6 +18,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from qlinear._builtins import min
 from qlinear.kernels.cpu._packed_lines import pack_sextets
 from qlinear.kernels.cpu._params import (
     L_B,
