@@ -26,6 +26,7 @@ from qlinear.quantize._smoothquant import Smoothed
 __all__ = ["MOST_DEGRADED", "PassResults", "build_report", "print_report", "report_json"]
 
 MOST_DEGRADED = 15
+NODE_MIN_WIDTH = 12  # characters of a node's name the degraded-nodes table keeps on one line at 80 columns
 
 
 @dataclass
@@ -309,13 +310,16 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     nodes = sorted(report["nodes"], key=lambda n: math.inf if n["output_sqnr_db"] is None else n["output_sqnr_db"])
     if not nodes:
         return
-    table = Table(title=f"most degraded nodes ({min(len(nodes), MOST_DEGRADED)} of {len(nodes)}; SQNR in dB)")
-    table.add_column("node", overflow="fold", ratio=1)
-    for col in ("op", "weights", "activations", "weight dB", "output dB", "ORT runs as"):
-        table.add_column(col, no_wrap=True, justify="right" if col.endswith("dB") else "left")
+    title = f"most degraded nodes ({min(len(nodes), MOST_DEGRADED)} of {len(nodes)}; SQNR of weight and output in dB)"
+    table = Table(title=title)
+    # The node's name keeps a share of a narrow terminal: the other text columns wrap, the figures do not.
+    table.add_column("node", overflow="fold", ratio=1, min_width=min(NODE_MIN_WIDTH, max(len(n["name"]) for n in nodes)))
+    table.add_column("op")
+    table.add_column("types")
+    table.add_column("weight", no_wrap=True, justify="right")
+    table.add_column("output", no_wrap=True, justify="right")
+    table.add_column("ORT runs as")
     for n in nodes[:MOST_DEGRADED]:
-        table.add_row(
-            n["name"], n["op_type"], n["weight_type"] or "-", n["activation_type"] or "-",
-            _db(n["weight_sqnr_db"]), _db(n["output_sqnr_db"]), n["runs_as"] or "-",
-        )  # fmt: skip
+        types = f"{n['weight_type'] or '-'}/{n['activation_type'] or '-'}"
+        table.add_row(n["name"], n["op_type"], types, _db(n["weight_sqnr_db"]), _db(n["output_sqnr_db"]), n["runs_as"] or "-")
     console.print(table)
