@@ -167,3 +167,15 @@ def test_target_options_are_checked():
     data = {"x": np.random.default_rng(0).standard_normal((40, 32)).astype(np.float32)}
     with pytest.raises(QuantizationError, match="target_agreement needs an output with classes"):
         qq.quantize_model(g.to_model(), None, data, target_agreement=0.9)
+
+
+def test_promotions_widen_only_the_sides_a_node_quantizes():
+    from quantize_models import layernorm_attention
+
+    model, data = layernorm_attention()
+    # An unreachable target takes every step; the embedding has no activation to widen, only its table.
+    r = qq.quantize_model(model, None, data, weights="int4", target_sqnr_db=200.0, max_float=1.0, bias_correction=False).report
+    embed = [(s["from"], s["to"]) for s in r["promotions"]["steps"] if s["node"] == "embed"]
+    assert embed == [("w int4 / a float", "w int8 / a float"), ("w int8 / a float", "float")]
+    for s in r["promotions"]["steps"]:
+        assert s["from"] != s["to"]

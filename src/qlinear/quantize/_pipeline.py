@@ -42,7 +42,6 @@ from qlinear.quantize._mixed import search as meet_target
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._plan import plan
-from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._prepare import prepare
 from qlinear.quantize._report import PassResults, build_report
 from qlinear.quantize._sensitivity import analyze, most_sensitive_first
@@ -198,11 +197,8 @@ def quantize_model(
     target = _target(options, reference)
     built, search = requested, None
     if target is not None:
-        # A node without a weight has only its activations to widen.
-        start = {
-            p.name: NodePrecision(options.weights if p.weight is not None else None, options.activations)
-            for p in requested.plan.nodes
-        }
+        # A node widens only the sides it quantizes: an embedding its table, an activation x activation MatMul its inputs.
+        start = {p.name: p.precision for p in requested.plan.nodes}
         steps = promotion_steps(
             most_sensitive_first(figures),
             start,

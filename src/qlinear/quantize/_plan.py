@@ -77,6 +77,11 @@ class NodePlan:
     weight_type: str | None = None  # the weight's type (None: no weight)
     activation_type: str | None = None  # the type this node asks for its activations (None: float)
 
+    @property
+    def precision(self) -> NodePrecision:
+        """The types the node is quantized with: a side it does not quantize (an embedding's activations) is None."""
+        return NodePrecision(self.weight_type, self.activation_type)
+
 
 @dataclass
 class Plan:

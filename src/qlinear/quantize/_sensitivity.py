@@ -28,7 +28,7 @@ import qlinear
 from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._convert import sqnr_db
 from qlinear.quantize._evaluate import Reference, Runner, output_figures
-from qlinear.quantize._precision import FLOAT, NodePrecision
+from qlinear.quantize._precision import FLOAT
 
 __all__ = ["NodeSensitivity", "analyze", "most_sensitive_first"]
 
@@ -48,8 +48,7 @@ def analyze(
 ) -> dict[str, NodeSensitivity]:
     """Each node of ``full.plan``'s figures on ``reference``'s batches, in graph order."""
     names = [p.name for p in full.plan.nodes]
-    o = builder.options
-    requested = {p.name: NodePrecision(o.weights if p.weight is not None else None, o.activations) for p in full.plan.nodes}
+    requested = {p.name: p.precision for p in full.plan.nodes}
     activation_db = _activation_sqnr(builder, full, reference)
     result = {}
     for name in names:
