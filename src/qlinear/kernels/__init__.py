@@ -19,6 +19,7 @@ for the compiler.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -74,14 +75,14 @@ def quantize(
     caller: str,
 ) -> np.ndarray:
     """QuantizeLinear on backend ``name``, into ``out`` and/or packed if asked."""
-    module = backend(name, size=math.prod(plan.x_shape), caller=caller)
-    if module is cpu:
-        y = cpu.quantize(plan, x, scale, zero_point, out=out, packed=packed, wait=name != AUTO)
-        if y is not None:
-            return y
-        module = reference  # "auto" while the cpu kernel compiles in the background
-    y = module.quantize(plan, x, scale, zero_point)
-    return _deliver(pack(y) if packed else y, out)
+
+    def elsewhere(module: ModuleType) -> np.ndarray:
+        y = module.quantize(plan, x, scale, zero_point)
+        return _deliver(pack(y) if packed else y, out)
+
+    return _run(
+        name, plan, caller, lambda wait: cpu.quantize(plan, x, scale, zero_point, out=out, packed=packed, wait=wait), elsewhere
+    )
 
 
 def dequantize(
@@ -96,12 +97,33 @@ def dequantize(
     caller: str,
 ) -> np.ndarray:
     """DequantizeLinear on backend ``name``; ``x`` is packed bytes if ``packed``."""
+
+    def elsewhere(module: ModuleType) -> np.ndarray:
+        codes = unpack(x, plan.input_type, plan.x_shape) if packed else x
+        return _deliver(module.dequantize(plan, codes, scale, zero_point), out)
+
+    return _run(
+        name, plan, caller, lambda wait: cpu.dequantize(plan, x, scale, zero_point, out=out, packed=packed, wait=wait), elsewhere
+    )
+
+
+def _run(
+    name: str,
+    plan: QuantizePlan | DequantizePlan,
+    caller: str,
+    on_cpu: Callable[[bool], np.ndarray | None],
+    elsewhere: Callable[[ModuleType], np.ndarray],
+) -> np.ndarray:
+    """``on_cpu(wait)`` where backend ``name`` resolves to the cpu kernels, else ``elsewhere(backend module)``.
+
+    Under "auto" the cpu kernels do not wait for their compiler: while one
+    compiles in the background, ``on_cpu`` gives None and the call runs on
+    the reference kernels instead.
+    """
     module = backend(name, size=math.prod(plan.x_shape), caller=caller)
     if module is cpu:
-        y = cpu.dequantize(plan, x, scale, zero_point, out=out, packed=packed, wait=name != AUTO)
+        y = on_cpu(name != AUTO)
         if y is not None:
             return y
-        module = reference  # "auto" while the cpu kernel compiles in the background
-    if packed:
-        x = unpack(x, plan.input_type, plan.x_shape)
-    return _deliver(module.dequantize(plan, x, scale, zero_point), out)
+        module = reference
+    return elsewhere(module)
