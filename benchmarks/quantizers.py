@@ -17,10 +17,11 @@ Three models on real data:
 
 Each quantizer runs in a fresh process (its time and peak RSS are that
 process's), the same calibration data for all: qlinear at several
-settings (its defaults: an accuracy target of 99% agreement on the held-out
-fifth of the calibration data, bias correction, GPTQ and AWQ at 4 bits,
-SmoothQuant at 8; at the same types with no promotion; and with no
-promotion and every algorithm off, round to nearest), ONNX Runtime's ``quantize_static`` (QDQ, per-channel, uint8
+settings (its defaults: mse activation ranges, an accuracy target of 99%
+agreement on the held-out fifth of the calibration data, bias correction,
+GPTQ and AWQ at 4 bits, SmoothQuant at 8; at the same types with no
+promotion; with minmax ranges; and with no promotion, minmax and every
+algorithm off, round to nearest), ONNX Runtime's ``quantize_static`` (QDQ, per-channel, uint8
 activations, int8 weights; MinMax, Entropy and Percentile),
 ``quantize_dynamic`` (int8 weights) and its 4-bit ``MatMulNBitsQuantizer``
 (round to nearest, symmetric blocks of 32; MatMul only). Each result is then evaluated against the float model on
@@ -57,9 +58,11 @@ _NONE = {"bias_correction": False, "gptq": False, "awq": False, "smoothquant": F
 _MATMUL_ONLY = {"exclude": ["Gather", "Gemm", "Conv"]}  # the scope of ONNX Runtime's MatMulNBits quantizer
 _W4A8 = {"weights": "int4", "granularity": "blocked", "block_size": 32}
 RUNS = [
-    ("qlinear int8/uint8 minmax", "qlinear", {}),
-    ("qlinear int8/uint8 minmax, no promotion", "qlinear", {"promote": False}),
-    ("qlinear int8/uint8 minmax, no promotion, no algorithms", "qlinear", {"promote": False, **_NONE}),
+    ("qlinear int8/uint8 (defaults: mse ranges)", "qlinear", {}),
+    ("qlinear int8/uint8, no promotion", "qlinear", {"promote": False}),
+    ("qlinear int8/uint8 minmax, no promotion", "qlinear", {"promote": False, "method": "minmax"}),
+    ("qlinear int8/uint8 minmax, no promotion, no algorithms", "qlinear", {"promote": False, "method": "minmax", **_NONE}),
+    ("qlinear int8/uint8 minmax", "qlinear", {"method": "minmax"}),
     ("qlinear int8/uint8 entropy", "qlinear", {"method": "entropy"}),
     ("qlinear int8/uint8 percentile", "qlinear", {"method": "percentile"}),
     ("qlinear int4 blocked, weight-only", "qlinear", _W4),
@@ -190,7 +193,8 @@ def memory_growth(d: dict, work: Path) -> None:
     print("\n| quantizer | calibration windows | peak RSS | time |\n| --- | --: | --: | --: |")
     base = {k: v[:256] for k, v in d["cal"].items()}
     for label, quantizer, settings in (
-        ("qlinear minmax", "qlinear", {}),
+        ("qlinear mse (default)", "qlinear", {}),
+        ("qlinear minmax", "qlinear", {"method": "minmax"}),
         ("qlinear entropy", "qlinear", {"method": "entropy"}),
         ("ORT static QDQ minmax", "ort_static", {"method": "MinMax"}),
         ("ORT static QDQ percentile", "ort_static", {"method": "Percentile"}),

@@ -93,9 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--block-size", type=int, default=0, metavar="N", help="elements a block with --granularity blocked (default 32)"
     )
     types.add_argument("--symmetric", action="store_true", help="signed, symmetric activations (zero point 0)")
-    types.add_argument(
-        "--method", default="minmax", metavar="M", help=f"activation ranges: {', '.join(METHODS)} (default minmax)"
-    )
+    types.add_argument("--method", default="mse", metavar="M", help=f"activation ranges: {', '.join(METHODS)} (default mse)")
     types.add_argument(
         "--percentile",
         type=float,

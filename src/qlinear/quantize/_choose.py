@@ -119,7 +119,10 @@ def _losses(stats: TensorStats, t: ElementType, lows: np.ndarray, highs: np.ndar
     zps = zps[:, None]
     qmin, qmax = (t.qmin, t.qmax) if t.is_integer else (-_qmax(t), _qmax(t))
     if method == "mse":
-        levels = np.clip(np.rint(centers / scales) + zps, qmin, qmax)
+        if t.is_integer:
+            levels = np.clip(np.rint(centers / scales) + zps, qmin, qmax)
+        else:  # float codes: the type's own rounding (its grid is not uniform), saturating, zero point 0
+            levels = np.clip(centers / scales, qmin, qmax).astype(t.dtype).astype(np.float64)
         return ((centers - (levels - zps) * scales) ** 2 * counts).sum(axis=1)
     return np.array(
         [

@@ -37,7 +37,7 @@ class QuantizeOptions:
         weights: the weights' type (``WEIGHT_TYPES``).
         activations: the activations' type (``ACTIVATION_TYPES``), or None
             for weight-only quantization.
-        method: how activation ranges are chosen from the statistics.
+        method: how activation ranges are chosen from the statistics (default ``"mse"``).
         granularity: weights per tensor, per output channel (the default)
             or in blocks along the reduction axis.
         block_size: elements a block; default 32 for 2/4-bit weights with
@@ -89,7 +89,7 @@ class QuantizeOptions:
 
     weights: str = "int8"
     activations: str | None = "uint8"
-    method: str = "minmax"
+    method: str = "mse"
     granularity: str = "per-channel"
     block_size: int = 0
     symmetric: bool = False
