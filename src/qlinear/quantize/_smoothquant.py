@@ -8,7 +8,7 @@ weight scales absorb the larger rows (Xiao et al., "SmoothQuant", 2022):
 ``s_j = max|x_j|^alpha / max|W_j|^(1 - alpha)``.
 
 Here the division is a ``Mul`` by ``1 / s`` inserted after the activation
-(one for all the layers that read it, whose weights all take ``s``), and
+(one for all the layers that read it, whose weights all take ``s``).
 Only activations with outlier channels are smoothed (a channel's maximum
 at least :data:`OUTLIER_RATIO` times the median channel's), and ``alpha``
 is searched per activation: among 0.3-0.8 and no smoothing, the

@@ -4,7 +4,9 @@
 runs as :func:`._dequantize_runs.integer_runs` does; for periodic layouts
 :func:`packed_period_lines` writes whole lines by streaming stores
 (:mod:`._dequantize_lines`) where :func:`packed_lines_fit` says the lines
-begin on a byte.
+begin on a byte. The walks repeat each other's run loop on purpose, as
+the run walks of :mod:`._dequantize_runs` do: a call per run would cost
+more than the run.
 """
 
 from __future__ import annotations
