@@ -108,6 +108,12 @@ def nibble_runs(x, sign, fmt, start, end, table, scale, zp, dst, d0, lay):
 
 
 @_jit
+def _three_bytes(x, at):
+    """The little-endian 24-bit word of ``x[at:at + 3]``: four 6-bit codes."""
+    return np.int32(x[_U(at)]) | (np.int32(x[_U(at + 1)]) << 8) | (np.int32(x[_U(at + 2)]) << 16)
+
+
+@_jit
 def sextet_runs(x, fmt, start, end, table, scale, zp, dst, d0, lay):
     """``dst[j - d0]``: 6-bit float code ``j`` of packed ``x``, 16 codes (12 bytes) a vector, then four (3 bytes) at a time.
 
@@ -133,18 +139,14 @@ def sextet_runs(x, fmt, start, end, table, scale, zp, dst, d0, lay):
                 dequantize_sextets(x, b0 + 12 * v, f32, dst, dj + 16 * v, scale[si], zp[si])
         if step:
             for q in range(4 * vectors, whole):
-                word = (
-                    np.int32(x[_U(b0 + 3 * q)]) | (np.int32(x[_U(b0 + 3 * q + 1)]) << 8) | (np.int32(x[_U(b0 + 3 * q + 2)]) << 16)
-                )
+                word = _three_bytes(x, b0 + 3 * q)
                 for lane in range(4):
                     v = _finite_value(np.int32((word >> (6 * lane)) & 63), f32)
                     dst[_U(dj + 4 * q + lane)] = (v - zp[_U(sj + 4 * q + lane)]) * scale[_U(sj + 4 * q + lane)]
         else:
             s, z = scale[si], zp[si]
             for q in range(4 * vectors, whole):
-                word = (
-                    np.int32(x[_U(b0 + 3 * q)]) | (np.int32(x[_U(b0 + 3 * q + 1)]) << 8) | (np.int32(x[_U(b0 + 3 * q + 2)]) << 16)
-                )
+                word = _three_bytes(x, b0 + 3 * q)
                 for lane in range(4):
                     dst[_U(dj + 4 * q + lane)] = (_finite_value(np.int32((word >> (6 * lane)) & 63), f32) - z) * s
         # The rest: the head, and the codes after the last whole group, one at a time.

@@ -12,7 +12,7 @@ import numpy as np
 
 from qlinear.kernels.cpu._encode import float_code
 from qlinear.kernels.cpu._packed_lines import BLOCK_CODES, quantize_crumb_block, quantize_float4_block, quantize_nibble_block
-from qlinear.kernels.cpu._params import L_I, L_SB, L_SI
+from qlinear.kernels.cpu._params import L_SB
 from qlinear.kernels.cpu._quantize_runs import (
     _U,
     _jit,
@@ -21,6 +21,7 @@ from qlinear.kernels.cpu._quantize_runs import (
     integer_zero_point,
     next_batch,
     stepping_zero_points,
+    zero_point_buffer,
 )
 from qlinear.kernels.cpu._tiles import pack_codes
 
@@ -42,8 +43,7 @@ def packed_runs(x, start, end, scale, zp, ztab, out, lay, bits, float_out, qmin,
     """
     has_zp, nan_to_zp, cap, k = float_args
     per_byte = 8 // bits
-    zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
-    held = np.zeros(2, np.int64)  # zvalues holds the values of zp[held[0]:held[1]]
+    zvalues, held = zero_point_buffer(start, end, lay)
     state = first_batch(start, lay)
     j = start
     while j < end:

@@ -220,6 +220,16 @@ def integer_period_lines(x, start, end, period, count, scale, zp, dst, qmin, qma
 
 
 @_jit
+def zero_point_buffer(start, end, lay):
+    """``(zvalues, held)`` for :func:`stepping_zero_points` over elements ``start .. end``: nothing held yet.
+
+    A stepping run is at most a row, so ``zvalues`` holds a row's values
+    (none where no run steps); ``held`` is the span of ``zp`` they hold.
+    """
+    return np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32), np.zeros(2, np.int64)
+
+
+@_jit
 def stepping_zero_points(zp, sr, n, zvalues, held, ztab, float_out, sign):
     """Offset in ``zvalues`` of the values of zero points ``zp[sr:sr + n]``, decoding them only if not held already.
 
@@ -252,8 +262,7 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign,
     The zero points of stepping runs are decoded into ``zvalues`` first
     (:func:`stepping_zero_points`).
     """
-    zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
-    held = np.zeros(2, np.int64)  # zvalues holds the values of zp[held[0]:held[1]]
+    zvalues, held = zero_point_buffer(start, end, lay)
     no_table = np.empty(0, np.float32)  # integer zero points are decoded by arithmetic
     state = first_batch(start, lay)
     j = start
@@ -287,8 +296,7 @@ def float_runs(x, start, end, scale, zp, ztab, dst, d0, lay, has_zp, nan_to_zp, 
     With ``stream``, long runs of one scale into one byte a code write their
     whole lines by :func:`._lines.quantize_float_line`.
     """
-    zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
-    held = np.zeros(2, np.int64)  # zvalues holds the values of zp[held[0]:held[1]]
+    zvalues, held = zero_point_buffer(start, end, lay)
     state = first_batch(start, lay)
     j = start
     while j < end:
@@ -346,8 +354,7 @@ def wide_runs(x, start, end, scale, zp, ztab, dst, d0, lay, half, float_out, qmi
     """
     literally(half)  # compiled once for each 16-bit type: the loops hold only its conversions
     has_zp, nan_to_zp, cap, k = float_args
-    zvalues = np.empty(min(end - start, lay[L_I]) if lay[L_SI] else 0, np.float32)  # a stepping run is at most a row
-    held = np.zeros(2, np.int64)  # zvalues holds the values of zp[held[0]:held[1]]
+    zvalues, held = zero_point_buffer(start, end, lay)
     state = first_batch(start, lay)
     j = start
     while j < end:
