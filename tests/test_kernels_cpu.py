@@ -515,8 +515,8 @@ def test_cpu_streamed_lines_of_several_scales_match_reference(name, monkeypatch)
     # Where the scale of element j is scale[(j // period) % count] (blocks on
     # the last axis, rows of per-axis layouts), DequantizeLinear streams
     # lines of float32 that may span two scales, split at any lane by where
-    # the output starts. Scales that step along rows (per-axis on the last
-    # axis, blocks across rows) go by runs. Periods from a line up, ragged blocks (not
+    # the output starts. Scales that step along short rows (per-axis on the
+    # last axis, blocks across rows) go by runs. Periods from a line up, ragged blocks (not
     # periodic), outputs at every offset within a line; QuantizeLinear on the
     # same layouts and outputs.
     from qlinear.kernels.cpu import _lines
@@ -550,6 +550,39 @@ def test_cpu_streamed_lines_of_several_scales_match_reference(name, monkeypatch)
             fstart = -fbacking.ctypes.data % 64 + offset
             fout = fbacking[fstart : fstart + 4 * n].view(np.float32).reshape(shape)
             _assert_same(qlinear.dequantize_linear(want, scale, zp, out=fout, backend="cpu", **kw), values)
+
+
+@pytest.mark.parametrize("name", ["uint8", "int8", "uint16", "int16", "float8e4m3fn", "float8e5m2", "float8e4m3fnuz"])
+def test_cpu_streamed_stepping_lines_match_reference(name, monkeypatch):
+    # Where the scale steps with the element along rows long enough
+    # (_dequantize_kernel.STEP_LINES_MIN_ROW), DequantizeLinear streams
+    # lines that read 16 scales and zero points at once. Rows of odd
+    # lengths put each row's first whole line at a different lane; outputs
+    # at every offset within a line; tasks of 16384 elements end inside
+    # rows; NaN and infinite float8 codes keep their first NaN.
+    from qlinear.kernels.cpu import _dequantize_kernel, _lines
+
+    monkeypatch.setattr(_lines, "STREAM_MIN_BYTES", 0)
+    t = element_type(name)
+    rng = np.random.default_rng(200 + QUANTIZED.index(name))
+    row = _dequantize_kernel.STEP_FLOAT8_LINES_MIN_ROW
+    assert row >= _dequantize_kernel.STEP_LINES_MIN_ROW
+    cases = [((19, row + 3), 1, 0), ((2, 5, row + 37), 2, 0), ((40, row + 1), 0, 32), ((3, 33, row), 1, 16)]
+    for shape, axis, block in cases:
+        n = int(np.prod(shape))
+        x = _values(shape, rng)
+        scale, zp = _params(name, shape, axis, block, rng)
+        kw = dict(axis=axis, block_size=block)
+        codes = qlinear.quantize_linear(x, scale, zp, backend="reference", **kw)
+        if not t.is_integer:
+            # Every code, NaN and infinity among them where the type has them.
+            codes = rng.integers(0, 256, shape, dtype=np.uint8).view(t.dtype)
+        values = qlinear.dequantize_linear(codes, scale, zp, backend="reference", **kw)
+        fbacking = np.zeros(n * 4 + 128, np.uint8)
+        for offset in range(0, 64, 4):  # bytes past a line's start
+            fstart = -fbacking.ctypes.data % 64 + offset
+            fout = fbacking[fstart : fstart + 4 * n].view(np.float32).reshape(shape)
+            _assert_same(qlinear.dequantize_linear(codes, scale, zp, out=fout, backend="cpu", **kw), values)
 
 
 @pytest.mark.parametrize("name", ["int4", "uint4", "float4e2m1", "int2", "uint2", "float6e2m3"])

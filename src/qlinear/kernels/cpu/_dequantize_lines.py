@@ -21,8 +21,10 @@ __all__ = [
     "dequantize_crumb_line",
     "dequantize_float4_line",
     "dequantize_float8_line",
+    "dequantize_float8_step_line",
     "dequantize_line",
     "dequantize_nibble_line",
+    "dequantize_step_line",
 ]
 
 
@@ -37,21 +39,49 @@ def dequantize_line(typingctx, x, xj, sign, dst, dj, s, z, s1, z1, split):
     """
     if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth not in (8, 16):
         return None
-    lanes = LINE // 4
     f = types.float32
     sig = types.void(x, types.intp, types.int32, dst, types.intp, f, f, f, f, types.intp)
 
     def codegen(context, builder, signature, args):
         xs, xj_, sign_, ds, dj_, s0, z0, s1_, z1_, split_ = args
-        i32 = ir.VectorType(ir.IntType(32), lanes)
-        raw = _load(
-            builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(x.dtype.bitwidth), lanes)
-        )
-        values = _integer_values(builder, builder.zext(raw, i32), sign_, lanes)
+        values = _integer_line_values(context, builder, signature.args[0], xs, xj_, sign_)
         _scaled_line(builder, values, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def dequantize_step_line(typingctx, x, xj, sign, dst, dj, scale, zp, sj):
+    """:func:`dequantize_line` where the scale steps with the element: lane k takes ``scale[sj + k]`` and ``zp[sj + k]``.
+
+    The line of scales and zero points is read as one vector each: per-axis
+    on the last axis and blocks across rows stream as per-tensor does.
+    """
+    if not all(isinstance(a, types.Array) for a in (x, dst, scale, zp)) or x.dtype.bitwidth not in (8, 16):
+        return None
+    sig = types.void(x, types.intp, types.int32, dst, types.intp, scale, zp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        xs, xj_, sign_, ds, dj_, ss, zs, sj_ = args
+        values = _integer_line_values(context, builder, signature.args[0], xs, xj_, sign_)
+        s, z = _step_scales(context, builder, signature, ss, zs, sj_, values.type)
+        _affine_line(builder, values, s, z, _data(context, builder, signature.args[3], ds), dj_, nan_values=False)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _step_scales(context, builder, signature, scale, zp, sj, vector_type):
+    """The line of scales and of zero points from element ``sj`` (arguments 5 and 6 of a step line), as vectors."""
+    return tuple(_load(builder, _data(context, builder, signature.args[k], a), sj, vector_type) for k, a in ((5, scale), (6, zp)))
+
+
+def _integer_line_values(context, builder, x_type, xs, xj, sign):
+    """float32 values of the line of 8/16-bit codes at ``xs[xj:]`` whose sign bit is ``sign``."""
+    lanes = LINE // 4
+    raw = _load(builder, _data(context, builder, x_type, xs), xj, ir.VectorType(ir.IntType(x_type.dtype.bitwidth), lanes))
+    return _integer_values(builder, builder.zext(raw, ir.VectorType(ir.IntType(32), lanes)), sign, lanes)
 
 
 def _integer_values(builder, c, sign, lanes):
@@ -104,6 +134,11 @@ def _scaled_line(builder, values, s0, z0, s1, z1, split, dst_data, dj, nan_value
     """
     f32 = values.type
     s, z = _split_splat(builder, s0, s1, split, f32), _split_splat(builder, z0, z1, split, f32)
+    _affine_line(builder, values, s, z, dst_data, dj, nan_values)
+
+
+def _affine_line(builder, values, s, z, dst_data, dj, nan_values):
+    """Store ``(values - z) * s`` (vectors all) as a streamed line, keeping the first NaN where ``nan_values``."""
     if not nan_values:
         _store_line(builder, builder.fmul(builder.fsub(values, z), s), dst_data, dj)
         return
@@ -128,23 +163,41 @@ def dequantize_float8_line(typingctx, x, xj, fmt, dst, dj, s, z, s1, z1, split):
     # serves 8/16-bit integers and float8, and takes this line for float8 only.
     if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or x.dtype.bitwidth not in (8, 16):
         return None
-    lanes = LINE // 4
     sig = types.void(x, types.intp, _FORMAT, dst, types.intp, _F, _F, _F, _F, types.intp)
 
     def codegen(context, builder, signature, args):
         xs, xj_, fmt_, ds, dj_, s0, z0, s1_, z1_, split_ = args
-        raw = _load(
-            builder, _data(context, builder, signature.args[0], xs), xj_, ir.VectorType(ir.IntType(x.dtype.bitwidth), lanes)
-        )
-        c = builder.and_(
-            builder.zext(raw, ir.VectorType(ir.IntType(32), lanes)),
-            ir.Constant(ir.VectorType(ir.IntType(32), lanes), [255] * lanes),
-        )
-        f = _small_float_values(builder, c, fmt_, lanes, specials=True)
+        f = _float8_line_values(context, builder, signature.args[0], xs, xj_, fmt_)
         _scaled_line(builder, f, s0, z0, s1_, z1_, split_, _data(context, builder, signature.args[3], ds), dj_, nan_values=True)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def dequantize_float8_step_line(typingctx, x, xj, fmt, dst, dj, scale, zp, sj):
+    """:func:`dequantize_float8_line` where the scale steps with the element, as :func:`dequantize_step_line`."""
+    if not all(isinstance(a, types.Array) for a in (x, dst, scale, zp)) or x.dtype.bitwidth not in (8, 16):
+        return None
+    sig = types.void(x, types.intp, _FORMAT, dst, types.intp, scale, zp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        xs, xj_, fmt_, ds, dj_, ss, zs, sj_ = args
+        f = _float8_line_values(context, builder, signature.args[0], xs, xj_, fmt_)
+        s, z = _step_scales(context, builder, signature, ss, zs, sj_, f.type)
+        _affine_line(builder, f, s, z, _data(context, builder, signature.args[3], ds), dj_, nan_values=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _float8_line_values(context, builder, x_type, xs, xj, fmt):
+    """float32 values of the line of float8 codes at ``xs[xj:]`` (the low byte of 16-bit ones), format tuple ``fmt``."""
+    lanes = LINE // 4
+    raw = _load(builder, _data(context, builder, x_type, xs), xj, ir.VectorType(ir.IntType(x_type.dtype.bitwidth), lanes))
+    i32 = ir.VectorType(ir.IntType(32), lanes)
+    c = builder.and_(builder.zext(raw, i32), ir.Constant(i32, [255] * lanes))
+    return _small_float_values(builder, c, fmt, lanes, specials=True)
 
 
 def _packed_line(x, dst, bits, small_float):

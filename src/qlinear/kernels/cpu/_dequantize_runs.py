@@ -28,13 +28,14 @@ would cost more than the run.
   ``scale[(j // period) % count]``: per tensor, per-axis rows, blocks along
   the last axis). They write line by line, each line with the one or two
   scales it spans, so blocks of 32, rows of 1024 and whole tensors stream
-  alike; the run walks never stream (what they take, scales that step with
-  the element and ragged blocks, has no long runs of one scale but for
-  ragged blocks of thousands). Packed codes
-  take lines on blocks only (``_lines.LONGEST_BLOCK_PERIOD``).
-  Scales that step with the element (per-axis on the last axis, blocks
-  across rows) go by runs: lines of 16 scales loaded as vectors measured
-  slower there (float8 by a fifth).
+  alike. Packed codes take lines on blocks only
+  (``_lines.LONGEST_BLOCK_PERIOD``).
+- :func:`step_lines`: the integer and float8 reads of calls that stream
+  their output where the scale steps with the element along long rows
+  (per-axis on the last axis, blocks across rows): each row's lines read
+  their 16 scales and zero points as vectors. On short rows the run walks
+  are faster (``_dequantize_kernel.STEP_LINES_MIN_ROW``); the run walks
+  never stream.
 
 Below 32 bits an integer code and its zero point are exact in float32, and
 so is their difference; float codes and zero points are exact in float32 and
@@ -52,7 +53,9 @@ from numba.extending import intrinsic
 from qlinear._builtins import min
 from qlinear.kernels.cpu._dequantize_lines import (
     dequantize_float8_line,
+    dequantize_float8_step_line,
     dequantize_line,
+    dequantize_step_line,
 )
 from qlinear.kernels.cpu._lines import LINE, line_scales, line_span, period_scale
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
@@ -64,6 +67,7 @@ __all__ = [
     "int32_runs",
     "float_runs",
     "period_lines",
+    "step_lines",
 ]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
@@ -229,6 +233,40 @@ def period_lines(x, sign, fmt, start, end, period, count, scale, zp, dst):
             dequantize_float8_line(x, j, f32, dst, j, s0, z0, s1, z1, split)
         else:
             dequantize_line(x, j, sign, dst, j, s0, z0, s1, z1, split)
+
+
+@_jit
+def step_lines(x, sign, fmt, start, end, scale, zp, dst, lay):
+    """:func:`integer_runs`' or :func:`float_runs`' ``dst[j]`` for a layout whose scale steps with the element, in lines.
+
+    Every run of such a layout (per-axis on the last axis, blocks across
+    rows) is the rest of a row, its scales consecutive: each whole line
+    reads its 16 scales and zero points as vectors
+    (:func:`._dequantize_lines.dequantize_step_line`) and is stored by a
+    streaming store; a run's elements before its first whole line and after
+    its last are written one at a time. Float8 codes where ``fmt[0]`` is
+    above 0, else 8/16-bit integers signed by ``sign``.
+    """
+    sign, f32, small_float = np.int32(sign), _format(fmt), fmt[0] > 0
+    lanes = LINE // dst.itemsize
+    o, d, i, b, shape = *locate(start, lay), _shape(lay)
+    j = start
+    while j < end:
+        n, si, _, o, d, i, b = _next_run(o, d, i, b, j, end, shape)
+        lo, hi = line_span(dst, j, n)
+        if hi < lo:
+            lo, hi = n, n  # no whole line in the run
+        for t in range(lo + n - hi):
+            k = t if t < lo else hi + t - lo
+            dst[j + k] = affine(_code_value(x, j + k, sign, f32, small_float), zp[si + k], scale[si + k])
+        # One loop for each kind of line: a branch inside would stay in the loop.
+        if small_float:
+            for k in range(lo, hi, lanes):
+                dequantize_float8_step_line(x, j + k, f32, dst, j + k, scale, zp, si + k)
+        else:
+            for k in range(lo, hi, lanes):
+                dequantize_step_line(x, j + k, sign, dst, j + k, scale, zp, si + k)
+        j += n
 
 
 @_jit
