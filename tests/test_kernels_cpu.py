@@ -565,7 +565,7 @@ def test_cpu_streamed_stepping_lines_match_reference(name, monkeypatch):
     monkeypatch.setattr(_lines, "STREAM_MIN_BYTES", 0)
     t = element_type(name)
     rng = np.random.default_rng(200 + QUANTIZED.index(name))
-    row = _dequantize_kernel.STEP_FLOAT8_LINES_MIN_ROW
+    row = _dequantize_kernel.STEP_WIDE_LINES_MIN_ROW
     assert row >= _dequantize_kernel.STEP_LINES_MIN_ROW
     cases = [((19, row + 3), 1, 0), ((2, 5, row + 37), 2, 0), ((40, row + 1), 0, 32), ((3, 33, row), 1, 16)]
     for shape, axis, block in cases:

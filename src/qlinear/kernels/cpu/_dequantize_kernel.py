@@ -53,13 +53,18 @@ READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = r
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 # Rows of a layout whose scale steps with the element go by streamed lines
-# from this length on (integer codes, float8 codes), by runs below it.
-# Measured, 16M elements per-axis on the last axis, alternating processes,
-# lines against runs: uint8 rows of 256 1.66 against 1.20 ms, 512 1.00
-# against 1.28, 1024 0.83 against 1.30; float8e4m3fn 512 2.12 against 1.83,
-# 1024 1.70 against 1.80, 4096 1.68 against 2.26.
+# from this length on (8-bit integer codes; 16-bit and float8 codes), by
+# runs below it: each row's partial lines at either end go element by
+# element. Measured, 16M elements per-axis on the last axis, alternating
+# processes, lines against runs, 1 and 2 threads: uint8 rows of 256 1.66
+# against 1.20 ms (2 threads), 512 1.00 against 1.28 (1.90 against 2.29 on
+# one thread), 1024 0.83 against 1.30 (1.65 against 2.01); int16 rows of
+# 1024 0.88 against 1.05 but 2.88 against 2.29 on one thread, 2048 1.85
+# against 2.35 (2.07 against 2.50), 4096 2.28 against 3.22 on one thread;
+# float8e4m3fn 1024 3.3 against 3.2 on one thread, 2048 1.57 against 1.87-2.29
+# (3.03-3.29 against 3.19-3.32).
 STEP_LINES_MIN_ROW = 512
-STEP_FLOAT8_LINES_MIN_ROW = 1024
+STEP_WIDE_LINES_MIN_ROW = 2048
 
 
 @_jit
@@ -70,7 +75,7 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
     period, count = p[P_PERIOD], p[P_COUNT]
     periodic = stream and period > 0
     # Scales that step with the element along rows of several lines stream by lines too.
-    shortest = STEP_FLOAT8_LINES_MIN_ROW if read == READ_FLOAT else STEP_LINES_MIN_ROW
+    shortest = STEP_WIDE_LINES_MIN_ROW if read == READ_FLOAT or bits == 16 else STEP_LINES_MIN_ROW
     stepping = stream and period == 0 and lay[L_SI] != 0 and lay[L_I] >= shortest
     # 8/16-bit integers and float8 stream line by line where the layout allows.
     lines = (read == READ_INTEGER and bits <= 16) or read == READ_FLOAT
