@@ -61,20 +61,25 @@ def dequantize_step_line(typingctx, x, xj, sign, dst, dj, scale, zp, sj):
     if not all(isinstance(a, types.Array) for a in (x, dst, scale, zp)) or x.dtype.bitwidth not in (8, 16):
         return None
     sig = types.void(x, types.intp, types.int32, dst, types.intp, scale, zp, types.intp)
+    return sig, _step_line_codegen(_integer_line_values, nan_values=False)
+
+
+def _step_line_codegen(values_of, nan_values):
+    """The code of a step line ``(x, xj, how, dst, dj, scale, zp, sj)``, its codes' values from ``values_of``.
+
+    ``values_of(context, builder, x_type, x, xj, how)`` gives the line's
+    float32 values; the 16 scales and zero points from ``sj`` are loaded as
+    vectors.
+    """
 
     def codegen(context, builder, signature, args):
-        xs, xj_, sign_, ds, dj_, ss, zs, sj_ = args
-        values = _integer_line_values(context, builder, signature.args[0], xs, xj_, sign_)
-        s, z = _step_scales(context, builder, signature, ss, zs, sj_, values.type)
-        _affine_line(builder, values, s, z, _data(context, builder, signature.args[3], ds), dj_, nan_values=False)
+        xs, xj, how, ds, dj, ss, zs, sj = args
+        values = values_of(context, builder, signature.args[0], xs, xj, how)
+        s, z = (_load(builder, _data(context, builder, signature.args[k], a), sj, values.type) for k, a in ((5, ss), (6, zs)))
+        _affine_line(builder, values, s, z, _data(context, builder, signature.args[3], ds), dj, nan_values)
         return context.get_dummy_value()
 
-    return sig, codegen
-
-
-def _step_scales(context, builder, signature, scale, zp, sj, vector_type):
-    """The line of scales and of zero points from element ``sj`` (arguments 5 and 6 of a step line), as vectors."""
-    return tuple(_load(builder, _data(context, builder, signature.args[k], a), sj, vector_type) for k, a in ((5, scale), (6, zp)))
+    return codegen
 
 
 def _integer_line_values(context, builder, x_type, xs, xj, sign):
@@ -180,15 +185,7 @@ def dequantize_float8_step_line(typingctx, x, xj, fmt, dst, dj, scale, zp, sj):
     if not all(isinstance(a, types.Array) for a in (x, dst, scale, zp)) or x.dtype.bitwidth not in (8, 16):
         return None
     sig = types.void(x, types.intp, _FORMAT, dst, types.intp, scale, zp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        xs, xj_, fmt_, ds, dj_, ss, zs, sj_ = args
-        f = _float8_line_values(context, builder, signature.args[0], xs, xj_, fmt_)
-        s, z = _step_scales(context, builder, signature, ss, zs, sj_, f.type)
-        _affine_line(builder, f, s, z, _data(context, builder, signature.args[3], ds), dj_, nan_values=True)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return sig, _step_line_codegen(_float8_line_values, nan_values=True)
 
 
 def _float8_line_values(context, builder, x_type, xs, xj, fmt):
