@@ -45,6 +45,20 @@ def test_pool_reuses_a_freed_output_and_never_a_live_one():
     np.testing.assert_array_equal(third, (np.arange(N) % 256).astype(np.float32) * np.float32(0.25))
 
 
+def test_pooled_outputs_start_on_a_cache_line():
+    # The kernels stream whole 64-byte lines; outputs from the pool start on
+    # one, fresh blocks and reused ones alike, whatever the allocator gives.
+    codes = np.zeros(N, np.uint8)
+    first = qlinear.dequantize_linear(codes, np.float32(0.5), backend="cpu")  # a fresh block
+    where = _address(first)
+    del first
+    gc.collect()
+    reused = qlinear.dequantize_linear(codes, np.float32(0.5), backend="cpu")
+    fresh = qlinear.dequantize_linear(codes, np.float32(0.5), backend="cpu")  # the first is in use
+    assert _address(reused) == where and _address(fresh) != where
+    assert where % 64 == 0 and _address(fresh) % 64 == 0
+
+
 def test_pooled_results_are_ordinary_arrays():
     x = np.random.default_rng(0).standard_normal(N).astype(np.float32)
     y = qlinear.quantize_linear(x, np.float32(0.01), np.int16(3), backend="cpu")  # 4 MiB of int16

@@ -19,7 +19,7 @@ from numba import njit, prange
 from qlinear._builtins import min
 from qlinear.kernels.cpu._dequantize_packed import crumb_runs, nibble_runs, packed_lines_fit, packed_period_lines, sextet_runs
 from qlinear.kernels.cpu._dequantize_runs import float_runs, int32_runs, integer_runs, period_lines, step_lines, table_runs
-from qlinear.kernels.cpu._lines import LONGEST_BLOCK_PERIOD, store_fence
+from qlinear.kernels.cpu._lines import LINE, LONGEST_BLOCK_PERIOD, line_offset, store_fence
 from qlinear.kernels.cpu._params import L_CHUNK, L_I, L_N, L_SI
 from qlinear.kernels.cpu._tiles import TILE, encode_wide
 
@@ -53,18 +53,21 @@ READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = r
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 # Rows of a layout whose scale steps with the element go by streamed lines
-# from this length on (8-bit integer codes; 16-bit and float8 codes), by
-# runs below it: each row's partial lines at either end go element by
-# element. Measured, 16M elements per-axis on the last axis, alternating
-# processes, lines against runs, 1 and 2 threads: uint8 rows of 256 1.66
-# against 1.20 ms (2 threads), 512 1.00 against 1.28 (1.90 against 2.29 on
-# one thread), 1024 0.83 against 1.30 (1.65 against 2.01); int16 rows of
-# 1024 0.88 against 1.05 but 2.88 against 2.29 on one thread, 2048 1.85
-# against 2.35 (2.07 against 2.50), 4096 2.28 against 3.22 on one thread;
-# float8e4m3fn 1024 3.3 against 3.2 on one thread, 2048 1.57 against 1.87-2.29
-# (3.03-3.29 against 3.19-3.32).
+# from these lengths on, by runs below them: 8-bit integer codes; 16-bit
+# and float8 codes where every row starts on a line (the output aligned,
+# rows a whole number of lines), and elsewhere, where each row's partial
+# lines at either end go element by element. Measured, 16M elements
+# per-axis on the last axis, alternating processes, lines against runs on
+# 2 threads (1 thread): uint8 rows of 256 1.66 against 1.20 ms, 512 1.00
+# against 1.28 (1.90 against 2.29), 1024 0.83 against 1.30 (1.65 against
+# 2.01); int16 rows of 1024 on lines 1.70-1.80 against 1.99 (1.77 against
+# 2.26-2.34), off lines 1.78-1.82 against 1.94-1.97 but 2.82-2.94 against
+# 2.30 on one thread (and so under load); rows of 2048 off lines 1.69-2.01
+# against 1.99-2.72 (2.03-2.10 against 2.21-2.80); float8e4m3fn rows of
+# 2048 off lines 1.57 against 1.87-2.29.
 STEP_LINES_MIN_ROW = 512
-STEP_WIDE_LINES_MIN_ROW = 2048
+STEP_WIDE_LINES_MIN_ROW = 1024
+STEP_WIDE_LINES_OFF_LINE_MIN_ROW = 2048
 
 
 @_jit
@@ -75,7 +78,9 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
     period, count = p[P_PERIOD], p[P_COUNT]
     periodic = stream and period > 0
     # Scales that step with the element along rows of several lines stream by lines too.
-    shortest = STEP_WIDE_LINES_MIN_ROW if read == READ_FLOAT or bits == 16 else STEP_LINES_MIN_ROW
+    rows_on_lines = line_offset(out32, 0) == 0 and lay[L_I] % (LINE // 4) == 0
+    shortest = STEP_WIDE_LINES_MIN_ROW if rows_on_lines else STEP_WIDE_LINES_OFF_LINE_MIN_ROW
+    shortest = shortest if read == READ_FLOAT or bits == 16 else STEP_LINES_MIN_ROW
     stepping = stream and period == 0 and lay[L_SI] != 0 and lay[L_I] >= shortest
     # 8/16-bit integers and float8 stream line by line where the layout allows.
     lines = (read == READ_INTEGER and bits <= 16) or read == READ_FLOAT

@@ -28,6 +28,7 @@ __all__ = ["MIN_POOLED_BYTES", "empty", "pool_limit", "set_pool_limit"]
 
 MIN_POOLED_BYTES = 4 << 20  # below this glibc's heap serves repeated sizes without fresh pages
 _ROUND = 1 << 20  # block sizes in whole MiB, so that near sizes share blocks
+_LINE = 64  # blocks start on a cache line
 
 _lock = threading.Lock()
 _free: OrderedDict[int, list[np.ndarray]] = OrderedDict()  # size -> free blocks, least recently returned first
@@ -75,11 +76,24 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
             if not blocks:
                 del _free[size]
     if block is None:
-        block = np.empty(size, np.uint8)
+        block = _aligned_block(size)
     owner = _Owner(block, nbytes)
     done = weakref.finalize(owner, _give_back, block)
     done.atexit = False
     return np.asarray(owner).view(dtype).reshape(shape)
+
+
+def _aligned_block(size: int) -> np.ndarray:
+    """``size`` bytes starting on a 64-byte line.
+
+    The kernels stream whole lines; on an output that starts mid-line,
+    every row of a per-axis or blocked layout has a partial line at each
+    end, written element by element (16M elements of int16 per-axis on the
+    last axis, one thread: 2.8-2.9 ms against 1.8 ms on lines).
+    """
+    raw = np.empty(size + _LINE, np.uint8)
+    start = -raw.ctypes.data % _LINE
+    return raw[start : start + size]
 
 
 def _give_back(block: np.ndarray) -> None:
