@@ -555,20 +555,21 @@ def test_cpu_streamed_lines_of_several_scales_match_reference(name, monkeypatch)
 @pytest.mark.parametrize("name", ["uint8", "int8", "uint16", "int16", "float8e4m3fn", "float8e5m2", "float8e4m3fnuz"])
 def test_cpu_streamed_stepping_lines_match_reference(name, monkeypatch):
     # Where the scale steps with the element along rows long enough
-    # (_dequantize_kernel.STEP_LINES_MIN_ROW), DequantizeLinear streams
+    # (_params.step_lines_fit), DequantizeLinear streams
     # lines that read 16 scales and zero points at once. Rows of odd
     # lengths put each row's first whole line at a different lane, rows of
     # whole lines keep every row on lines where the output starts on one; outputs
     # at every offset within a line; tasks of 16384 elements end inside
     # rows; NaN and infinite float8 codes keep their first NaN.
-    from qlinear.kernels.cpu import _dequantize_kernel, _lines
+    from qlinear.kernels.cpu import _lines
+    from qlinear.kernels.cpu._params import STEP_LINES_MIN_ROW, STEP_WIDE_LINES_MIN_ROW, STEP_WIDE_LINES_OFF_LINE_MIN_ROW
 
     monkeypatch.setattr(_lines, "STREAM_MIN_BYTES", 0)
     t = element_type(name)
     rng = np.random.default_rng(200 + QUANTIZED.index(name))
-    row = _dequantize_kernel.STEP_WIDE_LINES_OFF_LINE_MIN_ROW
-    on_lines = _dequantize_kernel.STEP_WIDE_LINES_MIN_ROW  # rows that start on lines where the output does
-    assert row >= on_lines >= _dequantize_kernel.STEP_LINES_MIN_ROW and on_lines % 16 == 0
+    row = STEP_WIDE_LINES_OFF_LINE_MIN_ROW
+    on_lines = STEP_WIDE_LINES_MIN_ROW  # rows that start on lines where the output does
+    assert row >= on_lines >= STEP_LINES_MIN_ROW and on_lines % 16 == 0
     cases = [((19, row + 3), 1, 0), ((2, 5, row + 37), 2, 0), ((40, row + 1), 0, 32), ((3, 33, row), 1, 16)]
     cases += [((21, on_lines), 1, 0), ((40, on_lines), 0, 32)]
     for shape, axis, block in cases:

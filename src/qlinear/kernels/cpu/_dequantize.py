@@ -11,7 +11,7 @@ import numpy as np
 
 from qlinear._builtins import import_numba
 from qlinear.dtypes import ElementType
-from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, layout, scale_period
+from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, layout, scale_period, step_lines_fit
 from qlinear.kernels.cpu._pool import empty
 from qlinear.kernels.cpu._schedule import dynamic_tasks
 from qlinear.kernels.cpu._warm import ready
@@ -129,6 +129,8 @@ def dequantize(
     p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes, values)
     lanes = LINE // values.itemsize
     p[kernel.P_PERIOD], p[kernel.P_COUNT] = scale_period(plan.granularity, plan.x_shape, scale.shape, lanes)
+    wide_codes = p[kernel.P_READ] == kernel.READ_FLOAT or p[kernel.P_BITS] == 16
+    p[kernel.P_STEP_LINES] = p[kernel.P_PERIOD] == 0 and step_lines_fit(lay, values, wide_codes, LINE)
     args = (*xs, table, scale_f, zp_f, *outs, lay, p)
     if not wait and not ready(kernel.dequantize_kernel, args):
         return None

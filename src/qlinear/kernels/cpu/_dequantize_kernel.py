@@ -19,8 +19,8 @@ from numba import njit, prange
 from qlinear._builtins import min
 from qlinear.kernels.cpu._dequantize_packed import crumb_runs, nibble_runs, packed_lines_fit, packed_period_lines, sextet_runs
 from qlinear.kernels.cpu._dequantize_runs import float_runs, int32_runs, integer_runs, period_lines, step_lines, table_runs
-from qlinear.kernels.cpu._lines import LINE, LONGEST_BLOCK_PERIOD, line_offset, store_fence
-from qlinear.kernels.cpu._params import L_CHUNK, L_I, L_N, L_SI
+from qlinear.kernels.cpu._lines import LONGEST_BLOCK_PERIOD, store_fence
+from qlinear.kernels.cpu._params import L_CHUNK, L_N
 from qlinear.kernels.cpu._tiles import TILE, encode_wide
 
 __all__ = ["dequantize_kernel"]
@@ -31,6 +31,8 @@ __all__ = ["dequantize_kernel"]
 # float32 output by streaming stores (_lines). PERIOD, COUNT: the scale of
 # element j is scale[(j // PERIOD) % COUNT] (PERIOD 0: not so simple), which
 # lets 8/16-bit and float8 codes stream whole lines whatever the runs' lengths.
+# STEP_LINES: the scale steps with the element along rows long enough for
+# 8/16-bit and float8 codes to stream lines of 16 scales (_params.step_lines_fit).
 (
     P_READ,
     P_BITS,
@@ -45,29 +47,14 @@ __all__ = ["dequantize_kernel"]
     P_STREAM,
     P_PERIOD,
     P_COUNT,
-) = range(13)
-P_LEN = 13
+    P_STEP_LINES,
+) = range(14)
+P_LEN = 14
 # How x is read (P_READ): bytes through the table, integers of 8 bits or
 # more, float8 bytes, packed integers, packed floats.
 READ_TABLE, READ_INTEGER, READ_FLOAT, READ_PACKED_INTEGER, READ_PACKED_FLOAT = range(5)
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
-# Rows of a layout whose scale steps with the element go by streamed lines
-# from these lengths on, by runs below them: 8-bit integer codes; 16-bit
-# and float8 codes where every row starts on a line (the output aligned,
-# rows a whole number of lines), and elsewhere, where each row's partial
-# lines at either end go element by element. Measured, 16M elements
-# per-axis on the last axis, alternating processes, lines against runs on
-# 2 threads (1 thread): uint8 rows of 256 1.66 against 1.20 ms, 512 1.00
-# against 1.28 (1.90 against 2.29), 1024 0.83 against 1.30 (1.65 against
-# 2.01); int16 rows of 1024 on lines 1.70-1.80 against 1.99 (1.77 against
-# 2.26-2.34), off lines 1.78-1.82 against 1.94-1.97 but 2.82-2.94 against
-# 2.30 on one thread (and so under load); rows of 2048 off lines 1.69-2.01
-# against 1.99-2.72 (2.03-2.10 against 2.21-2.80); float8e4m3fn rows of
-# 2048 off lines 1.57 against 1.87-2.29.
-STEP_LINES_MIN_ROW = 512
-STEP_WIDE_LINES_MIN_ROW = 1024
-STEP_WIDE_LINES_OFF_LINE_MIN_ROW = 2048
 
 
 @_jit
@@ -77,11 +64,7 @@ def _dequantize_chunk(x8, x16, x32, start, end, table, scale, zp, zi, out32, out
     stream = p[P_STREAM] != 0 and not wide
     period, count = p[P_PERIOD], p[P_COUNT]
     periodic = stream and period > 0
-    # Scales that step with the element along rows of several lines stream by lines too.
-    rows_on_lines = line_offset(out32, 0) == 0 and lay[L_I] % (LINE // 4) == 0
-    shortest = STEP_WIDE_LINES_MIN_ROW if rows_on_lines else STEP_WIDE_LINES_OFF_LINE_MIN_ROW
-    shortest = shortest if read == READ_FLOAT or bits == 16 else STEP_LINES_MIN_ROW
-    stepping = stream and period == 0 and lay[L_SI] != 0 and lay[L_I] >= shortest
+    stepping = stream and p[P_STEP_LINES] != 0
     # 8/16-bit integers and float8 stream line by line where the layout allows.
     lines = (read == READ_INTEGER and bits <= 16) or read == READ_FLOAT
     # Packed codes read a whole byte at a time: 4-bit integers and float4e2m1, 2-bit integers.

@@ -34,7 +34,7 @@ would cost more than the run.
   their output where the scale steps with the element along long rows
   (per-axis on the last axis, blocks across rows): each row's lines read
   their 16 scales and zero points as vectors. On short rows the run walks
-  are faster (``_dequantize_kernel.STEP_LINES_MIN_ROW``); the run walks
+  are faster (``_params.step_lines_fit``); the run walks
   never stream.
 
 Below 32 bits an integer code and its zero point are exact in float32, and

@@ -28,7 +28,7 @@ __all__ = ["MIN_POOLED_BYTES", "empty", "pool_limit", "set_pool_limit"]
 
 MIN_POOLED_BYTES = 4 << 20  # below this glibc's heap serves repeated sizes without fresh pages
 _ROUND = 1 << 20  # block sizes in whole MiB, so that near sizes share blocks
-_LINE = 64  # blocks start on a cache line
+_LINE = 64  # blocks start on a cache line (as _lines.LINE, whose module loads llvmlite, which the pool does not need)
 
 _lock = threading.Lock()
 _free: OrderedDict[int, list[np.ndarray]] = OrderedDict()  # size -> free blocks, least recently returned first
