@@ -175,3 +175,35 @@ def test_gradients_keep_input_dtypes():
     assert y.dtype == torch.bfloat16
     y.sum().backward()
     assert x.grad.dtype == torch.bfloat16 and s.grad.dtype == torch.float16
+
+
+@pytest.mark.parametrize("fn", [qt.fake_quantize, qt.quantize_linear])
+def test_backward_fills_no_zero_gradients_for_the_saved_mask(fn):
+    # The Functions' extra outputs (saturation mask, clamped values) never receive a gradient; autograd must not
+    # fill a tensor of zeros of x's size for each of them on every backward.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Fills(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket in (
+                torch.ops.aten.zeros,
+                torch.ops.aten.zeros_like,
+                torch.ops.aten.fill_,
+                torch.ops.aten.zero_,
+            ):
+                self.sizes.append(out.numel())
+            return out
+
+    x = torch.randn(64, 300, requires_grad=True)
+    scale = torch.full((300,), 0.05, requires_grad=True)
+    y = fn(x, scale, None, axis=1, output_dtype="int8")
+    mode = Fills()
+    with mode:
+        y.backward(torch.randn_like(y))
+    assert x.numel() not in mode.sizes, mode.sizes
+    assert x.grad is not None and scale.grad is not None

@@ -73,9 +73,12 @@ class QuantizeFunction(torch.autograd.Function):
         ctx.zp_dtype = None if zero_point is None else zero_point.dtype
         ctx.save_for_backward(x, scale, inside)
         ctx.mark_non_differentiable(inside)
+        ctx.set_materialize_grads(False)  # see FakeQuantizeFunction.setup_context
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _grad_inside: Any):
+    def backward(ctx: Any, grad: torch.Tensor | None, _grad_inside: Any):
+        if grad is None:
+            return None, None, None, None, None, None
         x, scale, inside = ctx.saved_tensors
         plan = ctx.plan
         g = torch.where(inside, grad.to(torch.float32), 0.0)
@@ -121,9 +124,14 @@ class FakeQuantizeFunction(torch.autograd.Function):
         ctx.zp_dtype = None if zero_point is None else zero_point.dtype
         ctx.save_for_backward(x, scale, zp_values, inside, clamped)
         ctx.mark_non_differentiable(inside, clamped)
+        # The mask and the clamped values never carry a gradient: without this, autograd would fill a tensor of
+        # zeros of x's size for each of them on every backward (two passes over memory for nothing).
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _grad_inside: Any, _grad_clamped: Any):
+    def backward(ctx: Any, grad: torch.Tensor | None, _grad_inside: Any, _grad_clamped: Any):
+        if grad is None:
+            return None, None, None, None, None, None, None
         x, scale, zp_values, inside, clamped = ctx.saved_tensors
         plan = ctx.plan
         g_all = grad.to(torch.float32).contiguous()  # once: both passes below read it
