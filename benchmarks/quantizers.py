@@ -79,6 +79,7 @@ RUNS = [
     ("qlinear int4 per-channel/uint8, no promotion, no algorithms", "qlinear", {"weights": "int4", "promote": False, **_NONE}),
     ("qlinear int4 blocked/uint8, no promotion", "qlinear", {**_W4A8, "promote": False}),
     ("qlinear int4 blocked/uint8, no promotion, fine-tuned 300 steps", "qlinear", {**_W4A8, "promote": False, "finetune": 300}),
+    ("qlinear int4 blocked/uint8, no promotion, fine-tuned 1000 steps", "qlinear", {**_W4A8, "promote": False, "finetune": 1000}),
     (
         "qlinear int2 blocked, weight-only",
         "qlinear",
