@@ -49,3 +49,22 @@ def test_fused_int4_matmuls_keep_their_input_in_float(tmp_path):
     fused = session(model, optimized_path=str(optimized)).run(None, {"x": x})[0]
     assert "MatMulNBits" in {n.op_type for n in onnx.load(optimized).graph.node}  # the fusion this is about happened
     np.testing.assert_allclose(fused, exact, rtol=0, atol=1e-4 * float(np.abs(exact).max()))
+
+
+def test_report_says_how_to_run_fused_int4_matmuls_as_measured(tmp_path):
+    import qlinear.quantize as qq
+
+    rng = np.random.default_rng(1)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((256, 64)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 64])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    data = {"x": rng.standard_normal((64, 256)).astype(np.float32)}
+    report = qq.quantize_model(model, tmp_path / "q.onnx", data, weights="int4", granularity="blocked", activations=None).report
+    assert report["nodes"][0]["runs_as"] == "MatMulNBits"
+    assert any("qdq_matmulnbits_accuracy_level" in w and "MatMulNBits" in w for w in report["warnings"]), report["warnings"]

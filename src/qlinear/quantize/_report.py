@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from qlinear._table import Table
-from qlinear.quantize._calibrate import CalibrationRun
+from qlinear.quantize._calibrate import MATMUL_NBITS_ACCURACY_LEVEL, CalibrationRun
 from qlinear.quantize._convert import ConvertedNode
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._equalize import Equalized
@@ -88,6 +88,13 @@ def build_report(r: PassResults) -> dict[str, Any]:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
     if fusion is not None and fusion.unfused:
         warnings.append(f"ONNX Runtime runs {len(fusion.unfused)} quantized node(s) in float: {', '.join(fusion.unfused[:5])}")
+    nbits = 0 if fusion is None else sum(op == "MatMulNBits" for op in fusion.runs_as.values())
+    if nbits:
+        warnings.append(
+            f"ONNX Runtime runs {nbits} MatMul(s) as MatMulNBits: the figures here are at its accuracy level 0 (the input "
+            f"stays float, as the model says); its default, 4, quantizes their inputs to int8: set the session entry "
+            f'"{MATMUL_NBITS_ACCURACY_LEVEL}" to "0" where you run the model'
+        )
     if r.search is not None and not r.search.met:
         warnings.append(
             f"target not met ({r.search.target.describe()}): the best model found has {_figure_text(r.search.figure, r.search.target.metric)} "
