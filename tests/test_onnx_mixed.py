@@ -99,3 +99,13 @@ def test_float4_weights_run_at_onnx_runtime_speed():
     runner = MixedRunner(model)
     assert len(runner.folded) == 3 and runner.cut == [] and len(runner._steps) == 1  # one ONNX Runtime session
     np.testing.assert_allclose(runner(feeds)["y"], run(model, feeds, backend="qlinear")["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_segments_leave_no_threads_spinning_for_the_kernels_between_them():
+    model, feeds = _weights_and_activations_of_every_type()
+    runner = MixedRunner(model)
+    runner(feeds, [o.name for o in model.graph.output])
+    sessions = [s for s, _, _ in runner._sessions.values() if hasattr(s, "get_session_options")]
+    assert sessions
+    for s in sessions:
+        assert s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
