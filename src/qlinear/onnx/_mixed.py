@@ -144,11 +144,13 @@ class MixedRunner:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.log_severity_level = 4
-        # ONNX Runtime's idle threads spin for a while after each run, on the cores the qlinear kernel that runs
-        # next needs. Here a segment's run is always followed by qlinear's nodes: the character transformer of
-        # benchmarks/quantizers.py with float8 weights and activations, batch 64, took 0.88 of the time without
-        # the spinning (median of 8 pairs of processes).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if any(kind == "qlinear" for kind, _ in self._steps):
+            # ONNX Runtime's idle threads spin for a while after each run, on the cores the qlinear kernels
+            # between segments need: the character transformer of benchmarks/quantizers.py with float8 weights
+            # and activations, batch 64, took 0.88 of the time without the spinning (median of 8 pairs of
+            # processes). A model that is one session (weights folded, nothing cut) keeps it: its runs are
+            # faster with it (digits CNN, float4 weights: 0.60 against 0.82 ms).
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         except Exception:  # ONNX Runtime raises its own exception types
