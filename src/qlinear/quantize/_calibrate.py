@@ -75,7 +75,7 @@ def session(
     so.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
-    # ONNX Runtime fuses a 4/8-bit blocked DequantizeLinear into its MatMul (MatMulNBits) and, by default
+    # ONNX Runtime fuses a 2/4/8-bit blocked DequantizeLinear into its MatMul (MatMulNBits) and, by default
     # (level 4), quantizes that MatMul's float input to int8 in blocks: not what the QDQ model says, and on
     # small layers slower (the character transformer's int4 MatMuls, batch 16: 1.78 ms at level 4, 1.15 ms
     # at 0, float 1.0). Level 0 keeps the input float, so the figures qlinear reports are the model's own.
