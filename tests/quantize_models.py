@@ -112,3 +112,39 @@ def outlier_mlp(*, outlier: float = 100.0) -> tuple[onnx.ModelProto, dict[str, n
     w2[5, :] /= outlier
     g.output(g.op("MatMul", [h, w2], name="down", output_names=["logits"]))
     return g.to_model(), {"x": rng.standard_normal((1000, 32)).astype(np.float32)}
+
+
+def audio_front_end() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A keyword spotter's shape: waveform -> STFT -> power -> mel MatMul -> Log(x + 1e-6) -> Conv -> Gemm.
+
+    The data are tones, not noise: a harmonic series on a random pitch
+    under an attack-decay envelope, in quiet background noise, at gains
+    from 0.01 to 1, so the power spectrum spans many decades, as speech's
+    does.
+    """
+    rate, samples, frame, hop, bands = 8000, 2048, 128, 64, 16
+    rng = np.random.default_rng(RNG_SEED)
+    t = np.arange(samples) / rate
+    waves = []
+    for _ in range(200):
+        f0 = rng.uniform(100, 600)
+        tone = sum(np.sin(2 * np.pi * k * f0 * t + rng.uniform(0, 6.3)) / k for k in range(1, 8) if k * f0 < rate / 2)
+        onset = rng.uniform(0, 0.12)
+        envelope = np.where(t < onset, 0.0, np.exp(-(t - onset) * rng.uniform(4, 20)) * np.minimum(1, (t - onset) * 200))
+        waves.append(rng.uniform(0.01, 1) * (tone * envelope + 0.003 * rng.standard_normal(samples)))
+    bins = np.fft.rfftfreq(frame, 1 / rate)
+    centers = np.geomspace(80, rate / 2, bands + 2)
+    lo, mid, hi = centers[:-2, None], centers[1:-1, None], centers[2:, None]
+    mel = np.maximum(0, np.minimum((bins - lo) / (mid - lo), (hi - bins) / (hi - mid))).T.astype(np.float32)
+    g = qo.Graph("audio_front_end", opset=17)
+    wave = g.input("waveform", "float", ("N", samples))
+    signal = g.op("Unsqueeze", [wave, np.array([-1], np.int64)], name="signal")
+    window = np.hanning(frame + 1)[:-1].astype(np.float32)
+    stft = g.op("STFT", [signal, np.array(hop, np.int64), window, np.array(frame, np.int64)], name="stft", onesided=1)
+    power = g.op("ReduceSum", [g.op("Mul", [stft, stft], name="square"), np.array([-1], np.int64)], name="power", keepdims=0)
+    logmel = g.op("Log", [g.op("Add", [g.op("MatMul", [power, mel], name="mel"), np.float32(1e-6)], name="floor")], name="log")
+    h = g.op("Transpose", [logmel], name="channels_first", perm=[0, 2, 1])
+    h = g.op("Relu", [g.op("Conv", [h, _w(rng, 12, bands, 3), _w(rng, 12)], name="conv", pads=[1, 1])], name="relu")
+    h = g.op("ReduceMean", [h], name="time_mean", axes=[-1], keepdims=0)
+    g.output(g.op("Gemm", [h, _w(rng, 5, 12), _w(rng, 5)], name="classifier", transB=1, output_names=["logits"]))
+    return g.to_model(), {"waveform": np.stack(waves).astype(np.float32)}

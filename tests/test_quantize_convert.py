@@ -10,6 +10,8 @@ model's output is close to the float model's.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -170,3 +172,11 @@ def test_float16_model_keeps_its_type(op):
     scales = [inits[n.input[1]] for n in q.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert scales and all(s.data_type == onnx.TensorProto.FLOAT16 for s in scales)
     assert result.report["output"]["sqnr_db"] > 30
+
+
+def test_sqnr_of_a_non_finite_noise_is_minus_infinity():
+    from qlinear.quantize._convert import sqnr_db
+
+    # An infinite noise once ended the quantizer in "math domain error", a NaN one gave a NaN figure.
+    assert sqnr_db(1.0, math.inf) == -math.inf and sqnr_db(1.0, math.nan) == -math.inf
+    assert sqnr_db(1.0, 0.0) is None and sqnr_db(100.0, 1.0) == 20.0

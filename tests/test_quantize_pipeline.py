@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import tracemalloc
 from importlib import resources
@@ -19,7 +20,7 @@ from qlinear.quantize._calibrate import calibrate
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
-from quantize_models import detection_head, layernorm_attention
+from quantize_models import audio_front_end, detection_head, layernorm_attention
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL, CALIBRATION, EVAL = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz"), str(DEMO / "digits_eval.npz")
@@ -115,6 +116,30 @@ def test_detector_keeps_boxes_and_scores_apart():
     # Class scores (0-1) keep their resolution: under one scale with the boxes (0-320) they would move by 0.6.
     assert np.abs(got[:, 4:] - ref[:, 4:]).max() < 0.02
     assert np.abs(got[:, :4] - ref[:, :4]).max() < 3.0
+
+
+def test_audio_front_end_keeps_its_accuracy_without_promotions(monkeypatch):
+    model, data = audio_front_end()
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert r["output"]["sqnr_db"] > 35 and r["output"]["top1_agreement"] >= 0.98
+    assert [n["name"] for n in r["left_float"]] == ["mel"]
+    # The hazard is real: with the filterbank quantized like any MatMul the model collapses.
+    monkeypatch.setattr("qlinear.quantize._plan._reaches_log", lambda *args, **kwargs: False)
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert r["output"]["sqnr_db"] < 10
+    # And with its weights at 4 bits its Log sees negative values: the output holds NaN, which the report
+    # ranks as the worst figure (minus infinity) instead of failing.
+    r = qq.quantize_model(model, None, data, promote=False, weights="int4", granularity="blocked", activations=None).report
+    assert r["output"]["sqnr_db"] == -math.inf
+    assert qq.report_json(r)  # strict JSON all the same (-inf is written as null)
+
+
+def test_a_model_whose_every_node_stays_float_says_why():
+    model, data = audio_front_end()
+    with pytest.raises(
+        QuantizationError, match=r"every node stays float: mel \((MatMul|Gemm)\): output reaches a Log.*conv \(Conv\): excluded"
+    ):
+        qq.quantize_model(model, None, data, exclude=["Conv", "Gemm"])
 
 
 def test_held_out_split_and_random_calibration_are_reported():

@@ -9,7 +9,7 @@ from qlinear.quantize import QuantizeOptions
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
 from qlinear.quantize._prepare import prepare
-from quantize_models import detection_head, layernorm_attention, single_op
+from quantize_models import audio_front_end, detection_head, layernorm_attention, single_op
 
 
 def _plan(model, **options):
@@ -36,6 +36,18 @@ def test_plan_transformer_keeps_norm_mask_and_softmax_float():
     # scores = q @ k^T: both activations, each with its own range (k_proj's output is not quantized itself).
     assert planned["scores"].activations == (fm.producer_output("q_proj"), fm.producer_output("k_t"))
     assert p.shared == {}
+
+
+def test_plan_audio_filterbank_before_a_log_stays_float():
+    model, _ = audio_front_end()
+    fm, p = _plan(model)
+    assert [n.name for n in p.nodes] == ["conv", "classifier"]
+    [(name, op, reason)] = p.left_float
+    assert (name, op) == ("mel", fm.node("mel").op_type) and "Log" in reason
+    # The power spectrum is the mel node's input only: nothing else quantizes it.
+    assert fm.producer_output("power") not in p.activations
+    # The log mel features are a Conv input like any other.
+    assert fm.producer_output("channels_first") in p.activations
 
 
 def test_plan_concat_of_boxes_and_scores_stays_float():

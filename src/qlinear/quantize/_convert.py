@@ -57,7 +57,15 @@ class ConvertedNode:
 
 
 def sqnr_db(signal_power: float, noise_power: float) -> float | None:
-    """``10 log10(signal / noise)``; None where there is no noise (exact)."""
+    """``10 log10(signal / noise)``; None where there is no noise (exact).
+
+    A noise that is not finite (the quantized values hold NaN or infinity
+    where the float ones do not: a Log, Sqrt or division that quantization
+    pushed out of its domain) is minus infinity, the worst figure there is,
+    so that every comparison of figures ranks it last.
+    """
+    if not math.isfinite(noise_power):
+        return -math.inf
     if noise_power <= 0:
         return None
     if signal_power <= 0:

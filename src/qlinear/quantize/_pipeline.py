@@ -132,9 +132,13 @@ def quantize_model(
     prepare(fm, weight_only=weight_only)
     planned = plan(fm, options)
     if not planned.nodes:
-        raise QuantizationError(
-            "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
-        )
+        if not planned.left_float:
+            raise QuantizationError(
+                "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
+            )
+        reasons = "; ".join(f"{name} ({op}): {why}" for name, op, why in planned.left_float[:5])
+        more = f"; and {len(planned.left_float) - 5} more" if len(planned.left_float) > 5 else ""
+        raise QuantizationError(f"quantize: the model has nothing to quantize: every node stays float: {reasons}{more}")
     cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only)
     bars = _Bars(console if progress else None)
     # Bias correction and GPTQ read the calibration inputs themselves (means, Gram matrices): on where there are some.

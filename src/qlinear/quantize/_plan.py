@@ -20,6 +20,13 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
 - Data movement (Reshape, Transpose, MaxPool, ...) on a quantized tensor:
   its output shares the input's scale and zero point, so the pair around it
   is exact and the runtime drops it; no requantization appears.
+- A compute node whose output reaches a Log (through element-wise
+  arithmetic and data movement) stays float, weight and activations: Log
+  turns a rounding error into an error relative to the value, unbounded
+  for the small values an audio front end's power spectrum is mostly
+  made of (a mel filterbank MatMul before ``Log(x + eps)``: at 8 bits,
+  and still at 16, its quiet bands round to 0 and come out as
+  ``log(eps)``).
 - Everything else stays float: element-wise arithmetic (a LayerNorm written
   as ReduceMean/Sub/Mul, an attention mask of -3.4e38 added to scores),
   normalizations, Softmax, reductions, Concat; graph outputs are never
@@ -46,6 +53,8 @@ DATA_MOVEMENT_OPS = frozenset(
 )
 # Weight types ONNX Runtime's integer kernels take beside integer activations.
 _PAIRS_WITH_INTEGER_ACTIVATIONS = frozenset({"int8", "uint8", "int4", "uint4"})
+# Ops through which a value reaches a Log with its small values still small (see _reaches_log).
+_VALUE_PRESERVING_OPS = DATA_MOVEMENT_OPS | {"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Abs", "Identity"}
 # Ops a Q right after a Conv may absorb (ONNX Runtime's redundant-clip rule).
 _ACTIVATIONS_FOLDED = frozenset({"Relu", "Clip"})
 
@@ -181,6 +190,8 @@ def _node_plan(
         return NodePlan(node.name, op, WeightPlan(inputs[0], 0, 0, 1), ())
     if len(inputs) < 2 or not fm.is_float(inputs[0]):
         return "not a float operation"
+    if _reaches_log(fm, node.output[0]):
+        return "output reaches a Log (rounding error would be unbounded relative error)"
     weight = None
     if const[1] and fm.is_float(inputs[1]):
         weight = _weight(fm, node, 1)
@@ -209,6 +220,16 @@ def _node_plan(
     if quantize_activations and op in ("Conv", "ConvTranspose") and activations:
         output = _output_for_q(fm, node, graph_outputs)
     return NodePlan(node.name, op, weight, activations, bias, output)
+
+
+def _reaches_log(fm: FloatModel, tensor: str, depth: int = 8) -> bool:
+    """Whether ``tensor`` flows into a Log through at most ``depth`` element-wise or data-movement ops."""
+    for user in fm.consumers.get(tensor, []):
+        if user.op_type == "Log":
+            return True
+        if depth > 0 and user.op_type in _VALUE_PRESERVING_OPS and any(_reaches_log(fm, o, depth - 1) for o in user.output if o):
+            return True
+    return False
 
 
 def _weight(fm: FloatModel, node: onnx.NodeProto, index: int) -> WeightPlan:
