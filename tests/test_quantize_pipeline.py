@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -11,6 +12,7 @@ from importlib import resources
 import numpy as np
 import onnx
 import pytest
+from rich.console import Console
 
 import qlinear.onnx as qo
 import qlinear.quantize as qq
@@ -123,6 +125,9 @@ def test_audio_front_end_keeps_its_accuracy_without_promotions(monkeypatch):
     r = qq.quantize_model(model, None, data, promote=False).report
     assert r["output"]["sqnr_db"] > 35 and r["output"]["top1_agreement"] >= 0.98
     assert [n["name"] for n in r["left_float"]] == ["mel"]
+    printed = io.StringIO()
+    qq.print_report(r, Console(file=printed, width=200))
+    assert "left float" in printed.getvalue() and "mel (MatMul): output reaches a Log" in printed.getvalue()
     # The hazard is real: with the filterbank quantized like any MatMul the model collapses.
     monkeypatch.setattr("qlinear.quantize._plan._reaches_log", lambda *args, **kwargs: False)
     r = qq.quantize_model(model, None, data, promote=False).report

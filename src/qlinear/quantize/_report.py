@@ -83,7 +83,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
         )
     warnings = []
     if r.finetuned is not None and r.finetuned.note:
-        warnings.append(f"finetune: {r.finetuned.note}")
+        warnings.append(f"finetune: {r.finetuned.note.removeprefix('finetune: ')}")
     if run is not None and r.calibration_data.random:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
     if fusion is not None and fusion.unfused:
@@ -219,6 +219,9 @@ def _bytes(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"
 
 
+_LEFT_FLOAT_SHOWN = 4  # nodes named in the summary's "left float" row; the JSON report has them all
+
+
 def print_report(report: dict[str, Any], console: Console, *, analysis: bool = False) -> None:
     """A summary table, the promotions, and the most degraded nodes (at most :data:`MOST_DEGRADED`).
 
@@ -280,6 +283,11 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         )
     else:
         summary.add_row("fused by ORT", "not checked (ONNX Runtime cannot load the model's types)")
+    kept_float = [n for n in report.get("left_float", []) if n["reason"] != "promoted to float"]  # promotions come below
+    if kept_float:
+        shown = "; ".join(f"{n['name']} ({n['op_type']}): {n['reason']}" for n in kept_float[:_LEFT_FLOAT_SHOWN])
+        more = f"; and {len(kept_float) - _LEFT_FLOAT_SHOWN} more" if len(kept_float) > _LEFT_FLOAT_SHOWN else ""
+        summary.add_row("left float", shown + more)
     promotions = report.get("promotions")
     if promotions:
         metric = promotions["target"]["metric"]
