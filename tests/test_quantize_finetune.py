@@ -14,8 +14,9 @@ import qlinear  # noqa: E402
 import qlinear.onnx as qo  # noqa: E402
 import qlinear.quantize as qq  # noqa: E402
 from qlinear._errors import QuantizationError  # noqa: E402
+from qlinear.quantize._finetune import _float_prefix  # noqa: E402
 from qlinear.torch._from_onnx import QDQModule, UnsupportedOperator  # noqa: E402
-from quantize_models import layernorm_attention  # noqa: E402
+from quantize_models import audio_front_end, layernorm_attention  # noqa: E402
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL = str(DEMO / "digits_cnn.onnx")
@@ -110,6 +111,33 @@ def test_an_operator_torch_cannot_run_keeps_the_post_training_model():
     assert tuned.model.SerializeToString() == ptq.model.SerializeToString()
     with pytest.raises(UnsupportedOperator, match="HardSwish"):
         QDQModule(ptq.model, {})
+
+
+def test_a_float_front_end_torch_cannot_run_is_computed_by_onnx_runtime():
+    # STFT, ReduceSum and Log have no torch form, but they read only the waveform: they run once a batch in
+    # ONNX Runtime and the quantized Conv and Gemm after them train (before, the post-training model was kept).
+    model, data = audio_front_end()
+    qmodel = qq.quantize_model(model, None, data, **W4A8).model
+    prefix, rest = _float_prefix(qmodel)
+    assert {n.op_type for n in prefix.graph.node} >= {"STFT", "ReduceSum", "Log", "MatMul"}
+    assert not {"STFT", "Log"} & {n.op_type for n in rest.graph.node}
+    # Prefix then rest is the whole model.
+    feeds = {"waveform": data["waveform"][:20]}
+    cut = qo.run(prefix, feeds, backend="onnxruntime")
+    got = qo.run(rest, cut, backend="onnxruntime")["logits"]
+    np.testing.assert_array_equal(got, qo.run(qmodel, feeds, backend="onnxruntime")["logits"])
+    tuned = qq.quantize_model(model, None, data, finetune=100, **W4A8).report
+    f = tuned["finetune"]
+    assert f["seconds"] > 0 and f["loss_after"] < f["loss_before"]
+    assert f["sqnr_db_after"] > f["sqnr_db_before"] + 2 and not any("torch form" in w for w in tuned["warnings"])
+    assert f["kept"] == (f["agreement_after"] >= f["agreement_before"])
+
+
+def test_a_model_with_no_float_front_end_has_no_prefix():
+    cal, ev = _data()
+    qmodel = qq.quantize_model(MODEL, None, cal, eval=ev, **W4A8).model
+    prefix, rest = _float_prefix(qmodel)
+    assert prefix is None and rest is qmodel
 
 
 @pytest.mark.parametrize("steps", [-1, 1.5, True])

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.shape_inference
 from onnx import TensorProto, helper, numpy_helper
 
 import qlinear
@@ -94,12 +95,21 @@ def finetune(
         from qlinear.torch._from_onnx import QDQModule, UnsupportedOperator
     except ImportError:
         return qmodel, _skipped(steps, before, "torch is not installed: pip install 'qlinear[torch]'")
+    prefix = None
     try:
         module = QDQModule(qmodel, _float_weights(fm, qmodel), train_weights=train_weights)
     except UnsupportedOperator as e:
-        return qmodel, _skipped(steps, before, f"{e}; the post-training model is kept")
+        # Nodes that depend on nothing trained (an audio model's STFT front end) need no torch form:
+        # ONNX Runtime computes them once a batch, and the rest trains on their outputs.
+        prefix, rest = _float_prefix(qmodel)
+        if prefix is None:
+            return qmodel, _skipped(steps, before, f"{e}; the post-training model is kept")
+        try:
+            module = QDQModule(rest, _float_weights(fm, qmodel), train_weights=train_weights)
+        except UnsupportedOperator as e_rest:
+            return qmodel, _skipped(steps, before, f"{e_rest}; the post-training model is kept")
     start = time.perf_counter()
-    batches = _targets(fm, data, batch_size)
+    batches = _targets(fm, data, batch_size, prefix)
     groups = [{"params": [p], "lr": SCALE_STEP * max(float(p.detach().abs().mean()), 2.0**-126)} for p in module.scales]
     if train_weights:
         groups += [{"params": [w], "lr": WEIGHT_STEP * float(w.detach().std() or 1.0)} for w in module.weights]
@@ -185,17 +195,74 @@ def _float_weights(fm: FloatModel, qmodel: onnx.ModelProto) -> dict[str, np.ndar
     return out
 
 
-def _targets(fm: FloatModel, data: Dataset, batch_size: int) -> list[tuple[dict, list]]:
-    """Up to MAX_BATCHES calibration batches as torch tensors, with the float model's outputs on them."""
+def _float_prefix(qmodel: onnx.ModelProto) -> tuple[onnx.ModelProto | None, onnx.ModelProto]:
+    """``(prefix, rest)``: the nodes that depend on no Q/DQ node, as a model of their own, and the model after them.
+
+    ``rest`` reads the prefix's tensors as its inputs; its initializers
+    keep their names, so scales trained on it write back into ``qmodel``.
+    ``(None, qmodel)`` where there is no such prefix, or where it
+    produces a graph output itself.
+    """
+    g = qmodel.graph
+    known = {t.name for t in g.initializer} | {i.name for i in g.input} | {""}
+    constants = [n for n in g.node if n.op_type == "Constant"]  # in both models: their values are no cut
+    known |= {o for n in constants for o in n.output}
+    fixed, fixed_outputs, rest_nodes = [], set(), []
+    for node in g.node:
+        if node.op_type == "Constant":
+            continue
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") and all(
+            i in known or i in fixed_outputs for i in node.input
+        ):
+            fixed.append(node)
+            fixed_outputs.update(o for o in node.output if o)
+        else:
+            rest_nodes.append(node)
+    if not fixed or fixed_outputs & {o.name for o in g.output}:
+        return None, qmodel
+    cut = list(dict.fromkeys(i for n in rest_nodes for i in n.input if i in fixed_outputs))
+    types = {v.name: v.type for v in onnx.shape_inference.infer_shapes(qmodel).graph.value_info}
+
+    def declared(name: str) -> onnx.ValueInfoProto:
+        info = onnx.ValueInfoProto(name=name)
+        if name in types:
+            info.type.CopyFrom(types[name])
+        return info
+
+    def model_of(nodes: list, inputs: list, outputs: list) -> onnx.ModelProto:
+        m = onnx.ModelProto()
+        m.CopyFrom(qmodel)
+        for field, items in ((m.graph.node, [*constants, *nodes]), (m.graph.input, inputs), (m.graph.output, outputs)):
+            del field[:]
+            field.extend(items)
+        return m
+
+    read = {i for n in fixed for i in n.input}
+    prefix = model_of(fixed, [i for i in g.input if i.name in read], [declared(n) for n in cut])
+    read = {i for n in rest_nodes for i in n.input}
+    rest = model_of(rest_nodes, [*(i for i in g.input if i.name in read), *(declared(n) for n in cut)], list(g.output))
+    return prefix, rest
+
+
+def _targets(fm: FloatModel, data: Dataset, batch_size: int, prefix: onnx.ModelProto | None = None) -> list[tuple[dict, list]]:
+    """Up to MAX_BATCHES calibration batches as torch tensors, with the float model's outputs on them.
+
+    With a ``prefix`` (see :func:`_float_prefix`), a batch is what the
+    prefix computes from the data (and the data the rest reads directly).
+    """
     import torch
 
     sess = session(fm.model)
     names = fm.output_names
+    prefix_sess = None if prefix is None else session(prefix)
     out = []
     for k, feeds in enumerate(data.batches(batch_size)):
         if k == MAX_BATCHES:
             break
         targets = run_batch(sess, names, feeds, f"fine-tuning batch {k}")
+        if prefix_sess is not None:
+            cut = [o.name for o in prefix.graph.output]
+            feeds = {**feeds, **dict(zip(cut, run_batch(prefix_sess, cut, feeds, f"fine-tuning batch {k}"), strict=True))}
         out.append(
             ({n: torch.from_numpy(np.asarray(v)) for n, v in feeds.items()}, [torch.from_numpy(np.asarray(t)) for t in targets])
         )
