@@ -63,6 +63,7 @@ class _Speaker:
     def say(self, word: str, voice: str, speed: int, pitch: int) -> np.ndarray:
         """The word as float32 samples at :data:`RATE` (eSpeak's 22050 Hz, low-passed and halved)."""
         self.chunks.clear()
+        self.lib.espeak_ng_SetRandSeed(ctypes.c_long(0))  # breathy and whispered voices draw noise: the same clips every run
         if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
             raise RuntimeError(f"eSpeak NG has no voice {voice!r}")
         self.lib.espeak_SetParameter(1, speed, 0)  # espeakRATE, words a minute

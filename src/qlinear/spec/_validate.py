@@ -127,6 +127,19 @@ def _default_precision(scale_type: ElementType) -> np.dtype:
     return scale_type.dtype if scale_type.kind == "wide" else np.dtype(np.float32)
 
 
+def _operator_arrays(op: str, prefix: str, x: Any, scale: Any, zero_point: Any, opset: int | None, domain: str) -> tuple:
+    """The version in force and the checked arrays of a Q or DQ call: ``(version, x, scale, zero_point, x_type)``.
+
+    ``prefix`` names the parameters as ONNX does (``y_scale`` for QuantizeLinear, ``x_scale`` for DequantizeLinear).
+    """
+    caller = "quantize_linear" if op == "QuantizeLinear" else "dequantize_linear"
+    version = operator_version(op, opset, domain, caller=caller)
+    x = check_array(x, "x", caller)
+    scale = check_array(scale, f"{prefix}_scale", caller)
+    zero_point = None if zero_point is None else check_array(zero_point, f"{prefix}_zero_point", caller)
+    return version, x, scale, zero_point, _type_of(x, "x", version.x_types, version, caller)
+
+
 def plan_quantize(
     x: Any,
     y_scale: Any,
@@ -142,11 +155,7 @@ def plan_quantize(
 ) -> tuple[QuantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
     """Validate a QuantizeLinear call; return the plan and the arrays."""
     caller = "quantize_linear"
-    version = operator_version("QuantizeLinear", opset, domain, caller=caller)
-    x = check_array(x, "x", caller)
-    y_scale = check_array(y_scale, "y_scale", caller)
-    y_zero_point = None if y_zero_point is None else check_array(y_zero_point, "y_zero_point", caller)
-    x_type = _type_of(x, "x", version.x_types, version, caller)
+    version, x, y_scale, y_zero_point, x_type = _operator_arrays("QuantizeLinear", "y", x, y_scale, y_zero_point, opset, domain)
     if version.scale_types is None and y_scale.dtype != x.dtype:
         raise QuantizationError(f"{caller}: y_scale has type {y_scale.dtype}, expected {x_type} (the type of x) for {version}")
     scale_type = _type_of(y_scale, "y_scale", version.scale_types or frozenset({x_type.name}), version, caller)
@@ -190,11 +199,7 @@ def plan_dequantize(
 ) -> tuple[DequantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
     """Validate a DequantizeLinear call; return the plan and the arrays."""
     caller = "dequantize_linear"
-    version = operator_version("DequantizeLinear", opset, domain, caller=caller)
-    x = check_array(x, "x", caller)
-    x_scale = check_array(x_scale, "x_scale", caller)
-    x_zero_point = None if x_zero_point is None else check_array(x_zero_point, "x_zero_point", caller)
-    x_type = _type_of(x, "x", version.x_types, version, caller)
+    version, x, x_scale, x_zero_point, x_type = _operator_arrays("DequantizeLinear", "x", x, x_scale, x_zero_point, opset, domain)
     scale_type = _type_of(x_scale, "x_scale", version.scale_types, version, caller)
     if x_zero_point is not None:
         zp_type = _type_of(x_zero_point, "x_zero_point", version.quantized_types, version, caller)
