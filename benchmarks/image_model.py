@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from _training import fit
 
 import qlinear.onnx as qo
 
@@ -46,15 +47,7 @@ def train(x: np.ndarray, y: np.ndarray, epochs: int = 8, lr: float = 3e-3, seed:
             layers.append(nn.MaxPool2d(2))
         c = co
     model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        for batch in torch.randperm(len(xt), generator=gen).split(64):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xt[batch]), yt[batch]).backward()
-            opt.step()
-    return model.eval()
+    return fit(model, x, y, epochs=epochs, lr=lr, seed=seed)
 
 
 def to_onnx(model) -> onnx.ModelProto:

@@ -23,6 +23,7 @@ import ctypes
 
 import numpy as np
 import onnx
+from _training import fit
 
 import qlinear.onnx as qo
 
@@ -143,15 +144,7 @@ def train(x: np.ndarray, y: np.ndarray, epochs: int = 12, lr: float = 2e-3, seed
             layers.append(nn.MaxPool1d(2))
         c = co
     model = nn.Sequential(*layers, nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(c, len(WORDS)))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        for batch in torch.randperm(len(xt), generator=gen).split(64):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xt[batch]), yt[batch]).backward()
-            opt.step()
-    return model.eval()
+    return fit(model, x, y, epochs=epochs, lr=lr, seed=seed, optimizer="adamw")
 
 
 def to_onnx(model) -> onnx.ModelProto:
