@@ -211,8 +211,12 @@ def _float_prefix(qmodel: onnx.ModelProto) -> tuple[onnx.ModelProto | None, onnx
     for node in g.node:
         if node.op_type == "Constant":
             continue
-        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") and all(
-            i in known or i in fixed_outputs for i in node.input
+        # A node with a subgraph (If, Loop, Scan) may read any outer tensor without naming it: never fixed.
+        subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        if (
+            node.op_type not in ("QuantizeLinear", "DequantizeLinear")
+            and not subgraph
+            and all(i in known or i in fixed_outputs for i in node.input)
         ):
             fixed.append(node)
             fixed_outputs.update(o for o in node.output if o)
@@ -221,7 +225,10 @@ def _float_prefix(qmodel: onnx.ModelProto) -> tuple[onnx.ModelProto | None, onnx
     if not fixed or fixed_outputs & {o.name for o in g.output}:
         return None, qmodel
     cut = list(dict.fromkeys(i for n in rest_nodes for i in n.input if i in fixed_outputs))
-    types = {v.name: v.type for v in onnx.shape_inference.infer_shapes(qmodel).graph.value_info}
+    try:
+        types = {v.name: v.type for v in onnx.shape_inference.infer_shapes(qmodel).graph.value_info}
+    except Exception:  # onnx raises several types; ONNX Runtime then infers the types itself
+        types = {}
 
     def declared(name: str) -> onnx.ValueInfoProto:
         info = onnx.ValueInfoProto(name=name)
