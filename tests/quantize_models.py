@@ -148,3 +148,26 @@ def audio_front_end() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     h = g.op("ReduceMean", [h], name="time_mean", axes=[-1], keepdims=0)
     g.output(g.op("Gemm", [h, _w(rng, 5, 12), _w(rng, 5)], name="classifier", transB=1, output_names=["logits"]))
     return g.to_model(), {"waveform": np.stack(waves).astype(np.float32)}
+
+
+def conv_batchnorm(*, branch: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two Conv -> BatchNormalization -> Relu layers (the first Conv without a bias), as exporters that keep the
+    normalization write them, then a global average pool and a Gemm.
+
+    ``branch``: the first Conv's output is also a graph output, so its normalization cannot be folded.
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("conv_bn", opset=17)
+    h = g.input("x", "float", ("N", 8, 12, 12))
+    c = 8
+    for i, co in enumerate((16, 24)):
+        conv = g.op("Conv", [h, _w(rng, co, c, 3, 3)] + ([_w(rng, co)] if i else []), name=f"conv{i}", pads=[1, 1, 1, 1])
+        if branch and i == 0:
+            g.output(g.op("Identity", [conv], name="tap", output_names=["tap"]))
+        stats = [rng.uniform(0.5, 1.5, co), rng.uniform(-0.2, 0.2, co), rng.uniform(-0.5, 0.5, co), rng.uniform(0.5, 2, co)]
+        bn = g.op("BatchNormalization", [conv, *(s.astype(np.float32) for s in stats)], name=f"bn{i}", epsilon=1e-3)
+        h = g.op("Relu", [bn], name=f"relu{i}")
+        c = co
+    h = g.op("ReduceMean", [h], name="gap", axes=[2, 3], keepdims=0)
+    g.output(g.op("Gemm", [h, _w(rng, 10, c), _w(rng, 10)], name="fc", transB=1, output_names=["logits"]))
+    return g.to_model(), {"x": rng.standard_normal((48, 8, 12, 12)).astype(np.float32)}

@@ -22,7 +22,7 @@ from qlinear.quantize._calibrate import calibrate
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
-from quantize_models import audio_front_end, detection_head, layernorm_attention
+from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL, CALIBRATION, EVAL = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz"), str(DEMO / "digits_eval.npz")
@@ -145,6 +145,17 @@ def test_a_model_whose_every_node_stays_float_says_why():
         QuantizationError, match=r"every node stays float: mel \((MatMul|Gemm)\): output reaches a Log.*conv \(Conv\): excluded"
     ):
         qq.quantize_model(model, None, data, exclude=["Conv", "Gemm"])
+
+
+def test_batch_normalization_is_folded_so_every_conv_fuses():
+    model, data = conv_batchnorm()
+    r = qq.quantize_model(model, None, data)
+    ops = [n.op_type for n in r.model.graph.node]
+    assert "BatchNormalization" not in ops
+    assert r.report["fusion"]["unfused"] == [] and {n["runs_as"] for n in r.report["nodes"]} == {"QLinearConv", "QGemm"}
+    # Input, the two Relu outputs, the pooled features: one Q each, nothing requantized.
+    assert ops.count("QuantizeLinear") == 4
+    assert r.report["output"]["sqnr_db"] > 35
 
 
 def test_held_out_split_and_random_calibration_are_reported():

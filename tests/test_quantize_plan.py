@@ -9,7 +9,7 @@ from qlinear.quantize import QuantizeOptions
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
 from qlinear.quantize._prepare import prepare
-from quantize_models import audio_front_end, detection_head, layernorm_attention, single_op
+from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, single_op
 
 
 def _plan(model, **options):
@@ -105,3 +105,22 @@ def test_prepare_matmul_add_becomes_gemm_with_the_matmul_name():
     ref = qo.run(g.to_model(), {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}, backend="onnxruntime")["y"]
     got = qo.run(fm.model, {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}, backend="onnxruntime")["y"]
     np.testing.assert_array_equal(ref, got)
+
+
+def test_prepare_folds_batch_normalization_into_the_conv_before_it():
+    model, data = conv_batchnorm()
+    fm, p = _plan(model)
+    assert [n.op_type for n in fm.graph.node] == ["Conv", "Relu", "Conv", "Relu", "ReduceMean", "Gemm"]
+    assert len(fm.node("conv0").input) == 3  # the Conv without a bias got one
+    # The same function (float32 rounding of the folded weights aside), as ONNX Runtime folds it for the float model.
+    ref = qo.run(model, data, backend="onnxruntime")["logits"]
+    got = qo.run(fm.model, data, backend="onnxruntime")["logits"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    # Each Q goes after the Relu, which QLinearConv absorbs: no requantization around a normalization.
+    assert [n.output for n in p.nodes if n.op_type == "Conv"] == [fm.producer_output("relu0"), fm.producer_output("relu1")]
+
+
+def test_prepare_keeps_a_normalization_whose_conv_output_is_read_elsewhere():
+    model, _ = conv_batchnorm(branch=True)
+    fm, _ = _plan(model)
+    assert [n.name for n in fm.graph.node if n.op_type == "BatchNormalization"] == ["bn0"]

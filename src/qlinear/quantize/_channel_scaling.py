@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 from qlinear.quantize._calibrate import run_batch, session, with_outputs
 from qlinear.quantize._data import Dataset
-from qlinear.quantize._model import FloatModel, attribute
+from qlinear.quantize._model import FloatModel, attribute, fresh_name
 
 __all__ = ["observe", "rewrite", "rows_first", "sites"]
 
@@ -70,10 +70,10 @@ def rewrite(fm: FloatModel, tensor: str, nodes: list[onnx.NodeProto], s: np.ndar
     """``tensor * (1 / s)`` into the layers, their weights' rows times ``s``; ``label`` names the Mul (its method)."""
     g = fm.graph
     taken = {t.name for t in g.initializer} | {n for node in g.node for n in (*node.input, *node.output)}
-    smoothed, inverse = _fresh(f"{tensor}_smoothed", taken), _fresh(f"{tensor}_smoothing", taken)
+    smoothed, inverse = fresh_name(f"{tensor}_smoothed", taken), fresh_name(f"{tensor}_smoothing", taken)
     dtype = helper.tensor_dtype_to_np_dtype(fm.elem_types.get(tensor, onnx.TensorProto.FLOAT))
     g.initializer.append(numpy_helper.from_array((1.0 / s).astype(dtype), inverse))
-    mul = helper.make_node("Mul", [tensor, inverse], [smoothed], name=_fresh(f"{tensor}_{label}", {n.name for n in g.node}))
+    mul = helper.make_node("Mul", [tensor, inverse], [smoothed], name=fresh_name(f"{tensor}_{label}", {n.name for n in g.node}))
     first = min(list(g.node).index(n) for n in nodes)
     g.node.insert(first, mul)
     for node in nodes:
@@ -81,10 +81,3 @@ def rewrite(fm: FloatModel, tensor: str, nodes: list[onnx.NodeProto], s: np.ndar
         w = fm.constant(node.input[1])
         rows_scale = s[None, :] if node.op_type == "Gemm" and attribute(node, "transB", 0) else s[:, None]
         fm.set_constant(node.input[1], (w.astype(np.float64) * rows_scale).astype(w.dtype))
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    return name

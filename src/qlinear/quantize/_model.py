@@ -22,7 +22,7 @@ from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 from qlinear.onnx._io import load_mapped
 
-__all__ = ["attribute", "FloatModel", "index", "load_float_model"]
+__all__ = ["attribute", "FloatModel", "fresh_name", "index", "load_float_model"]
 
 # Models of this many bytes or more keep their big initializers' values in a store, out of the graph:
 # copies of the graph then cost the graph alone, and a model past protobuf's 2 GiB is never serialized whole.
@@ -188,6 +188,14 @@ def index(fm: FloatModel) -> None:
         for i in node.input:
             if i:
                 fm.consumers[i].append(node)
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first not in ``taken``."""
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    return name
 
 
 def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:

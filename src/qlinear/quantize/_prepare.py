@@ -9,23 +9,36 @@
   ``B`` stores ``B`` transposed with ``transB=0``: only then does a
   DequantizeLinear on ``B`` fuse into MatMulNBits.
 
-Both rewrites keep node names (the Gemm takes the MatMul's name) and the
-values the model computes: the products and sums are the same float
-operations.
+- ``BatchNormalization`` (inference) right after a ``Conv`` with a
+  constant weight is folded into it: ``W * k`` per output channel and
+  ``(b - mean) * k + B`` with ``k = scale / sqrt(var + epsilon)``. ONNX
+  Runtime folds it the same way when it loads the float model, but not
+  once a QuantizeLinear sits between the two: unfolded, each such layer
+  would quantize the Conv's output, dequantize it for the normalization
+  and quantize again, and the Relu after it would not fold into
+  QLinearConv.
+
+The first two rewrites keep node names (the Gemm takes the MatMul's name)
+and the values the model computes: the products and sums are the same
+float operations. The fold computes the new weights in float64 and rounds
+them once to float32, so the model's values move by float32 rounding, as
+ONNX Runtime's own fold moves them.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
-from qlinear.quantize._model import FloatModel, attribute, index
+from qlinear.quantize._model import FloatModel, attribute, fresh_name, index
 
 __all__ = ["prepare"]
 
 
 def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
     """``fm`` with the rewrites applied (in place), re-indexed."""
+    if _fold_batch_norms(fm):
+        index(fm)
     changed = _matmul_add_to_gemm(fm)
     if weight_only:
         changed |= _untranspose_gemm_weights(fm)
@@ -78,3 +91,55 @@ def _untranspose_gemm_weights(fm: FloatModel) -> bool:
                 a.i = 0
         changed = True
     return changed
+
+
+def _fold_batch_norms(fm: FloatModel) -> bool:
+    """Fold each inference BatchNormalization into the Conv before it, where the Conv's output and weights are its alone."""
+    g = fm.graph
+    outputs = set(fm.output_names)
+    folded: set[str] = set()
+    for bn in g.node:
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or attribute(bn, "training_mode", 0):
+            continue
+        if len(bn.input) != 5 or len([o for o in bn.output if o]) != 1:
+            continue
+        x, scale, shift, mean, var = bn.input
+        conv = fm.producer.get(x)
+        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
+            continue
+        if x in outputs or len(fm.consumers.get(x, [])) != 1:
+            continue
+        w = conv.input[1]
+        bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+        params = [fm.constant(n) for n in (scale, shift, mean, var)]
+        weight = fm.constant(w)
+        if weight is None or any(p is None for p in params) or fm.elem_types.get(w) != TensorProto.FLOAT:
+            continue
+        if len(fm.consumers.get(w, [])) != 1 or (
+            bias is not None and (fm.constant(bias) is None or len(fm.consumers[bias]) != 1)
+        ):
+            continue
+        k = params[0].astype(np.float64) / np.sqrt(params[3].astype(np.float64) + attribute(bn, "epsilon", 1e-5))
+        if k.shape != (weight.shape[0],) or not np.all(np.isfinite(k)):
+            continue
+        old_bias = 0.0 if bias is None else fm.constant(bias).astype(np.float64)
+        fm.set_constant(w, (weight.astype(np.float64) * k.reshape(-1, *[1] * (weight.ndim - 1))).astype(np.float32))
+        new_bias = ((old_bias - params[2].astype(np.float64)) * k + params[1].astype(np.float64)).astype(np.float32)
+        if bias is not None:
+            fm.set_constant(bias, new_bias)
+        else:
+            bias = fresh_name(f"{conv.name}_bias", {*fm.initializers, *fm.producer, *fm.consumers})
+            g.initializer.append(numpy_helper.from_array(new_bias, bias))
+            fm.initializers[bias] = g.initializer[-1]
+            if len(conv.input) > 2:
+                conv.input[2] = bias
+            else:
+                conv.input.append(bias)
+        conv.output[0] = bn.output[0]
+        folded.add(bn.name)
+    if not folded:
+        return False
+    nodes = [n for n in g.node if n.name not in folded]
+    del g.node[:]
+    g.node.extend(nodes)
+    return True
