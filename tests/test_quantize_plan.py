@@ -124,3 +124,26 @@ def test_prepare_keeps_a_normalization_whose_conv_output_is_read_elsewhere():
     model, _ = conv_batchnorm(branch=True)
     fm, _ = _plan(model)
     assert [n.name for n in fm.graph.node if n.op_type == "BatchNormalization"] == ["bn0"]
+
+
+def test_prepare_folds_batch_normalization_after_a_gemm_and_after_matmul_plus_bias():
+    rng = np.random.default_rng(0)
+    g = qo.Graph("dense_bn", opset=17)
+    h = g.input("x", "float", ("N", 16))
+
+    def bn(x, name):
+        stats = [rng.uniform(0.5, 1.5, 24), rng.uniform(-0.2, 0.2, 24), rng.uniform(-0.5, 0.5, 24), rng.uniform(0.5, 2, 24)]
+        return g.op("BatchNormalization", [x, *(s.astype(np.float32) for s in stats)], name=name)
+
+    w = lambda *shape: (rng.standard_normal(shape) * 0.3).astype(np.float32)  # noqa: E731
+    h = g.op("Relu", [bn(g.op("Gemm", [h, w(24, 16), w(1, 24)], name="fc1", transB=1, beta=0.5), "bn1")], name="r1")
+    h = g.op("Add", [g.op("MatMul", [h, w(24, 24)], name="fc2"), w(24)], name="fc2_bias")
+    g.output(g.op("Relu", [bn(h, "bn2")], name="r2", output_names=["y"]))
+    model = g.to_model()
+    fm, p = _plan(model)
+    assert [n.op_type for n in fm.graph.node] == ["Gemm", "Relu", "Gemm", "Relu"]
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    ref = qo.run(model, {"x": x}, backend="onnxruntime")["y"]
+    got = qo.run(fm.model, {"x": x}, backend="onnxruntime")["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    assert all(n.bias is not None for n in p.nodes)  # both biases stored as int32

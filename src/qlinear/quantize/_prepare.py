@@ -9,8 +9,8 @@
   ``B`` stores ``B`` transposed with ``transB=0``: only then does a
   DequantizeLinear on ``B`` fuse into MatMulNBits.
 
-- ``BatchNormalization`` (inference) right after a ``Conv`` with a
-  constant weight is folded into it: ``W * k`` per output channel and
+- ``BatchNormalization`` (inference) right after a ``Conv`` or ``Gemm``
+  with a constant weight is folded into it: ``W * k`` per output channel and
   ``(b - mean) * k + B`` with ``k = scale / sqrt(var + epsilon)``. ONNX
   Runtime folds it the same way when it loads the float model, but not
   once a QuantizeLinear sits between the two: unfolded, each such layer
@@ -28,6 +28,7 @@ ONNX Runtime's own fold moves them.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.quantize._model import FloatModel, attribute, fresh_name, index
@@ -37,13 +38,11 @@ __all__ = ["prepare"]
 
 def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
     """``fm`` with the rewrites applied (in place), re-indexed."""
-    if _fold_batch_norms(fm):
-        index(fm)
-    changed = _matmul_add_to_gemm(fm)
-    if weight_only:
-        changed |= _untranspose_gemm_weights(fm)
-    if changed:
-        index(fm)
+    # In this order: MatMul + Add becomes a Gemm first, so a BatchNormalization after it folds too.
+    rewrites = [_matmul_add_to_gemm, _fold_batch_norms] + ([_untranspose_gemm_weights] if weight_only else [])
+    for rewrite in rewrites:
+        if rewrite(fm):
+            index(fm)
     return fm
 
 
@@ -94,7 +93,7 @@ def _untranspose_gemm_weights(fm: FloatModel) -> bool:
 
 
 def _fold_batch_norms(fm: FloatModel) -> bool:
-    """Fold each inference BatchNormalization into the Conv before it, where the Conv's output and weights are its alone."""
+    """Fold each inference BatchNormalization into the Conv or Gemm before it, where that node's output and weights are its alone."""
     g = fm.graph
     outputs = set(fm.output_names)
     folded: set[str] = set()
@@ -104,13 +103,13 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
         if len(bn.input) != 5 or len([o for o in bn.output if o]) != 1:
             continue
         x, scale, shift, mean, var = bn.input
-        conv = fm.producer.get(x)
-        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
+        layer = fm.producer.get(x)
+        if layer is None or layer.op_type not in ("Conv", "Gemm") or layer.domain not in ("", "ai.onnx"):
             continue
         if x in outputs or len(fm.consumers.get(x, [])) != 1:
             continue
-        w = conv.input[1]
-        bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+        w = layer.input[1]
+        bias = layer.input[2] if len(layer.input) > 2 and layer.input[2] else None
         params = [fm.constant(n) for n in (scale, shift, mean, var)]
         weight = fm.constant(w)
         if weight is None or any(p is None for p in params) or fm.elem_types.get(w) != TensorProto.FLOAT:
@@ -119,23 +118,34 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
             bias is not None and (fm.constant(bias) is None or len(fm.consumers[bias]) != 1)
         ):
             continue
+        # The weight's output-channel axis: a Conv's first; a Gemm's columns of B, or its rows where transB.
+        axis = 0 if layer.op_type == "Conv" or attribute(layer, "transB", 0) else 1
+        channels = weight.shape[axis]
         k = params[0].astype(np.float64) / np.sqrt(params[3].astype(np.float64) + attribute(bn, "epsilon", 1e-5))
-        if k.shape != (weight.shape[0],) or not np.all(np.isfinite(k)):
+        if k.shape != (channels,) or not np.all(np.isfinite(k)):
             continue
-        old_bias = 0.0 if bias is None else fm.constant(bias).astype(np.float64)
-        fm.set_constant(w, (weight.astype(np.float64) * k.reshape(-1, *[1] * (weight.ndim - 1))).astype(np.float32))
+        old_bias = np.zeros(channels) if bias is None else fm.constant(bias).astype(np.float64)
+        if layer.op_type == "Gemm":
+            # Y = alpha A B + beta C: C must be one value per column to fold into; beta goes into it.
+            if old_bias.size not in (1, channels) or old_bias.shape not in ((), (1,), (channels,), (1, channels)):
+                continue
+            old_bias = np.broadcast_to(old_bias.reshape(-1), (channels,)) * attribute(layer, "beta", 1.0)
+            _set_attribute(layer, "beta", 1.0)
+        shape = [1] * weight.ndim
+        shape[axis] = channels
+        fm.set_constant(w, (weight.astype(np.float64) * k.reshape(shape)).astype(np.float32))
         new_bias = ((old_bias - params[2].astype(np.float64)) * k + params[1].astype(np.float64)).astype(np.float32)
-        if bias is not None:
+        if bias is not None and fm.shapes.get(bias) == (channels,):
             fm.set_constant(bias, new_bias)
         else:
-            bias = fresh_name(f"{conv.name}_bias", {*fm.initializers, *fm.producer, *fm.consumers})
+            bias = fresh_name(f"{layer.name}_bias", {*fm.initializers, *fm.producer, *fm.consumers})
             g.initializer.append(numpy_helper.from_array(new_bias, bias))
             fm.initializers[bias] = g.initializer[-1]
-            if len(conv.input) > 2:
-                conv.input[2] = bias
+            if len(layer.input) > 2:
+                layer.input[2] = bias
             else:
-                conv.input.append(bias)
-        conv.output[0] = bn.output[0]
+                layer.input.append(bias)
+        layer.output[0] = bn.output[0]
         folded.add(bn.name)
     if not folded:
         return False
@@ -143,3 +153,11 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
     del g.node[:]
     g.node.extend(nodes)
     return True
+
+
+def _set_attribute(node: onnx.NodeProto, name: str, value: float) -> None:
+    for a in node.attribute:
+        if a.name == name:
+            a.f = value
+            return
+    node.attribute.append(helper.make_attribute(name, value))
