@@ -14,6 +14,7 @@ import pytest
 import qlinear.quantize as qq
 from qlinear.cli import main
 from qlinear.quantize._html import render_html
+from quantize_models import audio_front_end
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL, CALIBRATION, EVAL = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz"), str(DEMO / "digits_eval.npz")
@@ -52,6 +53,15 @@ def test_page_shows_the_fine_tuning_and_repeats_it():
     f = tuned["finetune"]
     assert "<th>fine-tuned</th>" in page and f"{f['steps']} steps" in page
     assert "--finetune 20" in page
+
+
+def test_page_lists_the_nodes_left_float_and_why():
+    model, data = audio_front_end()
+    page = render_html(qq.quantize_model(model, None, data, exclude=["Gemm"]).report)
+    section = page[page.index("<h2>Left float</h2>") :]
+    section = section[: section.index("</table>")]
+    assert "<td>mel</td>" in section and "output reaches a Log" in section
+    assert "<td>classifier</td><td>Gemm</td><td>excluded</td>" in section
 
 
 def test_report_command_renders_a_saved_report(tmp_path, capsys):

@@ -86,6 +86,7 @@ def render_html(report: dict[str, Any]) -> str:
         "nodes promoted to float have no output figure.</p>",
         f'<div id="chart">{chart}</div>',
         _promotions(report),
+        _left_float(report),
         _fusion(report, nodes),
         _node_table(nodes),
         f"<script>{_SORT_SCRIPT}</script>",
@@ -267,6 +268,15 @@ def _promotions(report: dict[str, Any]) -> str:
         "<table><thead><tr><th>#</th><th>node</th><th>from</th><th>to</th><th>figure after</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
     )
+
+
+def _left_float(report: dict[str, Any]) -> str:
+    """The nodes of quantizable type the plan left in float, and why (promotions have their own table)."""
+    kept = [n for n in report.get("left_float", []) if n["reason"] != "promoted to float"]
+    if not kept:
+        return ""
+    rows = "".join(f"<tr><td>{_e(n['name'])}</td><td>{_e(n['op_type'])}</td><td>{_e(n['reason'])}</td></tr>" for n in kept)
+    return f"<h2>Left float</h2><table><thead><tr><th>node</th><th>op</th><th>why</th></tr></thead><tbody>{rows}</tbody></table>"
 
 
 def _fusion(report: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
