@@ -53,7 +53,7 @@ DATA_MOVEMENT_OPS = frozenset(
 )
 # Weight types ONNX Runtime's integer kernels take beside integer activations.
 _PAIRS_WITH_INTEGER_ACTIVATIONS = frozenset({"int8", "uint8", "int4", "uint4"})
-# Ops through which a value reaches a Log with its small values still small (see _reaches_log).
+# Ops through which a value reaches a Log with its small values still small (see _tensors_before_a_log).
 _VALUE_PRESERVING_OPS = DATA_MOVEMENT_OPS | {"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Abs", "Identity"}
 # Ops a Q right after a Conv may absorb (ONNX Runtime's redundant-clip rule).
 _ACTIVATIONS_FOLDED = frozenset({"Relu", "Clip"})
@@ -144,6 +144,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     requested = NodePrecision(options.weights, options.activations)
     precision = precision or {}
     graph_outputs = set(fm.output_names)
+    before_log = _tensors_before_a_log(fm)
     for node in fm.graph.node:
         if node.op_type not in (*COMPUTE_OPS, "Gather") or node.domain not in ("", "ai.onnx"):
             continue
@@ -156,7 +157,9 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             continue
         act = element_type(p.activations) if p.activations else None
         weights_pair = not (act is not None and act.is_integer) or p.weights in _PAIRS_WITH_INTEGER_ACTIVATIONS
-        node_plan = _node_plan(fm, node, act is not None, options.granularity == "blocked", weights_pair, graph_outputs)
+        node_plan = _node_plan(
+            fm, node, act is not None, options.granularity == "blocked", weights_pair, graph_outputs, before_log
+        )
         if isinstance(node_plan, str):
             result.left_float.append((node.name, node.op_type, node_plan))
             continue
@@ -178,7 +181,13 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
 
 
 def _node_plan(
-    fm: FloatModel, node: onnx.NodeProto, quantize_activations: bool, blocked: bool, weights_pair: bool, graph_outputs: set[str]
+    fm: FloatModel,
+    node: onnx.NodeProto,
+    quantize_activations: bool,
+    blocked: bool,
+    weights_pair: bool,
+    graph_outputs: set[str],
+    before_log: set[str],
 ) -> NodePlan | str:
     """The node's plan, or the reason it stays float."""
     inputs = list(node.input)
@@ -190,7 +199,7 @@ def _node_plan(
         return NodePlan(node.name, op, WeightPlan(inputs[0], 0, 0, 1), ())
     if len(inputs) < 2 or not fm.is_float(inputs[0]):
         return "not a float operation"
-    if _reaches_log(fm, node.output[0]):
+    if node.output[0] in before_log:
         return "output reaches a Log (rounding error would be unbounded relative error)"
     weight = None
     if const[1] and fm.is_float(inputs[1]):
@@ -222,14 +231,23 @@ def _node_plan(
     return NodePlan(node.name, op, weight, activations, bias, output)
 
 
-def _reaches_log(fm: FloatModel, tensor: str, depth: int = 8) -> bool:
-    """Whether ``tensor`` flows into a Log through at most ``depth`` element-wise or data-movement ops."""
-    for user in fm.consumers.get(tensor, []):
-        if user.op_type == "Log":
-            return True
-        if depth > 0 and user.op_type in _VALUE_PRESERVING_OPS and any(_reaches_log(fm, o, depth - 1) for o in user.output if o):
-            return True
-    return False
+def _tensors_before_a_log(fm: FloatModel, depth: int = 8) -> set[str]:
+    """The tensors that flow into a Log through at most ``depth`` element-wise or data-movement ops.
+
+    One walk back from every Log's input, so a plan costs one pass however
+    many compute nodes ask.
+    """
+    found: dict[str, int] = {}  # tensor -> fewest ops between it and a Log
+    frontier = [(n.input[0], 0) for n in fm.graph.node if n.op_type == "Log" and n.input]
+    while frontier:
+        tensor, ops = frontier.pop()
+        if found.get(tensor, depth + 1) <= ops:
+            continue
+        found[tensor] = ops
+        producer = fm.producer.get(tensor)
+        if producer is not None and producer.op_type in _VALUE_PRESERVING_OPS and ops < depth:
+            frontier.extend((i, ops + 1) for i in producer.input if i and i not in fm.initializers)
+    return set(found)
 
 
 def _weight(fm: FloatModel, node: onnx.NodeProto, index: int) -> WeightPlan:
