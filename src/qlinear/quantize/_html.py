@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from qlinear._errors import QuantizationError
+from qlinear.quantize._plan import PROMOTED_TO_FLOAT
 
 __all__ = ["render_html", "report_from_json"]
 
@@ -101,7 +102,7 @@ def _node_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     promoted = {}
     for step in (report.get("promotions") or {}).get("steps", []):
         promoted[step["node"]] = step["to"]
-    floated = {n["name"] for n in report.get("left_float", []) if n["reason"] == "promoted to float"}
+    floated = {n["name"] for n in report.get("left_float", []) if n["reason"] == PROMOTED_TO_FLOAT}
     rows = []
     seen = set()
     for a in report.get("analysis") or [{"name": n["name"]} for n in report["nodes"]]:
@@ -272,7 +273,7 @@ def _promotions(report: dict[str, Any]) -> str:
 
 def _left_float(report: dict[str, Any]) -> str:
     """The nodes of quantizable type the plan left in float, and why (promotions have their own table)."""
-    kept = [n for n in report.get("left_float", []) if n["reason"] != "promoted to float"]
+    kept = [n for n in report.get("left_float", []) if n["reason"] != PROMOTED_TO_FLOAT]
     if not kept:
         return ""
     rows = "".join(f"<tr><td>{_e(n['name'])}</td><td>{_e(n['op_type'])}</td><td>{_e(n['reason'])}</td></tr>" for n in kept)

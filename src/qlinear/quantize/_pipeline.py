@@ -41,7 +41,7 @@ from qlinear.quantize._mixed import Target, promotion_steps
 from qlinear.quantize._mixed import search as meet_target
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
-from qlinear.quantize._plan import plan
+from qlinear.quantize._plan import left_float_text, plan
 from qlinear.quantize._prepare import prepare
 from qlinear.quantize._report import PassResults, build_report
 from qlinear.quantize._sensitivity import analyze, most_sensitive_first
@@ -136,9 +136,8 @@ def quantize_model(
             raise QuantizationError(
                 "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
             )
-        reasons = "; ".join(f"{name} ({op}): {why}" for name, op, why in planned.left_float[:5])
-        more = f"; and {len(planned.left_float) - 5} more" if len(planned.left_float) > 5 else ""
-        raise QuantizationError(f"quantize: the model has nothing to quantize: every node stays float: {reasons}{more}")
+        reasons = left_float_text(planned.left_float, 5)
+        raise QuantizationError(f"quantize: the model has nothing to quantize: every node stays float: {reasons}")
     cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only)
     bars = _Bars(console if progress else None)
     # Bias correction and GPTQ read the calibration inputs themselves (means, Gram matrices): on where there are some.

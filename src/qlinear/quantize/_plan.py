@@ -44,13 +44,15 @@ from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import COMPUTE_OPS, QuantizeOptions
 from qlinear.quantize._precision import NodePrecision, wider_activation
 
-__all__ = ["DATA_MOVEMENT_OPS", "NodePlan", "Plan", "WeightPlan", "plan"]
+__all__ = ["DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "NodePlan", "Plan", "WeightPlan", "left_float_text", "plan"]
 
 # Ops whose output values are a subset or rearrangement of the input's: they
 # can run on quantized values with the input's parameters, exactly.
 DATA_MOVEMENT_OPS = frozenset(
     {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice", "Split", "DepthToSpace", "SpaceToDepth"}
 )
+# The reason given for a node the promotion search put back in float (the report shows those apart).
+PROMOTED_TO_FLOAT = "promoted to float"
 # Weight types ONNX Runtime's integer kernels take beside integer activations.
 _PAIRS_WITH_INTEGER_ACTIVATIONS = frozenset({"int8", "uint8", "int4", "uint4"})
 # Ops through which a value reaches a Log with its small values still small (see _tensors_before_a_log).
@@ -153,7 +155,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             continue
         p = precision.get(node.name, requested)
         if not p.quantized:
-            result.left_float.append((node.name, node.op_type, "promoted to float"))
+            result.left_float.append((node.name, node.op_type, PROMOTED_TO_FLOAT))
             continue
         act = element_type(p.activations) if p.activations else None
         weights_pair = not (act is not None and act.is_integer) or p.weights in _PAIRS_WITH_INTEGER_ACTIVATIONS
@@ -178,6 +180,12 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     result.calibrate = list(calibrated)
     result.activation_types = calibrated
     return result
+
+
+def left_float_text(left_float: list[tuple[str, str, str]], most: int) -> str:
+    """``name (op): reason; ...`` for the first ``most`` entries of a plan's ``left_float``, and how many more."""
+    shown = "; ".join(f"{name} ({op}): {why}" for name, op, why in left_float[:most])
+    return shown + (f"; and {len(left_float) - most} more" if len(left_float) > most else "")
 
 
 def _node_plan(

@@ -19,7 +19,7 @@ from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import FusionCheck
 from qlinear.quantize._mixed import Search
 from qlinear.quantize._options import QuantizeOptions
-from qlinear.quantize._plan import Plan
+from qlinear.quantize._plan import PROMOTED_TO_FLOAT, Plan, left_float_text
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._smoothquant import Smoothed
 
@@ -283,11 +283,11 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         )
     else:
         summary.add_row("fused by ORT", "not checked (ONNX Runtime cannot load the model's types)")
-    kept_float = [n for n in report.get("left_float", []) if n["reason"] != "promoted to float"]  # promotions come below
-    if kept_float:
-        shown = "; ".join(f"{n['name']} ({n['op_type']}): {n['reason']}" for n in kept_float[:_LEFT_FLOAT_SHOWN])
-        more = f"; and {len(kept_float) - _LEFT_FLOAT_SHOWN} more" if len(kept_float) > _LEFT_FLOAT_SHOWN else ""
-        summary.add_row("left float", shown + more)
+    kept_float = [
+        (n["name"], n["op_type"], n["reason"]) for n in report.get("left_float", []) if n["reason"] != PROMOTED_TO_FLOAT
+    ]
+    if kept_float:  # the promoted ones have their own table below
+        summary.add_row("left float", left_float_text(kept_float, _LEFT_FLOAT_SHOWN))
     promotions = report.get("promotions")
     if promotions:
         metric = promotions["target"]["metric"]
