@@ -85,9 +85,7 @@ def _untranspose_gemm_weights(fm: FloatModel) -> bool:
         if b not in fm.initializers or len(fm.consumers.get(b, [])) != 1 or len(fm.shapes.get(b, ())) != 2:
             continue
         fm.set_constant(b, np.ascontiguousarray(fm.constant(b).T))
-        for a in node.attribute:
-            if a.name == "transB":
-                a.i = 0
+        _set_attribute(node, "transB", 0)
         changed = True
     return changed
 
@@ -114,9 +112,8 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
         weight = fm.constant(w)
         if weight is None or any(p is None for p in params) or fm.elem_types.get(w) != TensorProto.FLOAT:
             continue
-        if len(fm.consumers.get(w, [])) != 1 or (
-            bias is not None and (fm.constant(bias) is None or len(fm.consumers[bias]) != 1)
-        ):
+        old_bias = None if bias is None else fm.constant(bias)
+        if len(fm.consumers.get(w, [])) != 1 or (bias is not None and (old_bias is None or len(fm.consumers[bias]) != 1)):
             continue
         # The weight's output-channel axis: a Conv's first; a Gemm's columns of B, or its rows where transB.
         axis = 0 if layer.op_type == "Conv" or attribute(layer, "transB", 0) else 1
@@ -124,7 +121,7 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
         k = params[0].astype(np.float64) / np.sqrt(params[3].astype(np.float64) + attribute(bn, "epsilon", 1e-5))
         if k.shape != (channels,) or not np.all(np.isfinite(k)):
             continue
-        old_bias = np.zeros(channels) if bias is None else fm.constant(bias).astype(np.float64)
+        old_bias = np.zeros(channels) if old_bias is None else old_bias.astype(np.float64)
         if layer.op_type == "Gemm":
             # Y = alpha A B + beta C: C must be one value per column to fold into; beta goes into it.
             if old_bias.size not in (1, channels) or old_bias.shape not in ((), (1,), (channels,), (1, channels)):
@@ -135,7 +132,7 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
         shape[axis] = channels
         fm.set_constant(w, (weight.astype(np.float64) * k.reshape(shape)).astype(np.float32))
         new_bias = ((old_bias - params[2].astype(np.float64)) * k + params[1].astype(np.float64)).astype(np.float32)
-        if bias is not None and fm.shapes.get(bias) == (channels,):
+        if bias is not None:  # its only reader is this layer: it may take the per-channel shape
             fm.set_constant(bias, new_bias)
         else:
             bias = fresh_name(f"{layer.name}_bias", {*fm.initializers, *fm.producer, *fm.consumers})
@@ -155,9 +152,8 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
     return True
 
 
-def _set_attribute(node: onnx.NodeProto, name: str, value: float) -> None:
-    for a in node.attribute:
-        if a.name == name:
-            a.f = value
-            return
-    node.attribute.append(helper.make_attribute(name, value))
+def _set_attribute(node: onnx.NodeProto, name: str, value: int | float) -> None:
+    """Give ``node`` attribute ``name`` = ``value`` (its type from the value's), replacing any it has."""
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute(name, value)])
