@@ -262,13 +262,13 @@ def _targets(fm: FloatModel, data: Dataset, batch_size: int, prefix: onnx.ModelP
     sess = session(fm.model)
     names = fm.output_names
     prefix_sess = None if prefix is None else session(prefix)
+    cut = [] if prefix is None else [o.name for o in prefix.graph.output]
     out = []
     for k, feeds in enumerate(data.batches(batch_size)):
         if k == MAX_BATCHES:
             break
         targets = run_batch(sess, names, feeds, f"fine-tuning batch {k}")
         if prefix_sess is not None:
-            cut = [o.name for o in prefix.graph.output]
             feeds = {**feeds, **dict(zip(cut, run_batch(prefix_sess, cut, feeds, f"fine-tuning batch {k}"), strict=True))}
         out.append(
             ({n: torch.from_numpy(np.asarray(v)) for n, v in feeds.items()}, [torch.from_numpy(np.asarray(t)) for t in targets])
