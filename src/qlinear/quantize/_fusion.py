@@ -19,7 +19,7 @@ import onnx
 from qlinear._errors import QuantizationError
 from qlinear.quantize._calibrate import session
 
-__all__ = ["INTEGER_KERNELS", "FusionCheck", "check_fusion"]
+__all__ = ["INTEGER_KERNELS", "FusionCheck", "check_fusion", "float_by_design"]
 
 # The operators ONNX Runtime's QDQ fusions produce on the CPU.
 INTEGER_KERNELS = frozenset(
@@ -36,6 +36,29 @@ INTEGER_KERNELS = frozenset(
         "QLinearMul",
     }
 )
+
+_SIXTEEN_BIT = frozenset({"uint16", "int16"})
+_FLOAT_CODES = frozenset({"float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1"})
+
+
+def float_by_design(op_type: str, weight_type: str | None, activation_type: str | None) -> str | None:
+    """Why ONNX Runtime runs a node of these types in float whatever the Q/DQ layout, or None where it has an integer kernel.
+
+    The reason reads "what: why"; summaries show the part before the colon.
+
+    These nodes still gain what their types give (a smaller file, or
+    accuracy where a promotion widened them); an unfused node not named
+    here is a layout ONNX Runtime's selectors did not match, and a warning.
+    """
+    if activation_type in _SIXTEEN_BIT:
+        return "16-bit activations: ONNX Runtime's CPU kernels are 8-bit"
+    if weight_type in _FLOAT_CODES or activation_type in _FLOAT_CODES:
+        return "float codes: ONNX Runtime has no float8/float4 kernels on the CPU"
+    if op_type == "Gather":
+        return "an embedding table: ONNX Runtime dequantizes it and gathers in float (a smaller file, not a faster run)"
+    if op_type == "ConvTranspose":
+        return "a ConvTranspose: ONNX Runtime's CPU provider dequantizes its weights and runs it in float"
+    return None
 
 
 @dataclass

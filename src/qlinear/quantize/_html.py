@@ -284,9 +284,17 @@ def _fusion(report: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
     fusion = report.get("fusion") or {}
     if not fusion.get("checked"):
         return "<h2>On ONNX Runtime</h2><p>Not checked: ONNX Runtime cannot load the model's types.</p>"
+    by_design = fusion.get("float_by_design") or {}
+
+    def group(n: dict[str, Any]) -> str:
+        if n["fused"]:
+            return "<span class=good>fused</span>"
+        if n["name"] in by_design:
+            return f"float between Q/DQ, by design: {_e(by_design[n['name']])}"
+        return "<span class=bad>float between Q/DQ</span>"
+
     rows = "".join(
-        f"<tr><td>{_e(n['name'])}</td><td>{_e(n['runs_as'] or '-')}</td>"
-        f"<td>{'<span class=good>fused</span>' if n['fused'] else '<span class=bad>float between Q/DQ</span>'}</td></tr>"
+        f"<tr><td>{_e(n['name'])}</td><td>{_e(n['runs_as'] or '-')}</td><td>{group(n)}</td></tr>"
         for n in nodes
         if n["runs_as"] is not None
     )

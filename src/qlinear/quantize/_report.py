@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from qlinear.quantize._convert import ConvertedNode
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._equalize import Equalized
 from qlinear.quantize._evaluate import Evaluation
-from qlinear.quantize._fusion import FusionCheck
+from qlinear.quantize._fusion import FusionCheck, float_by_design
 from qlinear.quantize._mixed import Search
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import PROMOTED_TO_FLOAT, Plan, left_float_text
@@ -26,6 +27,7 @@ from qlinear.quantize._smoothquant import Smoothed
 __all__ = ["MOST_DEGRADED", "PassResults", "build_report", "print_report", "report_json"]
 
 MOST_DEGRADED = 15
+_UNFUSED_SHOWN = 5  # names the unfused-node warning lists before "and N more"
 NODE_MIN_WIDTH = 12  # characters of a node's name the degraded-nodes table keeps on one line at 80 columns
 
 
@@ -58,6 +60,11 @@ class PassResults:
     finetuned: Any = None  # a FinetuneResult, where fine-tuning was asked for
 
 
+def _names(names: list[str], most: int) -> str:
+    """The first ``most`` of ``names``, and how many more."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def build_report(r: PassResults) -> dict[str, Any]:
     """The report: the run's settings and every figure, as plain JSON-able values."""
     fusion, evaluation, run, options = r.fusion, r.evaluation, r.calibration, r.options
@@ -86,8 +93,18 @@ def build_report(r: PassResults) -> dict[str, Any]:
         warnings.append(f"finetune: {r.finetuned.note.removeprefix('finetune: ')}")
     if run is not None and r.calibration_data.random:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
-    if fusion is not None and fusion.unfused:
-        warnings.append(f"ONNX Runtime runs {len(fusion.unfused)} quantized node(s) in float: {', '.join(fusion.unfused[:5])}")
+    by_design = {
+        n["name"]: why
+        for n in nodes
+        if fusion is not None and n["name"] in fusion.unfused
+        if (why := float_by_design(n["op_type"], n["weight_type"], n["activation_type"]))
+    }
+    unexpected = [] if fusion is None else [n for n in fusion.unfused if n not in by_design]
+    if unexpected:
+        warnings.append(
+            f"ONNX Runtime runs {len(unexpected)} quantized node(s) in float where an integer kernel was expected "
+            f"(its selectors did not match the layout): {_names(unexpected, _UNFUSED_SHOWN)}"
+        )
     nbits = 0 if fusion is None else sum(op == "MatMulNBits" for op in fusion.runs_as.values())
     if nbits:
         warnings.append(
@@ -122,6 +139,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
         "fusion": {
             "checked": fusion is not None,
             "unfused": [] if fusion is None else fusion.unfused,
+            "float_by_design": by_design,  # unfused nodes whose types ONNX Runtime has no integer kernel for, and why
             "qdq_nodes_left": None if fusion is None else fusion.qdq_nodes_left,
         },
         "nodes": nodes,
@@ -276,11 +294,12 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         summary.add_row("fine-tuned", f"{tuned['steps']} steps, {tuned['seconds']:.1f} s: {figures} on the held-out data; {kept}")
     fusion = report["fusion"]
     if fusion["checked"]:
-        unfused = fusion["unfused"]
-        summary.add_row(
-            "fused by ORT",
-            f"{len(report['nodes']) - len(unfused)} of {len(report['nodes'])} quantized nodes; {fusion['qdq_nodes_left']} Q/DQ nodes left",
-        )
+        unfused, by_design = fusion["unfused"], fusion.get("float_by_design", {})
+        text = f"{len(report['nodes']) - len(unfused)} of {len(report['nodes'])} quantized nodes"
+        if by_design:
+            reasons = Counter(why.split(":", 1)[0] for why in by_design.values())
+            text += "; in float by design: " + ", ".join(f"{count} ({what})" for what, count in reasons.most_common())
+        summary.add_row("fused by ORT", f"{text}; {fusion['qdq_nodes_left']} Q/DQ nodes left")
     else:
         summary.add_row("fused by ORT", "not checked (ONNX Runtime cannot load the model's types)")
     kept_float = [

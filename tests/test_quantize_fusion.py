@@ -1,0 +1,60 @@
+"""The fusion check's verdicts: nodes ONNX Runtime runs in float by design are named as such, the rest warned of."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+from rich.console import Console
+
+import qlinear.quantize as qq
+import qlinear.quantize._pipeline as pipeline
+from qlinear.quantize._fusion import float_by_design
+from qlinear.quantize._report import print_report
+from quantize_models import layernorm_attention
+
+
+def test_float_by_design_names_the_types_onnx_runtime_has_no_integer_kernel_for():
+    assert float_by_design("MatMul", "int8", "uint8") is None
+    assert float_by_design("Conv", "int4", None) is None
+    assert float_by_design("MatMul", "int8", "uint16").startswith("16-bit activations:")
+    assert float_by_design("MatMul", None, "int16").startswith("16-bit activations:")
+    assert float_by_design("Gemm", "float8e4m3fn", None).startswith("float codes:")
+    assert float_by_design("MatMul", "int8", "float8e4m3fn").startswith("float codes:")
+    assert float_by_design("Gather", "int8", None).startswith("an embedding table:")
+    assert float_by_design("ConvTranspose", "int8", "uint8").startswith("a ConvTranspose:")
+
+
+def _summary(report) -> str:
+    out = io.StringIO()
+    print_report(report, Console(file=out, width=200, color_system=None))
+    return out.getvalue()
+
+
+def test_an_embedding_and_16_bit_nodes_run_in_float_without_a_warning():
+    model, data = layernorm_attention()
+    r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
+    unfused, by_design = r["fusion"]["unfused"], r["fusion"]["float_by_design"]
+    assert "embed" in unfused and by_design["embed"].startswith("an embedding table")
+    assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(unfused)
+    assert all(by_design[n].startswith("16-bit activations") for n in unfused if n != "embed")
+    assert set(by_design) == set(unfused)
+    assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+    text = _summary(r)
+    assert "in float by design:" in text and "(16-bit activations)" in text and "1 (an embedding table)" in text
+
+
+def test_a_node_onnx_runtime_should_fuse_but_did_not_is_a_warning(monkeypatch):
+    check = pipeline.check_fusion
+
+    def missed(model, nodes):  # ONNX Runtime's verdict with the q projection's fusion lost
+        found = check(model, nodes)
+        return dataclasses.replace(found, runs_as={**found.runs_as, "q_proj": "MatMul"}, fused={**found.fused, "q_proj": False})
+
+    monkeypatch.setattr(pipeline, "check_fusion", missed)
+    model, data = layernorm_attention()
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert "q_proj" in r["fusion"]["unfused"] and "q_proj" not in r["fusion"]["float_by_design"]
+    warned = [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+    assert len(warned) == 1 and "where an integer kernel was expected" in warned[0] and "q_proj" in warned[0]
+    assert "embed" not in warned[0]  # int8 embedding tables are float by design
