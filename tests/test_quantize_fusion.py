@@ -21,7 +21,7 @@ def test_float_by_design_names_the_types_onnx_runtime_has_no_integer_kernel_for(
     assert float_by_design("MatMul", None, "int16").startswith("16-bit activations:")
     assert float_by_design("Gemm", "float8e4m3fn", None).startswith("float codes:")
     assert float_by_design("MatMul", "int8", "float8e4m3fn").startswith("float codes:")
-    assert float_by_design("Gather", "int8", None).startswith("an embedding table:")
+    assert float_by_design("Gather", "int4", None).startswith("a table dequantized whole:")
     assert float_by_design("ConvTranspose", "int8", "uint8").startswith("a ConvTranspose:")
 
 
@@ -31,17 +31,23 @@ def _summary(report) -> str:
     return out.getvalue()
 
 
-def test_an_embedding_and_16_bit_nodes_run_in_float_without_a_warning():
+def test_16_bit_nodes_run_in_float_without_a_warning():
     model, data = layernorm_attention()
     r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
     unfused, by_design = r["fusion"]["unfused"], r["fusion"]["float_by_design"]
-    assert "embed" in unfused and by_design["embed"].startswith("an embedding table")
     assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(unfused)
-    assert all(by_design[n].startswith("16-bit activations") for n in unfused if n != "embed")
-    assert set(by_design) == set(unfused)
+    assert set(by_design) == set(unfused) and all(why.startswith("16-bit activations") for why in by_design.values())
+    assert "embed" not in unfused  # its codes are gathered (an 8-bit table)
     assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
     text = _summary(r)
-    assert "in float by design:" in text and "(16-bit activations)" in text and "1 (an embedding table)" in text
+    assert f"in float by design: {len(unfused)} (16-bit activations)" in text
+
+
+def test_a_4_bit_table_is_dequantized_whole_by_design():
+    model, data = layernorm_attention()
+    r = qq.quantize_model(model, None, data, weights="int4", granularity="blocked", activations=None, promote=False).report
+    assert r["fusion"]["float_by_design"]["embed"].startswith("a table dequantized whole")
+    assert not [w for w in r["warnings"] if "in float where an integer kernel was expected" in w]
 
 
 def test_a_node_onnx_runtime_should_fuse_but_did_not_is_a_warning(monkeypatch):
@@ -57,4 +63,4 @@ def test_a_node_onnx_runtime_should_fuse_but_did_not_is_a_warning(monkeypatch):
     assert "q_proj" in r["fusion"]["unfused"] and "q_proj" not in r["fusion"]["float_by_design"]
     warned = [w for w in r["warnings"] if "ONNX Runtime runs" in w]
     assert len(warned) == 1 and "where an integer kernel was expected" in warned[0] and "q_proj" in warned[0]
-    assert "embed" not in warned[0]  # int8 embedding tables are float by design
+    assert "embed" not in warned[0]

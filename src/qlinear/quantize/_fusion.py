@@ -15,11 +15,12 @@ import tempfile
 from dataclasses import dataclass
 
 import onnx
+from onnx import TensorProto
 
 from qlinear._errors import QuantizationError
 from qlinear.quantize._calibrate import session
 
-__all__ = ["INTEGER_KERNELS", "FusionCheck", "check_fusion", "float_by_design"]
+__all__ = ["GATHER_CODES", "INTEGER_KERNELS", "FusionCheck", "check_fusion", "float_by_design"]
 
 # The operators ONNX Runtime's QDQ fusions produce on the CPU.
 INTEGER_KERNELS = frozenset(
@@ -37,6 +38,8 @@ INTEGER_KERNELS = frozenset(
     }
 )
 
+GATHER_CODES = "Gather (codes)"  # what a table gathered as codes runs as
+_INTEGER_CODES = frozenset({TensorProto.INT8, TensorProto.UINT8})
 _SIXTEEN_BIT = frozenset({"uint16", "int16"})
 _FLOAT_CODES = frozenset({"float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1"})
 
@@ -55,7 +58,9 @@ def float_by_design(op_type: str, weight_type: str | None, activation_type: str 
     if weight_type in _FLOAT_CODES or activation_type in _FLOAT_CODES:
         return "float codes: ONNX Runtime has no float8/float4 kernels on the CPU"
     if op_type == "Gather":
-        return "an embedding table: ONNX Runtime dequantizes it and gathers in float (a smaller file, not a faster run)"
+        return (
+            "a table dequantized whole: ONNX Runtime gathers no 4-bit or float8 codes; the whole table is dequantized every run"
+        )
     if op_type == "ConvTranspose":
         return "a ConvTranspose: ONNX Runtime's CPU provider dequantizes its weights and runs it in float"
     return None
@@ -83,12 +88,15 @@ def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None
         except QuantizationError:  # no ONNX Runtime kernels for its types: nothing to check
             return None
         optimized = onnx.load(path, load_external_data=False)
+    # A Gather of a table's codes (:mod:`._gathered_table`) is an integer kernel too: it moves rows, not floats.
+    integer_tables = {t.name for t in optimized.graph.initializer if t.data_type in _INTEGER_CODES}
     runs_as: dict[str, str] = {}
     for name in nodes:
         match = [n for n in optimized.graph.node if _descends_from(n.name, name)]
         integer = [n for n in match if n.op_type in INTEGER_KERNELS]
-        runs_as[name] = (integer or match)[0].op_type if match else "removed"
-    fused = {n: op in INTEGER_KERNELS for n, op in runs_as.items()}
+        codes = [n for n in match if n.op_type == "Gather" and n.input[0] in integer_tables]
+        runs_as[name] = GATHER_CODES if codes else (integer or match)[0].op_type if match else "removed"
+    fused = {n: op in INTEGER_KERNELS or op == GATHER_CODES for n, op in runs_as.items()}
     left = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
     return FusionCheck(runs_as, fused, left)
 

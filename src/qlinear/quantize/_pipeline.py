@@ -36,6 +36,7 @@ from qlinear.quantize._equalize import equalize
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
 from qlinear.quantize._finetune import finetune
 from qlinear.quantize._fusion import check_fusion
+from qlinear.quantize._gathered_table import gather_tables
 from qlinear.quantize._gptq import gram_inputs
 from qlinear.quantize._mixed import Target, promotion_steps
 from qlinear.quantize._mixed import search as meet_target
@@ -232,6 +233,7 @@ def quantize_model(
             )  # fmt: skip
         if tuned.kept:
             check_quantized(qmodel)
+    gather_tables(qmodel)  # the same values, without dequantizing whole tables every run
     fusion = check_fusion(qmodel, [p.name for p in planned.nodes])
     node_outputs = {p.name: fm.producer_output(p.name) for p in planned.nodes}
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:

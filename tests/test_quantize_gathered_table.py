@@ -1,0 +1,112 @@
+"""Embedding tables gathered as codes: the rows' values bit for bit those of dequantizing the whole table."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import qlinear
+import qlinear.onnx as qo
+import qlinear.quantize as qq
+from qlinear.quantize._fusion import GATHER_CODES
+
+VOCAB, WIDTH, CONTEXT = 96, 48, 24
+
+
+def _model(*, table_reads_quantized: bool) -> onnx.ModelProto:
+    """ids -> embedding (rows of differing norms; also an output) -> [Relu] -> MatMul.
+
+    With the Relu the table's output is no quantized activation.
+    """
+    rng = np.random.default_rng(0)
+    g = qo.Graph("embedding", opset=17)
+    ids = g.input("ids", "int64", ("N", CONTEXT))
+    table = (rng.standard_normal((VOCAB, WIDTH)) * rng.uniform(0.05, 2.0, (VOCAB, 1))).astype(np.float32)
+    x = g.op("Gather", [table, ids], name="embed", output_names=["rows"])
+    g.output(x)
+    if not table_reads_quantized:
+        x = g.op("Relu", [x], name="relu")
+    g.output(g.op("MatMul", [x, (rng.standard_normal((WIDTH, 16)) * 0.2).astype(np.float32)], name="proj", output_names=["y"]))
+    return g.to_model()
+
+
+def _ids(count: int) -> np.ndarray:
+    """Windows of Python's textwrap source as byte tokens (printable ASCII and newline)."""
+    b = np.frombuffer((Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_bytes(), np.uint8)
+    b = b[((b >= 32) & (b < 127)) | (b == 10)]
+    tokens = np.where(b == 10, 95, b.astype(np.int64) - 32)
+    starts = np.random.default_rng(1).integers(0, tokens.size - CONTEXT, count)
+    return tokens[starts[:, None] + np.arange(CONTEXT)[None, :]]
+
+
+def _table_reads(model: onnx.ModelProto) -> list[str]:
+    """The op types that read the table's codes."""
+    table = next(t.name for t in model.graph.initializer if t.dims == [VOCAB, WIDTH])
+    return [n.op_type for n in model.graph.node if table in n.input]
+
+
+@pytest.mark.parametrize("granularity", ["per-channel", "blocked", "per-tensor"])
+@pytest.mark.parametrize("weights", ["int8", "uint8"])
+def test_gathered_codes_equal_the_whole_table_dequantized(weights, granularity):
+    ids = _ids(40)
+    block = {"block_size": 16} if granularity == "blocked" else {}
+    r = qq.quantize_model(
+        _model(table_reads_quantized=False), None, {"ids": ids}, weights=weights, granularity=granularity, **block,
+        activations=None, promote=False,
+    )  # fmt: skip
+    g = r.model.graph
+    assert _table_reads(r.model) == ["Gather"]
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    codes = next(v for v in inits.values() if v.shape == (VOCAB, WIDTH))
+    # The oracle: the whole table dequantized by qlinear (bit for bit the specification), then its rows taken.
+    # The stored parameters are read back from the table's row Gathers (or the one DequantizeLinear).
+    rows_of = {n.output[0]: inits[n.input[0]] for n in g.node if n.op_type == "Gather" and n.input[0] in inits}
+    writer = next(n for n in g.node if "rows" in n.output)
+    if granularity == "per-tensor":
+        assert writer.op_type == "DequantizeLinear"
+        whole = qlinear.dequantize_linear(codes, *(inits[t] for t in writer.input[1:]))
+    elif granularity == "blocked":
+        assert writer.op_type == "DequantizeLinear" and r.report["settings"]["opset"] == 21
+        scale, zp = (rows_of[t] for t in writer.input[1:])
+        assert scale.shape == (VOCAB, WIDTH // 16)
+        whole = qlinear.dequantize_linear(codes, scale, zp, axis=1, block_size=16)
+    else:  # (codes - zero point) * scale as Cast, Sub, Mul, at the model's own opset
+        assert writer.op_type == "Mul" and r.report["settings"]["opset"] == 17
+        scale = next(rows_of[t] for t in writer.input if t in rows_of)
+        zp_node = next((n for n in g.node if n.op_type == "Sub"), None)
+        zp = None if zp_node is None else rows_of[zp_node.input[1]]
+        assert (zp_node is not None) == (weights == "uint8")  # a symmetric table needs no Sub
+        stored_zp = None if zp is None else zp.reshape(-1).astype(np.dtype(weights))
+        whole = qlinear.dequantize_linear(codes, scale.reshape(-1), stored_zp, axis=0)
+    rows = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["rows"], {"ids": ids})[0]
+    np.testing.assert_array_equal(rows, whole[ids])
+    node = next(n for n in r.report["nodes"] if n["name"] == "embed")
+    assert node["runs_as"] == GATHER_CODES and node["fused"]
+
+
+def test_a_4_bit_table_keeps_its_dequantizelinear_in_front():
+    ids = _ids(40)
+    r = qq.quantize_model(
+        _model(table_reads_quantized=False), None, {"ids": ids}, weights="int4", granularity="blocked", activations=None,
+        promote=False,
+    )  # fmt: skip
+    assert _table_reads(r.model) == ["DequantizeLinear"]
+    assert r.report["fusion"]["float_by_design"]["embed"].startswith("a table dequantized whole")
+
+
+def test_a_table_whose_output_is_a_quantized_activation_gets_its_quantizelinear_after_the_rows():
+    ids = _ids(60)
+    r = qq.quantize_model(_model(table_reads_quantized=True), None, {"ids": ids}, promote=False)
+    nodes = list(r.model.graph.node)
+    writer = next(k for k, n in enumerate(nodes) if "rows" in n.output)
+    q = next(k for k, n in enumerate(nodes) if n.op_type == "QuantizeLinear" and "rows" in n.input)
+    gather = next(k for k, n in enumerate(nodes) if n.name == "embed")
+    assert gather < writer < q  # the rows are gathered, dequantized, then quantized for the MatMul
+    assert {n["name"]: n["runs_as"] for n in r.report["nodes"]} == {"embed": GATHER_CODES, "proj": "MatMulIntegerToFloat"}
+    assert r.report["output"]["sqnr_db"] > 35
