@@ -21,7 +21,7 @@ def test_float_by_design_names_the_types_onnx_runtime_has_no_integer_kernel_for(
     assert float_by_design("MatMul", None, "int16").startswith("16-bit activations:")
     assert float_by_design("Gemm", "float8e4m3fn", None).startswith("float codes:")
     assert float_by_design("MatMul", "int8", "float8e4m3fn").startswith("float codes:")
-    assert float_by_design("Gather", "int4", None).startswith("a table dequantized whole:")
+    assert float_by_design("Gather", "int8", None) is None  # gathered as codes (test_quantize_gathered_table.py)
     assert float_by_design("ConvTranspose", "int8", "uint8").startswith("a ConvTranspose:")
 
 
@@ -41,13 +41,6 @@ def test_16_bit_nodes_run_in_float_without_a_warning():
     assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
     text = _summary(r)
     assert f"in float by design: {len(unfused)} (16-bit activations)" in text
-
-
-def test_a_4_bit_table_is_dequantized_whole_by_design():
-    model, data = layernorm_attention()
-    r = qq.quantize_model(model, None, data, weights="int4", granularity="blocked", activations=None, promote=False).report
-    assert r["fusion"]["float_by_design"]["embed"].startswith("a table dequantized whole")
-    assert not [w for w in r["warnings"] if "in float where an integer kernel was expected" in w]
 
 
 def test_a_node_onnx_runtime_should_fuse_but_did_not_is_a_warning(monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sysconfig
 from pathlib import Path
 
@@ -10,11 +11,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
+from rich.console import Console
 
 import qlinear
 import qlinear.onnx as qo
 import qlinear.quantize as qq
 from qlinear.quantize._fusion import GATHER_CODES
+from qlinear.quantize._report import print_report
 
 VOCAB, WIDTH, CONTEXT = 96, 48, 24
 
@@ -90,14 +93,21 @@ def test_gathered_codes_equal_the_whole_table_dequantized(weights, granularity):
     assert node["runs_as"] == GATHER_CODES and node["fused"]
 
 
-def test_a_4_bit_table_keeps_its_dequantizelinear_in_front():
+def test_a_4_bit_run_stores_its_tables_at_8_bits_and_gathers_them():
     ids = _ids(40)
     r = qq.quantize_model(
         _model(table_reads_quantized=False), None, {"ids": ids}, weights="int4", granularity="blocked", activations=None,
         promote=False,
     )  # fmt: skip
-    assert _table_reads(r.model) == ["DequantizeLinear"]
-    assert r.report["fusion"]["float_by_design"]["embed"].startswith("a table dequantized whole")
+    types = {n["name"]: (n["weight_type"], n["runs_as"]) for n in r.report["nodes"]}
+    assert types == {"embed": ("int8", GATHER_CODES), "proj": ("int4", "MatMulNBits")}
+    assert r.report["widened"] == [
+        {"name": "embed", "asked": "int4", "stored": "int8", "reason": "ONNX Runtime gathers 8-bit codes, not narrower ones"}
+    ]
+    assert _table_reads(r.model) == ["Gather"] and r.report["fusion"]["unfused"] == []
+    out = io.StringIO()
+    print_report(r.report, Console(file=out, width=200, color_system=None))
+    assert "tables widened   embed int4 -> int8" in out.getvalue()
 
 
 def test_a_table_whose_output_is_a_quantized_activation_gets_its_quantizelinear_after_the_rows():

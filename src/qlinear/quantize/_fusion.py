@@ -57,10 +57,6 @@ def float_by_design(op_type: str, weight_type: str | None, activation_type: str 
         return "16-bit activations: ONNX Runtime's CPU kernels are 8-bit"
     if weight_type in _FLOAT_CODES or activation_type in _FLOAT_CODES:
         return "float codes: ONNX Runtime has no float8/float4 kernels on the CPU"
-    if op_type == "Gather":
-        return (
-            "a table dequantized whole: ONNX Runtime gathers no 4-bit or float8 codes; the whole table is dequantized every run"
-        )
     if op_type == "ConvTranspose":
         return "a ConvTranspose: ONNX Runtime's CPU provider dequantizes its weights and runs it in float"
     return None

@@ -55,6 +55,10 @@ DATA_MOVEMENT_OPS = frozenset(
 PROMOTED_TO_FLOAT = "promoted to float"
 # Weight types ONNX Runtime's integer kernels take beside integer activations.
 _PAIRS_WITH_INTEGER_ACTIVATIONS = frozenset({"int8", "uint8", "int4", "uint4"})
+# A table is stored in 8 bits at least: ONNX Runtime's Gather takes no 4- or 2-bit tensors, and a table
+# dequantized whole on every run costs far more time than its bytes save (see _gathered_table).
+_TABLE_TYPE = {"int4": "int8", "int2": "int8", "uint4": "uint8", "uint2": "uint8"}
+WIDENED_TABLE = "ONNX Runtime gathers 8-bit codes, not narrower ones"
 # Ops through which a value reaches a Log with its small values still small (see _tensors_before_a_log).
 _VALUE_PRESERVING_OPS = DATA_MOVEMENT_OPS | {"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Abs", "Identity"}
 # Ops a Q right after a Conv may absorb (ONNX Runtime's redundant-clip rule).
@@ -109,6 +113,8 @@ class Plan:
             quantizable type left in float.
         activation_types: each calibrated tensor's type, the widest its
             nodes ask for.
+        widened: ``(node name, type asked for, type stored)`` for the
+            embedding tables stored wider than asked (:data:`WIDENED_TABLE`).
     """
 
     nodes: list[NodePlan] = field(default_factory=list)
@@ -117,6 +123,7 @@ class Plan:
     all_consumers_dequantize: set[str] = field(default_factory=set)
     left_float: list[tuple[str, str, str]] = field(default_factory=list)
     activation_types: dict[str, str] = field(default_factory=dict)
+    widened: list[tuple[str, str, str]] = field(default_factory=list)
 
     def activation_type(self, tensor: str) -> str:
         """The type ``tensor`` is quantized to (a shared tensor's is its root's)."""
@@ -165,9 +172,13 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
         if isinstance(node_plan, str):
             result.left_float.append((node.name, node.op_type, node_plan))
             continue
+        weight_type = p.weights if node_plan.weight is not None else None
+        if node.op_type == "Gather" and weight_type in _TABLE_TYPE:
+            result.widened.append((node.name, weight_type, _TABLE_TYPE[weight_type]))
+            weight_type = _TABLE_TYPE[weight_type]
         node_plan = replace(
             node_plan,
-            weight_type=p.weights if node_plan.weight is not None else None,
+            weight_type=weight_type,
             activation_type=p.activations if node_plan.activations else None,
         )
         result.nodes.append(node_plan)

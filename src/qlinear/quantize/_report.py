@@ -20,7 +20,7 @@ from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import FusionCheck, float_by_design
 from qlinear.quantize._mixed import Search
 from qlinear.quantize._options import QuantizeOptions
-from qlinear.quantize._plan import PROMOTED_TO_FLOAT, Plan, left_float_text
+from qlinear.quantize._plan import PROMOTED_TO_FLOAT, WIDENED_TABLE, Plan, left_float_text
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._smoothquant import Smoothed
 
@@ -160,6 +160,9 @@ def build_report(r: PassResults) -> dict[str, Any]:
             {"first": e.first, "second": e.second, "largest_scale": e.largest, "smallest_scale": e.smallest} for e in r.equalized
         ],
         "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
+        "widened": [
+            {"name": n, "asked": asked, "stored": stored, "reason": WIDENED_TABLE} for n, asked, stored in r.plan.widened
+        ],
         "finetune": None if r.finetuned is None else r.finetuned.to_dict(),
         "warnings": warnings,
     }
@@ -307,6 +310,11 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     ]
     if kept_float:  # the promoted ones have their own table below
         summary.add_row("left float", left_float_text(kept_float, _LEFT_FLOAT_SHOWN))
+    widened = report.get("widened", [])
+    if widened:
+        shown = ", ".join(f"{n['name']} {n['asked']} -> {n['stored']}" for n in widened[:_LEFT_FLOAT_SHOWN])
+        more = f" and {len(widened) - _LEFT_FLOAT_SHOWN} more" if len(widened) > _LEFT_FLOAT_SHOWN else ""
+        summary.add_row("tables widened", f"{shown}{more} ({widened[0]['reason']})")
     promotions = report.get("promotions")
     if promotions:
         metric = promotions["target"]["metric"]
