@@ -143,3 +143,57 @@ def test_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
         qq.quantize_weights_streaming(src, out, qq.QuantizeOptions(activations=None))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no output, no temporary folder
     assert (tmp_path / "m" / "model.onnx.data").stat().st_size == ROWS * ROWS * 4  # the input untouched
+
+
+def _table_model(folder: Path, table: np.ndarray, weight: np.ndarray) -> Path:
+    """ids -> Gather of an external table -> Relu -> MatMul of an external weight; the table's rows also an output."""
+    folder.mkdir(parents=True, exist_ok=True)
+    inits, offset = [], 0
+    with open(folder / "model.onnx.data", "wb") as f:
+        for name, w in (("table", table), ("w", weight)):
+            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(w.shape), data_location=TensorProto.EXTERNAL)
+            for key, value in (("location", "model.onnx.data"), ("offset", str(offset)), ("length", str(w.nbytes))):
+                t.external_data.add(key=key, value=value)
+            w.tofile(f)
+            offset += w.nbytes
+            inits.append(t)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["rows"], name="embed"),
+        helper.make_node("Relu", ["rows"], ["h"], name="relu"),
+        helper.make_node("MatMul", ["h", "w"], ["y"], name="proj"),
+    ]
+    graph = helper.make_graph(
+        nodes, "table", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 12])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 12, table.shape[1]]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 12, weight.shape[1]])], initializer=inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize(("weights", "granularity"), [("int8", "per-channel"), ("uint8", "per-channel"), ("int4", "blocked")])
+def test_streamed_tables_gather_their_codes_as_the_in_memory_path_does(tmp_path, weights, granularity):
+    rng = np.random.default_rng(0)
+    table = (rng.standard_normal((300, 64)) * rng.uniform(0.05, 2.0, (300, 1))).astype(np.float32)
+    src = _table_model(tmp_path / "in", table, (rng.standard_normal((64, 32)) * 0.1).astype(np.float32))
+    options = dict(weights=weights, granularity=granularity, activations=None)
+    out = tmp_path / "streamed.onnx"
+    qq.quantize_weights_streaming(src, out, qq.QuantizeOptions(**options))
+    onnx.checker.check_model(str(out), full_check=True)
+    streamed = onnx.load(str(out))
+    table_reads = [n.op_type for n in streamed.graph.node if "table_quantized" in n.input]
+    assert table_reads == ["Gather"]  # no DequantizeLinear of the whole table
+    codes = _codes(out, "table")
+    assert codes.dtype == (np.uint8 if weights == "uint8" else np.int8)  # an int4 run stores its table at int8
+    feeds = {"ids": rng.integers(0, 300, (5, 12)).astype(np.int64)}
+    whole = qq.quantize_model(
+        str(src), None, eval=feeds, promote=False, bias_correction=False, gptq=False, awq=False, **options
+    ).model
+    inits = {t.name: t for t in whole.graph.initializer}
+    assert np.array_equal(codes, qlinear.from_tensor_proto(inits["table_quantized"]))
+    got = qo.run(str(out), feeds, backend="onnxruntime")
+    ref = qo.run(whole, feeds, backend="onnxruntime")
+    np.testing.assert_array_equal(got["rows"], ref["rows"])  # the rows' values bit for bit the in-memory path's

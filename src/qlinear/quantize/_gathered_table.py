@@ -11,12 +11,15 @@ as Cast, Sub and Mul where it has one (float32) scale a row, a blocked
 DequantizeLinear where it has blocks along the row. The values are the same
 bit for bit (dequantization is element-wise) and cost what the rows cost.
 
-Codes must be 8-bit integers (the types qlinear stores tables in that
+``--stream-weights`` builds the same layout in its onnx-ir graph
+(:func:`gather_streamed`). Codes must be 8-bit integers (the types qlinear stores tables in that
 ONNX Runtime's Gather takes: it takes no 4-bit or float8 tensors); other
 tables stay as they are.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import onnx
@@ -24,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.quantize._model import attribute, fresh_name
 
-__all__ = ["gather_tables"]
+__all__ = ["gather_streamed", "gather_tables", "gathers_codes"]
 
 _GATHERED_CODES = frozenset({TensorProto.INT8, TensorProto.UINT8})
 
@@ -147,3 +150,64 @@ def _gather_codes(gather, codes, scale, zero_point, block, g, taken) -> list[onn
         nodes.append(helper.make_node("Sub", [values, z_rows], [centred], name=fresh(f"{gather.name}_Sub")))
         values = centred
     return [*nodes, helper.make_node("Mul", [values, s_rows], [out], name=fresh(f"{gather.name}_Mul"))]
+
+
+# The same layout in an onnx-ir graph, for the streaming path (its tensors stay lazy: nothing here reads them).
+
+
+def gathers_codes(dq_output: Any, gather: Any) -> bool:
+    """Whether ``gather`` (an onnx-ir node reading a table at input 0) can gather the codes ``dq_output`` dequantizes."""
+    dq = dq_output.producer()
+    codes = dq.inputs[0]
+    scale = dq.inputs[1].const_value
+    block = dq.attributes.get_int("block_size", 0)
+    per_row = scale is not None and (scale.shape.rank() == 0 or dq.attributes.get_int("axis", 1) == 0 or block)
+    return (
+        gather.attributes.get_int("axis", 0) == 0
+        and codes.dtype is not None
+        and codes.dtype.name in ("INT8", "UINT8")
+        and per_row
+        and (block or scale.dtype.name == "FLOAT")
+    )
+
+
+def gather_streamed(ir: Any, graph: Any, gather: Any, dq_output: Any, *, centred: bool) -> None:
+    """Replace ``gather`` (reading a table that ``dq_output`` dequantizes) by a Gather of the codes and the rows' dequantization.
+
+    ``centred``: some zero point is not 0 (a Sub is needed).
+    """
+    dq = dq_output.producer()
+    codes, scale = dq.inputs[0], dq.inputs[1]
+    zero_point = dq.inputs[2] if len(dq.inputs) > 2 else None
+    block = dq.attributes.get_int("block_size", 0)
+    ids, out = gather.inputs[1], gather.outputs[0]
+    name = gather.name or out.name
+
+    def op(op_type: str, inputs: list, **attributes: Any) -> Any:
+        node = ir.node(op_type, inputs, attributes=attributes, name=f"{name}_{op_type}_{len(nodes)}")
+        node.outputs[0].name = f"{node.name}_output"
+        nodes.append(node)
+        return node.outputs[0]
+
+    nodes: list = []
+    rows = op("Gather", [codes, ids], axis=0)
+    if scale.const_value.shape.rank() == 0:  # one scale: a plain DequantizeLinear of the rows
+        result = op("DequantizeLinear", [rows, scale, *([zero_point] if zero_point is not None else [])])
+    elif block:  # blocks along the row
+        params = [
+            op("Gather", [scale, ids], axis=0),
+            *([op("Gather", [zero_point, ids], axis=0)] if zero_point is not None else []),
+        ]
+        result = op("DequantizeLinear", [rows, *params], axis=-1, block_size=block)
+    else:  # one scale a row: (codes - zero point) * scale, as the in-memory pass writes it
+        last = ir.Value(name=f"{name}_last_axis", const_value=ir.tensor(np.array([-1], np.int64), name=f"{name}_last_axis"))
+        graph.register_initializer(last)
+        values = op("Cast", [rows], to=ir.DataType.FLOAT)
+        if centred and zero_point is not None:
+            z = op("Unsqueeze", [op("Cast", [op("Gather", [zero_point, ids], axis=0)], to=ir.DataType.FLOAT), last])
+            values = op("Sub", [values, z])
+        result = op("Mul", [values, op("Unsqueeze", [op("Gather", [scale, ids], axis=0), last])])
+    graph.insert_after(gather, nodes)
+    out.replace_all_uses_with(result, replace_graph_outputs=True)
+    graph.remove(gather)
+    result.name, result.type, result.shape = out.name, out.type, out.shape

@@ -44,7 +44,10 @@ from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import COMPUTE_OPS, QuantizeOptions
 from qlinear.quantize._precision import NodePrecision, wider_activation
 
-__all__ = ["DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "NodePlan", "Plan", "WeightPlan", "left_float_text", "plan"]
+__all__ = [
+    "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "TABLE_TYPE", "WIDENED_TABLE", "NodePlan", "Plan", "WeightPlan", "left_float_text",
+    "plan",
+]  # fmt: skip
 
 # Ops whose output values are a subset or rearrangement of the input's: they
 # can run on quantized values with the input's parameters, exactly.
@@ -57,7 +60,7 @@ PROMOTED_TO_FLOAT = "promoted to float"
 _PAIRS_WITH_INTEGER_ACTIVATIONS = frozenset({"int8", "uint8", "int4", "uint4"})
 # A table is stored in 8 bits at least: ONNX Runtime's Gather takes no 4- or 2-bit tensors, and a table
 # dequantized whole on every run costs far more time than its bytes save (see _gathered_table).
-_TABLE_TYPE = {"int4": "int8", "int2": "int8", "uint4": "uint8", "uint2": "uint8"}
+TABLE_TYPE = {"int4": "int8", "int2": "int8", "uint4": "uint8", "uint2": "uint8"}
 WIDENED_TABLE = "ONNX Runtime gathers 8-bit codes, not narrower ones"
 # Ops through which a value reaches a Log with its small values still small (see _tensors_before_a_log).
 _VALUE_PRESERVING_OPS = DATA_MOVEMENT_OPS | {"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Abs", "Identity"}
@@ -173,9 +176,9 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             result.left_float.append((node.name, node.op_type, node_plan))
             continue
         weight_type = p.weights if node_plan.weight is not None else None
-        if node.op_type == "Gather" and weight_type in _TABLE_TYPE:
-            result.widened.append((node.name, weight_type, _TABLE_TYPE[weight_type]))
-            weight_type = _TABLE_TYPE[weight_type]
+        if node.op_type == "Gather" and weight_type in TABLE_TYPE:
+            result.widened.append((node.name, weight_type, TABLE_TYPE[weight_type]))
+            weight_type = TABLE_TYPE[weight_type]
         node_plan = replace(
             node_plan,
             weight_type=weight_type,

@@ -41,7 +41,9 @@ from qlinear.dtypes import element_type
 from qlinear.quantize._calibrate import peak_rss_bytes
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._choose import weight_params
+from qlinear.quantize._gathered_table import gather_streamed, gathers_codes
 from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._plan import TABLE_TYPE
 
 __all__ = ["StreamResult", "quantize_weights_streaming"]
 
@@ -87,6 +89,7 @@ def quantize_weights_streaming(
     opset = _opset_for(model, options)
     t = element_type(options.weights)
     done: dict[str, ir.Value] = {}  # weight name -> its DequantizeLinear's output
+    centred: dict[str, bool] = {}  # weight name -> whether some zero point is not 0
     spill = Path(tempfile.mkdtemp(prefix=".qlinear-scales-", dir=out.resolve().parent if out.resolve().parent.is_dir() else None))
     try:
         before = after = 0
@@ -108,15 +111,24 @@ def quantize_weights_streaming(
                 array = _read(weight.const_value, base)
                 if array.ndim < 2 and node.op_type != "MatMul":
                     continue
+                # A table at 8 bits at least, as the plan pass stores it: ONNX Runtime gathers no narrower codes.
+                wt = element_type(TABLE_TYPE.get(options.weights, options.weights)) if node.op_type == "Gather" else t
                 params, axis, block = weight_params(
-                    array.astype(np.float32), t, granularity=options.granularity, channel_axis=channel_axis % array.ndim,
+                    array.astype(np.float32), wt, granularity=options.granularity, channel_axis=channel_axis % array.ndim,
                     reduction_axis=reduction_axis % array.ndim, block_size=options.block_size, clip=options.weight_clip,
                 )  # fmt: skip
                 before += array.nbytes
-                done[weight.name] = _dequantize(ir, graph, node, weight, params, axis, block, t, base, spill)
-                after += (int(np.prod(weight.const_value.shape.numpy())) * t.bits + 7) // 8 + params.scale.nbytes
+                done[weight.name] = _dequantize(ir, graph, node, weight, params, axis, block, wt, base, spill)
+                centred[weight.name] = params.zero_point is not None and bool(np.any(params.zero_point))
+                after += (int(np.prod(weight.const_value.shape.numpy())) * wt.bits + 7) // 8 + params.scale.nbytes
                 del array
-            node.replace_input_with(index, done[weight.name])
+            if node.op_type == "Gather" and gathers_codes(done[weight.name], node):
+                gather_streamed(ir, graph, node, done[weight.name], centred=centred[weight.name])
+            else:
+                node.replace_input_with(index, done[weight.name])
+        for value in done.values():  # a DequantizeLinear only gathered tables read is left unread
+            if not list(value.uses()):
+                graph.remove(value.producer())
         for name in done:
             if not list(graph.initializers[name].uses()):  # a weight some other operator still reads stays
                 graph.initializers.pop(name)
