@@ -20,34 +20,45 @@ from qlinear.cli import main
 ROWS, COLS = 256, 128
 
 
-def _external_model(folder: Path, weights: list[np.ndarray], *, location: str = "model.onnx.data", opset: int = 21) -> Path:
-    """MatMul -> Relu layers whose weights lie in one external data file written straight from the arrays."""
+def _external(folder: Path, arrays: dict[str, np.ndarray], *, location: str = "model.onnx.data") -> list[TensorProto]:
+    """Initializers whose data is written straight from ``arrays`` into one external data file in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    inits, nodes, offset = [], [], 0
-    data = folder / "model.onnx.data"
-    with open(data, "wb") as f:
-        for k, w in enumerate(weights):
-            t = TensorProto(name=f"w{k}", data_type=TensorProto.FLOAT, dims=list(w.shape), data_location=TensorProto.EXTERNAL)
+    inits, offset = [], 0
+    with open(folder / "model.onnx.data", "wb") as f:
+        for name, w in arrays.items():
+            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(w.shape), data_location=TensorProto.EXTERNAL)
             for key, value in (("location", location), ("offset", str(offset)), ("length", str(w.nbytes))):
                 t.external_data.add(key=key, value=value)
             w.tofile(f)
             offset += w.nbytes
             inits.append(t)
-            x = "x" if k == 0 else f"h{k - 1}"
-            nodes += [
-                helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
-                helper.make_node("Relu", [f"m{k}"], [f"h{k}"], name=f"relu{k}"),
-            ]
-    n_in = weights[0].shape[0]
-    graph = helper.make_graph(
-        nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n_in])],
-        [helper.make_tensor_value_info(f"h{len(weights) - 1}", TensorProto.FLOAT, ["N", weights[-1].shape[1]])], initializer=inits,
-    )  # fmt: skip
+    return inits
+
+
+def _save(folder: Path, graph: onnx.GraphProto, opset: int) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10  # what ONNX Runtime 1.31 reads (helper stamps the newest)
     path = folder / "model.onnx"
     path.write_bytes(model.SerializeToString())
     return path
+
+
+def _external_model(folder: Path, weights: list[np.ndarray], *, location: str = "model.onnx.data", opset: int = 21) -> Path:
+    """MatMul -> Relu layers whose weights lie in one external data file written straight from the arrays."""
+    inits = _external(folder, {f"w{k}": w for k, w in enumerate(weights)}, location=location)
+    nodes = []
+    for k in range(len(weights)):
+        x = "x" if k == 0 else f"h{k - 1}"
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+            helper.make_node("Relu", [f"m{k}"], [f"h{k}"], name=f"relu{k}"),
+        ]
+    n_in = weights[0].shape[0]
+    graph = helper.make_graph(
+        nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n_in])],
+        [helper.make_tensor_value_info(f"h{len(weights) - 1}", TensorProto.FLOAT, ["N", weights[-1].shape[1]])], initializer=inits,
+    )  # fmt: skip
+    return _save(folder, graph, opset)
 
 
 def _codes(path: Path, name: str) -> np.ndarray:
@@ -147,16 +158,7 @@ def test_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
 
 def _table_model(folder: Path, table: np.ndarray, weight: np.ndarray) -> Path:
     """ids -> Gather of an external table -> Relu -> MatMul of an external weight; the table's rows also an output."""
-    folder.mkdir(parents=True, exist_ok=True)
-    inits, offset = [], 0
-    with open(folder / "model.onnx.data", "wb") as f:
-        for name, w in (("table", table), ("w", weight)):
-            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(w.shape), data_location=TensorProto.EXTERNAL)
-            for key, value in (("location", "model.onnx.data"), ("offset", str(offset)), ("length", str(w.nbytes))):
-                t.external_data.add(key=key, value=value)
-            w.tofile(f)
-            offset += w.nbytes
-            inits.append(t)
+    inits = _external(folder, {"table": table, "w": weight})
     nodes = [
         helper.make_node("Gather", ["table", "ids"], ["rows"], name="embed"),
         helper.make_node("Relu", ["rows"], ["h"], name="relu"),
@@ -167,11 +169,7 @@ def _table_model(folder: Path, table: np.ndarray, weight: np.ndarray) -> Path:
         [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 12, table.shape[1]]),
          helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 12, weight.shape[1]])], initializer=inits,
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    path = folder / "model.onnx"
-    path.write_bytes(model.SerializeToString())
-    return path
+    return _save(folder, graph, 21)
 
 
 @pytest.mark.parametrize(("weights", "granularity"), [("int8", "per-channel"), ("uint8", "per-channel"), ("int4", "blocked")])
