@@ -12,9 +12,9 @@ DequantizeLinear where it has blocks along the row. The values are the same
 bit for bit (dequantization is element-wise) and cost what the rows cost.
 
 ``--stream-weights`` builds the same layout in its onnx-ir graph
-(:func:`gather_streamed`). Codes must be 8-bit integers (the types qlinear stores tables in that
-ONNX Runtime's Gather takes: it takes no 4-bit or float8 tensors); other
-tables stay as they are.
+(:func:`gather_streamed`). Codes must be 8-bit integers (the types qlinear
+stores tables in that ONNX Runtime's Gather takes: it takes no 4-bit or
+float8 tensors); other tables stay as they are.
 """
 
 from __future__ import annotations
@@ -160,15 +160,17 @@ def gathers_codes(dq_output: Any, gather: Any) -> bool:
     dq = dq_output.producer()
     codes = dq.inputs[0]
     scale = dq.inputs[1].const_value
-    block = dq.attributes.get_int("block_size", 0)
-    per_row = scale is not None and (scale.shape.rank() == 0 or dq.attributes.get_int("axis", 1) == 0 or block)
-    return (
-        gather.attributes.get_int("axis", 0) == 0
-        and codes.dtype is not None
-        and codes.dtype.name in ("INT8", "UINT8")
-        and per_row
-        and (block or scale.dtype.name == "FLOAT")
-    )
+    if (
+        scale is None
+        or gather.attributes.get_int("axis", 0) != 0
+        or codes.dtype is None
+        or codes.dtype.name not in ("INT8", "UINT8")
+    ):
+        return False
+    # As the in-memory pass takes them: one scale, blocks along the row, or one float32 scale a row.
+    if scale.shape.rank() == 0 or dq.attributes.get_int("block_size", 0):
+        return True
+    return dq.attributes.get_int("axis", 1) == 0 and scale.dtype.name == "FLOAT"
 
 
 def gather_streamed(ir: Any, graph: Any, gather: Any, dq_output: Any, *, centred: bool) -> None:
