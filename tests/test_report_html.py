@@ -14,7 +14,7 @@ import pytest
 import qlinear.quantize as qq
 from qlinear.cli import main
 from qlinear.quantize._html import render_html
-from quantize_models import audio_front_end
+from quantize_models import audio_front_end, layernorm_attention
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL, CALIBRATION, EVAL = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz"), str(DEMO / "digits_eval.npz")
@@ -62,6 +62,12 @@ def test_page_lists_the_nodes_left_float_and_why():
     section = section[: section.index("</table>")]
     assert "<td>mel</td>" in section and "output reaches a Log" in section
     assert "<td>classifier</td><td>Gemm</td><td>excluded</td>" in section
+
+
+def test_page_names_the_tables_stored_wider_than_asked():
+    model, data = layernorm_attention()
+    page = render_html(qq.quantize_model(model, None, data, weights="int4", promote=False).report)
+    assert "<tr><th>tables widened</th><td>embed int4 → int8 (ONNX Runtime gathers 8-bit codes" in page
 
 
 def test_report_command_renders_a_saved_report(tmp_path, capsys):

@@ -198,6 +198,10 @@ def _summary(report: dict[str, Any]) -> str:
         target = f"top-1 agreement ≥ {_share(t['value'])}" if t["metric"] == "agreement" else f"output SQNR ≥ {t['value']:g} dB"
         state = '<span class="good">met</span>' if promotions["met"] else '<span class="bad">not met</span>'
         rows.append(("target", f"{_e(target)}: {state}, {len(promotions['steps'])} promotion(s)"))
+    widened = report.get("widened") or []
+    if widened:
+        tables = ", ".join(f"{n['name']} {n['asked']} → {n['stored']}" for n in widened)
+        rows.append(("tables widened", f"{tables} ({widened[0]['reason']})"))
     tuned = report.get("finetune")
     if tuned:
         state = "kept" if tuned["kept"] else f"not kept: {tuned['note']}"
