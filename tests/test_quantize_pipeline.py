@@ -22,7 +22,7 @@ from qlinear.quantize._calibrate import calibrate
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
-from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention
+from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, outlier_mlp
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL, CALIBRATION, EVAL = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz"), str(DEMO / "digits_eval.npz")
@@ -252,3 +252,12 @@ def test_unnamed_nodes_are_named_at_once():
     given = [n.name for n in fm.graph.node]
     assert len(set(given)) == len(given) and all(given)
     assert given[0] == f"{model.graph.node[0].op_type}_0_1"
+
+
+def test_the_size_before_is_the_model_as_given_not_as_rewritten():
+    from qlinear.onnx import _large as large
+
+    model, data = outlier_mlp()
+    r = qq.quantize_model(model, None, data, weights="int4", granularity="blocked", activations=None, promote=False).report
+    assert [a for a in r["awq"] if a["alpha"] is not None]  # AWQ put its channel scales into the float model
+    assert r["size_bytes"]["before"] == large.byte_size(model)

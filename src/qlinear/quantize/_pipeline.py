@@ -129,6 +129,7 @@ def quantize_model(
         raise QuantizationError("quantize: give stats (finished statistics) or resume (a calibration to continue), not both")
     out_path = _check_output(model, output)
     fm = load_float_model(model)
+    size_before = fm.size_bytes()  # the model as given: the prepare pass rewrites some weights
     weight_only = options.activations is None
     prepare(fm, weight_only=weight_only)
     planned = plan(fm, options)
@@ -246,7 +247,7 @@ def quantize_model(
             output=out_path,
             options=options,
             opset=built.opset,
-            size_before=fm.size_bytes(),
+            size_before=size_before,
             size_after=large.byte_size(qmodel),
             plan=planned,
             converted=built.converted,
