@@ -175,3 +175,24 @@ def test_a_declared_output_type_unlike_the_zero_point_is_a_warning():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     report = inspect_model(model)
     assert report.warnings == ["node 'q': output 'q' is declared INT8, its zero point is UINT8"]
+
+
+@pytest.mark.parametrize(("weights", "zero_point_rows"), [("int8", False), ("uint8", True)])
+def test_a_table_gathered_as_codes_counts_its_codes_and_rows_parameters(tmp_path, capsys, weights, zero_point_rows):
+    import qlinear.quantize as qq
+    from quantize_models import layernorm_attention
+
+    model, data = layernorm_attention()
+    q = qq.quantize_model(model, None, data, weights=weights, promote=False).model
+    report = inspect_model(q)
+    (table,) = report.gathered_tables
+    rows, columns = 50, 32  # the test model's vocabulary and width
+    assert (table.name, table.quantized_type, table.rows, table.columns) == ("embed", weights, rows, columns)
+    # The codes, a float32 scale a row and, for unsigned codes, a float32 zero point a row.
+    assert table.quantized_bytes == rows * columns + rows * 4 * (2 if zero_point_rows else 1)
+    assert table.float_bytes == rows * columns * 4
+    assert report.float_bytes == sum(n.float_bytes for n in report.qdq_nodes) + table.float_bytes
+    path = tmp_path / "q.onnx"
+    onnx.save(q, path)
+    main(["inspect", str(path)])
+    assert "Table gathered as codes: embed reads" in capsys.readouterr().out

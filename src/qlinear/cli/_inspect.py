@@ -84,6 +84,12 @@ def _print(console: Console, report: ModelReport) -> None:
                 sizes,
             )
     console.print(table)
+    for t in report.gathered_tables:
+        console.print(
+            f"Table gathered as codes: {escape(t.name)} reads {escape(t.table)} ({t.quantized_type}, {t.rows} x {t.columns}; "
+            f"{_size(t.quantized_bytes)} / {_size(t.float_bytes)}), dequantizing only the rows it gathers.",
+            highlight=False,
+        )
     if report.float_bytes:
         ratio = report.float_bytes / report.quantized_bytes
         console.print(

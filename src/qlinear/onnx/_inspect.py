@@ -14,7 +14,7 @@ from qlinear.onnx._analysis import analyse
 from qlinear.onnx._qdq_check import QDQ_OPS, QDQCheck
 from qlinear.onnx._tensor_info import TensorInfo
 
-__all__ = ["ModelReport", "QDQNodeReport", "inspect_model"]
+__all__ = ["GatheredTableReport", "ModelReport", "QDQNodeReport", "inspect_model"]
 
 # More distinct zero points than this are summarised by their range.
 _LISTED_ZERO_POINTS = 8
@@ -63,6 +63,26 @@ class QDQNodeReport:
 
 
 @dataclass(frozen=True)
+class GatheredTableReport:
+    """An embedding table stored as codes that a Gather reads row by row, dequantized after it (as qlinear quantize writes it).
+
+    Attributes:
+        name: the Gather node; table: the codes' initializer.
+        quantized_type: the codes' type; rows, columns: the table's shape.
+        quantized_bytes: the codes and the rows' scales and zero points in the file.
+        float_bytes: the table in float32.
+    """
+
+    name: str
+    table: str
+    quantized_type: str
+    rows: int
+    columns: int
+    quantized_bytes: int
+    float_bytes: int
+
+
+@dataclass(frozen=True)
 class ModelReport:
     """A model's opsets, domains, Q/DQ nodes and problems."""
 
@@ -75,14 +95,15 @@ class ModelReport:
     # Valid but suspicious: scales that are NaN, infinite, zero, negative or subnormal; declared output
     # types that differ from the zero point's.
     warnings: list[str] = field(default_factory=list)
+    gathered_tables: list[GatheredTableReport] = field(default_factory=list)
 
     @property
     def quantized_bytes(self) -> int:
-        return sum(n.quantized_bytes for n in self.qdq_nodes)
+        return sum(n.quantized_bytes for n in (*self.qdq_nodes, *self.gathered_tables))
 
     @property
     def float_bytes(self) -> int:
-        return sum(n.float_bytes for n in self.qdq_nodes)
+        return sum(n.float_bytes for n in (*self.qdq_nodes, *self.gathered_tables))
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready data, totals included."""
@@ -122,6 +143,7 @@ def inspect_model(model: onnx.ModelProto) -> ModelReport:
         qdq_nodes=nodes,
         problems=analysis.problems,
         warnings=warnings,
+        gathered_tables=_gathered_tables(model.graph, initializers),
     )
 
 
@@ -253,6 +275,47 @@ def _qdq_report(
         float_bytes=float_bytes,
         problem=problem,
     )
+
+
+_CODES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+
+
+def _gathered_tables(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> list[GatheredTableReport]:
+    """The Gathers of 2-D 8-bit tables whose rows a DequantizeLinear or a Cast reads (the rows' dequantization).
+
+    The rows' scales and zero points are the tables of fewer columns that
+    Gathers of the same indices read (a column a row, or one a block), or
+    the DequantizeLinear's own constants.
+    """
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    found = []
+    for node in graph.node:
+        codes = initializers.get(node.input[0]) if node.op_type == "Gather" and node.input else None
+        if codes is None or codes.data_type not in _CODES or len(codes.dims) != 2:
+            continue
+        after = readers.get(node.output[0], [])
+        if len(after) != 1 or after[0].op_type not in ("DequantizeLinear", "Cast"):
+            continue
+        rows, columns = codes.dims
+        params = [
+            initializers[n.input[0]]
+            for n in readers.get(node.input[1], [])
+            if n is not node and n.op_type == "Gather" and n.input[0] in initializers
+            and len(initializers[n.input[0]].dims) == 2 and initializers[n.input[0]].dims[0] == rows
+            and initializers[n.input[0]].dims[1] < columns
+        ]  # fmt: skip
+        if after[0].op_type == "DequantizeLinear":
+            params += [initializers[t] for t in after[0].input[1:] if t in initializers]
+        stored = sum(_stored_bytes(t) for t in (codes, *params))
+        found.append(
+            GatheredTableReport(
+                node.name, codes.name, element_type(codes.data_type).name, rows, columns, stored, rows * columns * 4
+            )
+        )
+    return found
 
 
 def _stored_bytes(t: onnx.TensorProto) -> int:
