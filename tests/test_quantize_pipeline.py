@@ -261,3 +261,12 @@ def test_the_size_before_is_the_model_as_given_not_as_rewritten():
     r = qq.quantize_model(model, None, data, weights="int4", granularity="blocked", activations=None, promote=False).report
     assert [a for a in r["awq"] if a["alpha"] is not None]  # AWQ put its channel scales into the float model
     assert r["size_bytes"]["before"] == large.byte_size(model)
+
+
+def test_a_model_stamped_with_an_ir_version_onnx_runtime_cannot_read_says_how_to_fix_it():
+    model, data = layernorm_attention()
+    model.ir_version = 99  # as onnx.helper.make_model stamps the onnx package's newest, past what ONNX Runtime reads
+    with pytest.raises(QuantizationError, match=r"Unsupported model IR version: 99.*; set model\.ir_version = \d+ \(or lower"):
+        qq.quantize_model(model, None, data)
+    model.ir_version = 8
+    assert qq.quantize_model(model, None, data, promote=False).report["output"]["sqnr_db"] > 30

@@ -8,6 +8,7 @@ there are.
 
 from __future__ import annotations
 
+import re
 import resource
 import time
 from collections.abc import Callable
@@ -89,12 +90,23 @@ def session(
             return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         return large.session(model, so, ["CPUExecutionProvider"])
     except Exception as e:  # ONNX Runtime raises its own exception types; the user needs the one line
-        raise QuantizationError(f"quantize: ONNX Runtime cannot load the model: {_first_line(e)}") from None
+        raise QuantizationError(f"quantize: ONNX Runtime cannot load the model: {_first_line(e)}{_hint(e)}") from None
 
 
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _hint(e: Exception) -> str:
+    """What to do about a load error the user can fix in one line."""
+    newest = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", str(e))
+    if newest:  # onnx.helper.make_model stamps the onnx package's newest IR version, which ONNX Runtime may not read yet
+        return (
+            f"; set model.ir_version = {newest.group(2)} (or lower, down to what its opsets need) before saving it: "
+            f"IR version {newest.group(1)} is newer than this ONNX Runtime {ort.__version__} reads"
+        )
+    return ""
 
 
 def run_batch(sess: ort.InferenceSession, names: list[str] | None, feeds: dict, what: str) -> list:
