@@ -22,20 +22,20 @@ from qlinear.quantize._report import print_report
 VOCAB, WIDTH, CONTEXT = 96, 48, 24
 
 
-def _model(*, table_reads_quantized: bool) -> onnx.ModelProto:
-    """ids -> embedding (rows of differing norms; also an output) -> [Relu] -> MatMul.
+def _model(*, table_reads_quantized: bool, dtype: type = np.float32) -> onnx.ModelProto:
+    """ids -> embedding (rows of differing norms; also an output) -> [Relu] -> MatMul, in ``dtype``.
 
     With the Relu the table's output is no quantized activation.
     """
     rng = np.random.default_rng(0)
     g = qo.Graph("embedding", opset=17)
     ids = g.input("ids", "int64", ("N", CONTEXT))
-    table = (rng.standard_normal((VOCAB, WIDTH)) * rng.uniform(0.05, 2.0, (VOCAB, 1))).astype(np.float32)
+    table = (rng.standard_normal((VOCAB, WIDTH)) * rng.uniform(0.05, 2.0, (VOCAB, 1))).astype(dtype)
     x = g.op("Gather", [table, ids], name="embed", output_names=["rows"])
     g.output(x)
     if not table_reads_quantized:
         x = g.op("Relu", [x], name="relu")
-    g.output(g.op("MatMul", [x, (rng.standard_normal((WIDTH, 16)) * 0.2).astype(np.float32)], name="proj", output_names=["y"]))
+    g.output(g.op("MatMul", [x, (rng.standard_normal((WIDTH, 16)) * 0.2).astype(dtype)], name="proj", output_names=["y"]))
     return g.to_model()
 
 
@@ -91,6 +91,31 @@ def test_gathered_codes_equal_the_whole_table_dequantized(weights, granularity):
     np.testing.assert_array_equal(rows, whole[ids])
     node = next(n for n in r.report["nodes"] if n["name"] == "embed")
     assert node["runs_as"] == GATHER_CODES and node["fused"]
+
+
+@pytest.mark.parametrize("weights", ["int8", "uint8"])
+def test_a_float16_models_table_is_gathered_bit_for_bit(weights):
+    ids = _ids(40)
+    r = qq.quantize_model(
+        _model(table_reads_quantized=False, dtype=np.float16), None, {"ids": ids}, weights=weights, activations=None,
+        promote=False,
+    )  # fmt: skip
+    g = r.model.graph
+    assert _table_reads(r.model) == ["Gather"]
+    cast = next(n for n in g.node if n.op_type == "Cast")
+    assert cast.attribute[0].i == onnx.TensorProto.FLOAT16  # the rows in the model's own type
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    codes = next(v for v in inits.values() if v.shape == (VOCAB, WIDTH))
+    rows_of = {n.output[0]: inits[n.input[0]] for n in g.node if n.op_type == "Gather" and n.input[0] in inits}
+    writer = next(n for n in g.node if "rows" in n.output)
+    scale = next(rows_of[t] for t in writer.input if t in rows_of).reshape(-1)
+    sub = next((n for n in g.node if n.op_type == "Sub"), None)
+    zp = None if sub is None else rows_of[sub.input[1]].reshape(-1).astype(np.dtype(weights))
+    assert scale.dtype == np.float16 and (sub is not None) == (weights == "uint8")
+    whole = qlinear.dequantize_linear(codes, scale, zp, axis=0)
+    rows = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["rows"], {"ids": ids})[0]
+    assert rows.dtype == np.float16 and np.array_equal(rows.view(np.uint16), whole[ids].view(np.uint16))
+    assert r.report["fusion"]["unfused"] == []
 
 
 def test_a_4_bit_run_stores_its_tables_at_8_bits_and_gathers_them():

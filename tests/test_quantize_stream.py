@@ -26,7 +26,8 @@ def _external(folder: Path, arrays: dict[str, np.ndarray], *, location: str = "m
     inits, offset = [], 0
     with open(folder / "model.onnx.data", "wb") as f:
         for name, w in arrays.items():
-            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(w.shape), data_location=TensorProto.EXTERNAL)
+            kind = helper.np_dtype_to_tensor_dtype(w.dtype)
+            t = TensorProto(name=name, data_type=kind, dims=list(w.shape), data_location=TensorProto.EXTERNAL)
             for key, value in (("location", location), ("offset", str(offset)), ("length", str(w.nbytes))):
                 t.external_data.add(key=key, value=value)
             w.tofile(f)
@@ -164,19 +165,24 @@ def _table_model(folder: Path, table: np.ndarray, weight: np.ndarray) -> Path:
         helper.make_node("Relu", ["rows"], ["h"], name="relu"),
         helper.make_node("MatMul", ["h", "w"], ["y"], name="proj"),
     ]
+    kind = helper.np_dtype_to_tensor_dtype(table.dtype)
     graph = helper.make_graph(
         nodes, "table", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 12])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 12, table.shape[1]]),
-         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 12, weight.shape[1]])], initializer=inits,
+        [helper.make_tensor_value_info("rows", kind, ["N", 12, table.shape[1]]),
+         helper.make_tensor_value_info("y", kind, ["N", 12, weight.shape[1]])], initializer=inits,
     )  # fmt: skip
     return _save(folder, graph, 21)
 
 
-@pytest.mark.parametrize(("weights", "granularity"), [("int8", "per-channel"), ("uint8", "per-channel"), ("int4", "blocked")])
-def test_streamed_tables_gather_their_codes_as_the_in_memory_path_does(tmp_path, weights, granularity):
+@pytest.mark.parametrize(
+    ("weights", "granularity", "dtype"),
+    [("int8", "per-channel", np.float32), ("uint8", "per-channel", np.float32), ("int4", "blocked", np.float32),
+     ("uint8", "per-channel", np.float16)],
+)  # fmt: skip
+def test_streamed_tables_gather_their_codes_as_the_in_memory_path_does(tmp_path, weights, granularity, dtype):
     rng = np.random.default_rng(0)
-    table = (rng.standard_normal((300, 64)) * rng.uniform(0.05, 2.0, (300, 1))).astype(np.float32)
-    src = _table_model(tmp_path / "in", table, (rng.standard_normal((64, 32)) * 0.1).astype(np.float32))
+    table = (rng.standard_normal((300, 64)) * rng.uniform(0.05, 2.0, (300, 1))).astype(dtype)
+    src = _table_model(tmp_path / "in", table, (rng.standard_normal((64, 32)) * 0.1).astype(dtype))
     options = dict(weights=weights, granularity=granularity, activations=None)
     out = tmp_path / "streamed.onnx"
     qq.quantize_weights_streaming(src, out, qq.QuantizeOptions(**options))
@@ -194,4 +200,4 @@ def test_streamed_tables_gather_their_codes_as_the_in_memory_path_does(tmp_path,
     assert np.array_equal(codes, qlinear.from_tensor_proto(inits["table_quantized"]))
     got = qo.run(str(out), feeds, backend="onnxruntime")
     ref = qo.run(whole, feeds, backend="onnxruntime")
-    np.testing.assert_array_equal(got["rows"], ref["rows"])  # the rows' values bit for bit the in-memory path's
+    assert got["rows"].dtype == dtype and np.array_equal(got["rows"], ref["rows"])  # bit for bit the in-memory path's

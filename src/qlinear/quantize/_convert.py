@@ -31,7 +31,7 @@ from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import DATA_MOVEMENT_OPS, NodePlan, Plan
 
-__all__ = ["TYPE_OPSET", "ConvertedNode", "at_opset", "convert", "required_opset", "sqnr_db"]
+__all__ = ["TYPE_OPSET", "ConvertedNode", "at_opset", "convert", "in_float_type", "required_opset", "sqnr_db"]
 
 _INT32 = np.iinfo(np.int32)
 # The first ai.onnx opset that holds each type in QuantizeLinear/DequantizeLinear.
@@ -118,7 +118,7 @@ def convert(
     for t in plan.calibrate:
         p = activation_params[t]
         scale_name, zp_name = names.fresh(f"{t}_scale"), names.fresh(f"{t}_zero_point")
-        scale = _in_float_type(p.scale, fm.elem_types.get(t, TensorProto.FLOAT))
+        scale = in_float_type(p.scale, fm.elem_types.get(t, TensorProto.FLOAT))
         new_inits += [to_tensor_proto(scale, scale_name), to_tensor_proto(p.zero_point, zp_name)]
         param_names[t] = (scale_name, zp_name)
     quantized_name = {t: names.fresh(f"{t}_quantized") for t in plan.activations}
@@ -267,7 +267,7 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
         return result
     act_scale = ctx.activation_params[plan.root(p.activations[0])].scale
     bias_type = fm.elem_types.get(p.bias, TensorProto.FLOAT) if p.bias else fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)
-    bias_scale = _in_float_type((np.float32(act_scale) * stored.params.scale.astype(np.float32)).astype(np.float32), bias_type)
+    bias_scale = in_float_type((np.float32(act_scale) * stored.params.scale.astype(np.float32)).astype(np.float32), bias_type)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.clip(np.rint(bias.astype(np.float64) / bias_scale.astype(np.float64)), _INT32.min, _INT32.max)
     q = np.where(np.isfinite(q), q, 0).astype(np.int32)
@@ -301,7 +301,7 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
         x = w
     # In the weight's own float type: a float16 model's DequantizeLinear gives float16 (the scale's type).
     params = QuantParams(
-        _in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point
+        in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point
     )
     x = x if params.scale.dtype != np.float32 else x.astype(np.float32, copy=False)
     codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
@@ -402,7 +402,7 @@ _FLOAT_TYPES = {
 }
 
 
-def _in_float_type(scale: np.ndarray, elem_type: int) -> np.ndarray:
+def in_float_type(scale: np.ndarray, elem_type: int) -> np.ndarray:
     """``scale`` in the float type of the tensor it scales (float32 for any other), never below its smallest normal value."""
     dtype, smallest = _FLOAT_TYPES.get(elem_type, _FLOAT_TYPES[TensorProto.FLOAT])
     return np.asarray(np.maximum(scale.astype(np.float64), smallest), dtype)

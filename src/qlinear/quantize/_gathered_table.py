@@ -7,7 +7,7 @@ table a large share of each token's time. This pass, the last rewrite of a
 finished QDQ model, gathers the codes instead, with each row's scales and
 zero points beside them, and dequantizes only the rows: a DequantizeLinear
 where the table has one scale, ``(codes - zero point) * scale`` written out
-as Cast, Sub and Mul where it has one (float32) scale a row, a blocked
+as Cast, Sub and Mul where it has one (float32 or float16) scale a row, a blocked
 DequantizeLinear where it has blocks along the row. The values are the same
 bit for bit (dequantization is element-wise) and cost what the rows cost.
 
@@ -30,6 +30,10 @@ from qlinear.quantize._model import attribute, fresh_name
 __all__ = ["gather_streamed", "gather_tables", "gathers_codes"]
 
 _GATHERED_CODES = frozenset({TensorProto.INT8, TensorProto.UINT8})
+# The scale types whose rows are dequantized as Cast, Sub and Mul, and the Cast's type. 8-bit codes and their
+# differences with a zero point are exact in both, and ONNX Runtime's Mul rounds the product once, as its
+# DequantizeLinear does (checked bit for bit in float16 too). Its CPU provider has no bfloat16 Mul.
+_CAST_TO = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
 
 
 def gather_tables(model: onnx.ModelProto) -> list[str]:
@@ -75,7 +79,7 @@ def gather_tables(model: onnx.ModelProto) -> list[str]:
 def _table(dq: onnx.NodeProto, inits: dict[str, TensorProto]):
     """``(scale, zero_point, block)`` of a DequantizeLinear of a 2-D constant table by rows, or None.
 
-    ``block`` 0: one float32 scale a row, or one for the whole table where ``scale`` is a scalar.
+    ``block`` 0: one float32 or float16 scale a row, or one for the whole table where ``scale`` is a scalar.
     """
     if dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx") or dq.input[0] not in inits:
         return None
@@ -90,7 +94,7 @@ def _table(dq: onnx.NodeProto, inits: dict[str, TensorProto]):
     axis, block = attribute(dq, "axis", 1) % 2, attribute(dq, "block_size", 0)
     if scale.size == 1 and block == 0:  # one scale for the whole table
         return scale.reshape(()), None if zero_point is None else zero_point.reshape(()), 0
-    if block == 0 and scale.ndim == 1 and axis == 0 and scale.dtype == np.float32:
+    if block == 0 and scale.ndim == 1 and axis == 0 and scale.dtype in _CAST_TO:
         return scale, zero_point, 0
     if block and scale.ndim == 2 and axis == 1:  # the DequantizeLinear read is blocked already: opset 21
         return scale, zero_point, block
@@ -138,14 +142,13 @@ def _gather_codes(gather, codes, scale, zero_point, block, g, taken) -> list[onn
             block_size=block,
         )
         return [*nodes, dq]
-    # One scale a row: (codes - zero point) * scale written out, which ONNX Runtime runs 3-4x faster than a
-    # blocked DequantizeLinear. Bit for bit the same: the codes and their difference with the zero point are
-    # exact in float32, and the product is rounded once, as DequantizeLinear rounds it.
+    # One scale a row: (codes - zero point) * scale written out (see _CAST_TO), which ONNX Runtime runs 3-4x
+    # faster than a blocked DequantizeLinear.
     s_rows = rows_of(scale.reshape(-1, 1), "scale")
     values = fresh(f"{out}_values")
-    nodes.append(helper.make_node("Cast", [gathered], [values], name=fresh(f"{gather.name}_Cast"), to=TensorProto.FLOAT))
+    nodes.append(helper.make_node("Cast", [gathered], [values], name=fresh(f"{gather.name}_Cast"), to=_CAST_TO[scale.dtype]))
     if zero_point is not None and np.any(zero_point):
-        z_rows = rows_of(zero_point.astype(np.float32).reshape(-1, 1), "zero_point")
+        z_rows = rows_of(zero_point.astype(scale.dtype).reshape(-1, 1), "zero_point")
         centred = fresh(f"{out}_centred")
         nodes.append(helper.make_node("Sub", [values, z_rows], [centred], name=fresh(f"{gather.name}_Sub")))
         values = centred
@@ -170,7 +173,7 @@ def gathers_codes(dq_output: Any, gather: Any) -> bool:
     # As the in-memory pass takes them: one scale, blocks along the row, or one float32 scale a row.
     if scale.shape.rank() == 0 or dq.attributes.get_int("block_size", 0):
         return True
-    return dq.attributes.get_int("axis", 1) == 0 and scale.dtype.name == "FLOAT"
+    return dq.attributes.get_int("axis", 1) == 0 and scale.dtype.name in ("FLOAT", "FLOAT16")
 
 
 def gather_streamed(ir: Any, graph: Any, gather: Any, dq_output: Any, *, centred: bool) -> None:
@@ -204,9 +207,9 @@ def gather_streamed(ir: Any, graph: Any, gather: Any, dq_output: Any, *, centred
     else:  # one scale a row: (codes - zero point) * scale, as the in-memory pass writes it
         last = ir.Value(name=f"{name}_last_axis", const_value=ir.tensor(np.array([-1], np.int64), name=f"{name}_last_axis"))
         graph.register_initializer(last)
-        values = op("Cast", [rows], to=ir.DataType.FLOAT)
+        values = op("Cast", [rows], to=scale.dtype)
         if centred and zero_point is not None:
-            z = op("Unsqueeze", [op("Cast", [op("Gather", [zero_point, ids], axis=0)], to=ir.DataType.FLOAT), last])
+            z = op("Unsqueeze", [op("Cast", [op("Gather", [zero_point, ids], axis=0)], to=scale.dtype), last])
             values = op("Sub", [values, z])
         result = op("Mul", [values, op("Unsqueeze", [op("Gather", [scale, ids], axis=0), last])])
     graph.insert_after(gather, nodes)

@@ -40,7 +40,8 @@ from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.quantize._calibrate import peak_rss_bytes
 from qlinear.quantize._checked import check_quantized
-from qlinear.quantize._choose import weight_params
+from qlinear.quantize._choose import QuantParams, weight_params
+from qlinear.quantize._convert import in_float_type
 from qlinear.quantize._gathered_table import gather_streamed, gathers_codes
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import TABLE_TYPE
@@ -203,6 +204,10 @@ def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base:
     """A DequantizeLinear of lazily quantized codes for ``weight``, inserted before ``node``; its output value."""
     source = weight.const_value
     shape = source.shape
+    # The scale in the weight's own float type, as the in-memory path stores it: a float16 model's
+    # DequantizeLinear gives float16, and its codes are the float16 weight's.
+    params = QuantParams(in_float_type(params.scale, source.dtype.value), params.zero_point)
+    own_type = params.scale.dtype != np.float32
     # Scales and zero points wait in files: the lazy codes must not hold them either.
     scale, load_scale = _spilled(ir, params.scale, f"{weight.name}_scale", spill)
     zero_point, load_zero_point = (None, lambda: None)
@@ -211,7 +216,8 @@ def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base:
     scale_is_array = params.scale.ndim > 0
 
     def codes():
-        array = _read(source, base).astype(np.float32)
+        array = _read(source, base)
+        array = array if own_type else array.astype(np.float32)
         q = qlinear.quantize_linear(array, load_scale(), load_zero_point(), axis=axis, block_size=block, output_dtype=t.name)
         return ir.Tensor(q, name=f"{weight.name}_quantized")
 
