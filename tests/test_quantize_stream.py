@@ -190,6 +190,8 @@ def test_streamed_tables_gather_their_codes_as_the_in_memory_path_does(tmp_path,
     streamed = onnx.load(str(out))
     table_reads = [n.op_type for n in streamed.graph.node if "table_quantized" in n.input]
     assert table_reads == ["Gather"]  # no DequantizeLinear of the whole table
+    read = {i for n in streamed.graph.node for i in n.input}
+    assert [t.name for t in streamed.graph.initializer if t.name not in read] == []  # the float table and unread zero points gone
     codes = _codes(out, "table")
     assert codes.dtype == (np.uint8 if weights == "uint8" else np.int8)  # an int4 run stores its table at int8
     feeds = {"ids": rng.integers(0, 300, (5, 12)).astype(np.int64)}

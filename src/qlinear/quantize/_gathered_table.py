@@ -214,5 +214,5 @@ def gather_streamed(ir: Any, graph: Any, gather: Any, dq_output: Any, *, centred
         result = op("Mul", [values, op("Unsqueeze", [op("Gather", [scale, ids], axis=0), last])])
     graph.insert_after(gather, nodes)
     out.replace_all_uses_with(result, replace_graph_outputs=True)
-    graph.remove(gather)
+    graph.remove(gather, safe=True)  # safe: the float table it read is no longer read by it
     result.name, result.type, result.shape = out.name, out.type, out.shape

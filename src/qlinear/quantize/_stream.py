@@ -127,11 +127,14 @@ def quantize_weights_streaming(
                 gather_streamed(ir, graph, node, done[weight.name], centred=centred[weight.name])
             else:
                 node.replace_input_with(index, done[weight.name])
+        unread = list(done)  # the float weights, and the parameters of the DequantizeLinears removed below
         for value in done.values():  # a DequantizeLinear only gathered tables read is left unread
             if not list(value.uses()):
-                graph.remove(value.producer())
-        for name in done:
-            if not list(graph.initializers[name].uses()):  # a weight some other operator still reads stays
+                dq = value.producer()
+                unread += [v.name for v in dq.inputs[1:] if v is not None]
+                graph.remove(dq, safe=True)
+        for name in unread:
+            if name in graph.initializers and not list(graph.initializers[name].uses()):  # one still read stays
                 graph.initializers.pop(name)
         _set_opset(model, opset)
         _write(ir, model, out)
