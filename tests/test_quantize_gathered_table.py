@@ -65,6 +65,8 @@ def test_gathered_codes_equal_the_whole_table_dequantized(weights, granularity):
     )  # fmt: skip
     g = r.model.graph
     assert _table_reads(r.model) == ["Gather"]
+    read = {i for n in g.node for i in n.input}
+    assert [t.name for t in g.initializer if t.name not in read] == []  # the whole-table parameters gone
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     codes = next(v for v in inits.values() if v.shape == (VOCAB, WIDTH))
     # The oracle: the whole table dequantized by qlinear (bit for bit the specification), then its rows taken.
