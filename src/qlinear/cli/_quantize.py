@@ -36,6 +36,7 @@ from qlinear.quantize import (
     report_json,
 )
 from qlinear.quantize._html import render_html
+from qlinear.quantize._plan import WIDENED_TABLE
 from qlinear.quantize._stream import quantize_weights_streaming
 
 _DEMO = "digits_cnn.onnx"
@@ -320,6 +321,7 @@ def _stream(args: argparse.Namespace) -> int:
         "weight_bytes": {"before": r.bytes_before, "after": r.bytes_after},
         "seconds": r.seconds,
         "peak_rss_bytes": r.peak_rss_bytes,
+        "widened": [{"table": name, "asked": args.weights, "reason": WIDENED_TABLE} for name in r.widened],
     }
     if args.json or args.json_file:
         write_json(json.dumps(summary, indent=2), args)
@@ -327,7 +329,8 @@ def _stream(args: argparse.Namespace) -> int:
         Console().print(
             f"qlinear quantize: {r.weights} weights, {r.bytes_before / 2**20:.1f} MiB -> {r.bytes_after / 2**20:.1f} MiB, "
             f"one at a time, in {r.seconds:.1f} s, peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB -> {r.path} "
-            "(no calibration or evaluation: run the model on your runtime to check it)",
+            "(no calibration or evaluation: run the model on your runtime to check it)"
+            + (f"; tables at 8 bits: {', '.join(r.widened)} ({WIDENED_TABLE})" if r.widened else ""),
             highlight=False,
             soft_wrap=True,
         )

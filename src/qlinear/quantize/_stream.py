@@ -29,7 +29,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +62,7 @@ class StreamResult:
     bytes_after: int
     seconds: float
     peak_rss_bytes: int
+    widened: list[str] = field(default_factory=list)  # tables stored at 8 bits where fewer were asked for (WIDENED_TABLE)
 
 
 def quantize_weights_streaming(
@@ -91,6 +92,7 @@ def quantize_weights_streaming(
     t = element_type(options.weights)
     done: dict[str, ir.Value] = {}  # weight name -> its DequantizeLinear's output
     centred: dict[str, bool] = {}  # weight name -> whether some zero point is not 0
+    widened: list[str] = []
     spill = Path(tempfile.mkdtemp(prefix=".qlinear-scales-", dir=out.resolve().parent if out.resolve().parent.is_dir() else None))
     try:
         before = after = 0
@@ -114,6 +116,8 @@ def quantize_weights_streaming(
                     continue
                 # A table at 8 bits at least, as the plan pass stores it: ONNX Runtime gathers no narrower codes.
                 wt = element_type(TABLE_TYPE.get(options.weights, options.weights)) if node.op_type == "Gather" else t
+                if wt is not t:
+                    widened.append(weight.name)
                 params, axis, block = weight_params(
                     array.astype(np.float32), wt, granularity=options.granularity, channel_axis=channel_axis % array.ndim,
                     reduction_axis=reduction_axis % array.ndim, block_size=options.block_size, clip=options.weight_clip,
@@ -140,7 +144,7 @@ def quantize_weights_streaming(
         _write(ir, model, out)
     finally:
         shutil.rmtree(spill, ignore_errors=True)
-    return StreamResult(out, len(done), before, after, time.perf_counter() - start, peak_rss_bytes())
+    return StreamResult(out, len(done), before, after, time.perf_counter() - start, peak_rss_bytes(), widened)
 
 
 def _weight_site(node) -> tuple[int, int, int] | None:
