@@ -56,6 +56,23 @@ def test_gptq_lowers_the_output_error_and_keeps_its_codes(t, granularity, transp
     assert gain > (0.3 if t == "int2" else 1.0), gain
 
 
+@pytest.mark.parametrize("granularity", ["blocked", "per-channel"])
+def test_gptq_takes_the_clipped_ranges_weight_clip_mse_asks_for(granularity):
+    k, n = 128, 48
+    rng = np.random.default_rng(11)  # its own draws, whatever ran before
+    x = (rng.standard_normal((2000, k)) @ (rng.standard_normal((k, k)) * 0.4 + np.eye(k))).astype(np.float32)
+    w = rng.laplace(0, 0.05, (k, n)).astype(np.float32)  # heavy tails: the min-max range wastes int4's levels
+    gram = x.astype(np.float64).T @ x
+    layout = dict(granularity=granularity, channel_axis=1, reduction_axis=0, block_size=32)
+    t = element_type("int4")
+    q_minmax, p_minmax, *_ = gptq_weight(w, gram, t, **layout)
+    q_mse, p_mse, axis, block = gptq_weight(w, gram, t, **layout, clip="mse")
+    np.testing.assert_array_equal(_dequantized(q_mse, p_mse, axis, block, "int4"), q_mse)  # still its own codes
+    assert (p_mse.scale < p_minmax.scale).sum() > p_mse.scale.size // 2  # most ranges clipped
+    ref = x @ w
+    assert _sqnr(ref, x @ q_mse) > _sqnr(ref, x @ q_minmax) + 0.5
+
+
 def test_gptq_is_not_used_where_it_does_not_apply():
     gram = np.eye(8)
     w = np.ones((8, 4), np.float32)

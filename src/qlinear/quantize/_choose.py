@@ -32,7 +32,7 @@ import numpy as np
 from qlinear.dtypes import ElementType
 from qlinear.quantize._stats import TensorStats
 
-__all__ = ["QuantParams", "activation_params", "scale_and_zero_point", "weight_params"]
+__all__ = ["QuantParams", "activation_params", "clipped_range", "scale_and_zero_point", "weight_params"]
 
 _SMALLEST_NORMAL = np.float32(2.0**-126)  # 1.1754944e-38
 _FACTORS = np.arange(128, 0, -1, dtype=np.float64) / 128  # range shrink factors searched by mse and entropy
@@ -190,7 +190,7 @@ def weight_params(
         shape = tuple(np.moveaxis(np.empty((*moved.shape[:-1], nblocks), np.uint8), -1, axis).shape)
     low, high = groups.min(axis=1).astype(np.float64), groups.max(axis=1).astype(np.float64)
     if clip == "mse":
-        low, high = _mse_clip(groups, low, high, t, symmetric)
+        low, high = clipped_range(groups, low, high, t, symmetric)
     scale, zp = scale_and_zero_point(low, high, t, symmetric)
     if granularity == "blocked":
         blocked_shape = (*moved.shape[:-1], nblocks)
@@ -204,7 +204,8 @@ def weight_params(
     return QuantParams(scale, zero_point), axis, block
 
 
-def _mse_clip(groups: np.ndarray, low: np.ndarray, high: np.ndarray, t: ElementType, symmetric: bool):
+def clipped_range(groups: np.ndarray, low: np.ndarray, high: np.ndarray, t: ElementType, symmetric: bool):
+    """Each row of ``groups``' range ``(low, high)`` shrunk by the factor (1 to 0.5) whose rounding has the least squared error."""
     best_err = np.full(groups.shape[0], np.inf)
     best_low, best_high = low.copy(), high.copy()
     qmin, qmax = (t.qmin, t.qmax) if t.is_integer else (-_qmax(t), _qmax(t))

@@ -354,7 +354,7 @@ def _gptq(p: NodePlan, w: np.ndarray, wt, ctx: _Context):
     o = ctx.options
     return gptq_weight(
         w, gram, wt, granularity=o.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
-        block_size=o.block_size,
+        block_size=o.block_size, clip=o.weight_clip,
     )  # fmt: skip
 
 

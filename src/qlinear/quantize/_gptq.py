@@ -14,7 +14,9 @@ data falls well below plain rounding's at the same bits (Frantar et al.,
   K x N, not a Python loop over elements;
 - blocked weights take each block's scale from the block's rows as they
   stand when the block is reached (already moved by the rows before);
-  per-channel weights take their scales from the original weights;
+  per-channel weights take their scales from the original weights; with
+  ``--weight-clip mse`` each range is first shrunk to the one with the
+  least rounding error (:func:`._choose.clipped_range`), as without GPTQ;
 - the result is the dequantized weight and its parameters: quantizing it
   again with those parameters (:func:`qlinear.quantize_linear`) gives the
   same codes, so the stored model is written by the same path as every
@@ -30,7 +32,7 @@ import onnx
 from onnx import helper
 
 from qlinear.dtypes import ElementType
-from qlinear.quantize._choose import QuantParams, scale_and_zero_point
+from qlinear.quantize._choose import QuantParams, clipped_range, scale_and_zero_point
 
 __all__ = ["DAMPING", "gram_inputs", "gptq_weight", "layer_input"]
 
@@ -63,6 +65,7 @@ def gptq_weight(
     channel_axis: int,
     reduction_axis: int,
     block_size: int,
+    clip: str = "minmax",
 ) -> tuple[np.ndarray, QuantParams, int, int] | None:
     """``(dequantized weight, params, axis, block_size)`` for a 2-D weight, or None where GPTQ does not apply.
 
@@ -80,7 +83,7 @@ def gptq_weight(
     weight = weight if reduction_axis == 0 else weight.T
     symmetric = t.qmin < 0
     block = block_size if granularity == "blocked" else 0
-    q, scale, zero = _gptq(weight, np.array(gram, np.float64), t, block, symmetric)
+    q, scale, zero = _gptq(weight, np.array(gram, np.float64), t, block, symmetric, clip == "mse")
     if granularity == "per-channel":
         params = QuantParams(scale[0].astype(np.float32), zero[0].astype(t.dtype))
         axis = channel_axis % 2
@@ -93,7 +96,7 @@ def gptq_weight(
     return np.ascontiguousarray(out, np.float32), params, axis, block
 
 
-def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: bool):
+def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: bool, clip: bool):
     """GPTQ on ``w`` (K, N): the dequantized weight and the scales/zero points, one row of them a block (or one row)."""
     k, n = w.shape
     w = w.copy()
@@ -106,7 +109,7 @@ def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: b
     scales = np.ones((nblocks, n))
     zeros = np.zeros((nblocks, n))
     if not block:
-        scales[0], zeros[0] = scale_and_zero_point(w.min(axis=0), w.max(axis=0), t, symmetric)
+        scales[0], zeros[0] = _params(w, t, symmetric, clip)
     q = np.zeros_like(w)
     lazy = _LAZY_ROWS if not block else block * max(1, _LAZY_ROWS // block)
     for i1 in range(0, k, lazy):
@@ -118,8 +121,7 @@ def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: b
             row = i1 + i
             if block and row % block == 0:
                 # The block's scale from its rows as they stand now (all inside this batch: lazy is a multiple of block).
-                rows = w1[i : i + block]
-                scales[row // block], zeros[row // block] = scale_and_zero_point(rows.min(axis=0), rows.max(axis=0), t, symmetric)
+                scales[row // block], zeros[row // block] = _params(w1[i : i + block], t, symmetric, clip)
             s, z = scales[row // block if block else 0], zeros[row // block if block else 0]
             qrow = (np.clip(np.rint(w1[i] / s) + z, t.qmin, t.qmax) - z) * s
             q[row] = qrow
@@ -128,6 +130,14 @@ def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: b
             err1[i] = err
         w[i2:] -= hinv[i1:i2, i2:].T @ err1
     return q, scales, zeros
+
+
+def _params(rows: np.ndarray, t: ElementType, symmetric: bool, clip: bool):
+    """Scale and zero point of each column of ``rows`` (its min-max range, or the clipped one)."""
+    low, high = rows.min(axis=0), rows.max(axis=0)
+    if clip:
+        low, high = clipped_range(rows.T, low, high, t, symmetric)
+    return scale_and_zero_point(low, high, t, symmetric)
 
 
 def _upper_cholesky_of_inverse(h: np.ndarray) -> np.ndarray:
