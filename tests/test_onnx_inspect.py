@@ -196,3 +196,20 @@ def test_a_table_gathered_as_codes_counts_its_codes_and_rows_parameters(tmp_path
     onnx.save(q, path)
     main(["inspect", str(path)])
     assert "Table gathered as codes: embed reads" in capsys.readouterr().out
+
+
+def test_a_table_dequantized_whole_for_a_gather_is_a_warning():
+    g = Graph("table", opset=21)
+    ids = g.input("ids", "int64", ("N",))
+    codes = (np.arange(300 * 16).reshape(300, 16) % 200 - 100).astype(np.int8)
+    table = g.dequantize_linear(codes, np.full(300, 0.01, np.float32), axis=0, name="table_dq")
+    g.output(g.op("Gather", [table, ids], name="embed"))
+    report = inspect_model(g.to_model())
+    (warning,) = [w for w in report.warnings if "dequantizes all of table" in w]
+    assert "'table_dq'" in warning and "(300 x 16)" in warning and "'embed'" in warning
+    # The layout qlinear quantize writes has no such warning.
+    import qlinear.quantize as qq
+    from quantize_models import layernorm_attention
+
+    model, data = layernorm_attention()
+    assert not [w for w in inspect_model(qq.quantize_model(model, None, data, promote=False).model).warnings if "table" in w]

@@ -135,6 +135,7 @@ def inspect_model(model: onnx.ModelProto) -> ModelReport:
         warnings += _scale_warnings(r.name, r.subgraph, scale)
     node_count = len(model.graph.node) + sum(len(g.node) for _, _, g in _subgraphs(model.graph))
     warnings += _type_warnings(model.graph, initializers)
+    warnings += _whole_table_warnings(model.graph, initializers)
     return ModelReport(
         ir_version=model.ir_version,
         opsets=dict(analysis.opsets),
@@ -224,6 +225,25 @@ def _type_warnings(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorPr
             out.append(
                 f"node {node.name!r}: output {node.output[0]!r} is declared {onnx.TensorProto.DataType.Name(said)}, "
                 f"its zero point is {onnx.TensorProto.DataType.Name(zp_type)}"
+            )
+    return out
+
+
+def _whole_table_warnings(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> list[str]:
+    """A DequantizeLinear of a constant 2-D table that only Gathers read: ONNX Runtime dequantizes all of it every run."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    out = []
+    for node in graph.node:
+        table = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" and node.input else None
+        gathers = readers.get(node.output[0], []) if table is not None and len(table.dims) == 2 else []
+        if gathers and all(n.op_type == "Gather" and n.input[0] == node.output[0] for n in gathers):
+            out.append(
+                f"node {node.name!r}: dequantizes all of table {table.name!r} ({table.dims[0]} x {table.dims[1]}) on every "
+                f"run for {', '.join(repr(n.name) for n in gathers)}: ONNX Runtime has no integer Gather; gathering the "
+                "codes and dequantizing only the rows costs what the rows cost (qlinear quantize writes tables so)"
             )
     return out
 
