@@ -229,12 +229,18 @@ def _type_warnings(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorPr
     return out
 
 
-def _whole_table_warnings(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> list[str]:
-    """A DequantizeLinear of a constant 2-D table that only Gathers read: ONNX Runtime dequantizes all of it every run."""
+def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Each tensor name and the nodes of ``graph`` that read it."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    return readers
+
+
+def _whole_table_warnings(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> list[str]:
+    """A DequantizeLinear of a constant 2-D table that only Gathers read: ONNX Runtime dequantizes all of it every run."""
+    readers = _readers(graph)
     out = []
     for node in graph.node:
         table = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" and node.input else None
@@ -307,10 +313,7 @@ def _gathered_tables(graph: onnx.GraphProto, initializers: dict[str, onnx.Tensor
     Gathers of the same indices read (a column a row, or one a block), or
     the DequantizeLinear's own constants.
     """
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = _readers(graph)
     found = []
     for node in graph.node:
         codes = initializers.get(node.input[0]) if node.op_type == "Gather" and node.input else None
