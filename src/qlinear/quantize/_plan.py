@@ -46,7 +46,7 @@ from qlinear.quantize._precision import NodePrecision, wider_activation
 
 __all__ = [
     "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "TABLE_TYPE", "WIDENED_TABLE", "NodePlan", "Plan", "WeightPlan", "left_float_text",
-    "plan",
+    "listed", "plan",
 ]  # fmt: skip
 
 # Ops whose output values are a subset or rearrangement of the input's: they
@@ -196,10 +196,14 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     return result
 
 
+def listed(texts: list[str], most: int, sep: str = ", ") -> str:
+    """The first ``most`` of ``texts`` joined by ``sep``, and how many more."""
+    return sep.join(texts[:most]) + (f"{sep}and {len(texts) - most} more" if len(texts) > most else "")
+
+
 def left_float_text(left_float: list[tuple[str, str, str]], most: int) -> str:
     """``name (op): reason; ...`` for the first ``most`` entries of a plan's ``left_float``, and how many more."""
-    shown = "; ".join(f"{name} ({op}): {why}" for name, op, why in left_float[:most])
-    return shown + (f"; and {len(left_float) - most} more" if len(left_float) > most else "")
+    return listed([f"{name} ({op}): {why}" for name, op, why in left_float], most, "; ")
 
 
 def _node_plan(

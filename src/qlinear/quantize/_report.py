@@ -20,14 +20,14 @@ from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import FusionCheck, float_by_design
 from qlinear.quantize._mixed import Search
 from qlinear.quantize._options import QuantizeOptions
-from qlinear.quantize._plan import PROMOTED_TO_FLOAT, WIDENED_TABLE, Plan, left_float_text
+from qlinear.quantize._plan import PROMOTED_TO_FLOAT, WIDENED_TABLE, Plan, left_float_text, listed
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._smoothquant import Smoothed
 
 __all__ = ["MOST_DEGRADED", "PassResults", "build_report", "print_report", "report_json"]
 
 MOST_DEGRADED = 15
-_UNFUSED_SHOWN = 5  # names the unfused-node warning lists before "and N more"
+_UNFUSED_SHOWN = 5  # names the unfused-node warning lists before ", and N more"
 NODE_MIN_WIDTH = 12  # characters of a node's name the degraded-nodes table keeps on one line at 80 columns
 
 
@@ -58,11 +58,6 @@ class PassResults:
     awq: list[Smoothed] = field(default_factory=list)
     equalized: list[Equalized] = field(default_factory=list)
     finetuned: Any = None  # a FinetuneResult, where fine-tuning was asked for
-
-
-def _names(names: list[str], most: int) -> str:
-    """The first ``most`` of ``names``, and how many more."""
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def build_report(r: PassResults) -> dict[str, Any]:
@@ -103,7 +98,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
     if unexpected:
         warnings.append(
             f"ONNX Runtime runs {len(unexpected)} quantized node(s) in float where an integer kernel was expected "
-            f"(its selectors did not match the layout): {_names(unexpected, _UNFUSED_SHOWN)}"
+            f"(its selectors did not match the layout): {listed(unexpected, _UNFUSED_SHOWN)}"
         )
     nbits = 0 if fusion is None else sum(op == "MatMulNBits" for op in fusion.runs_as.values())
     if nbits:
@@ -312,9 +307,8 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         summary.add_row("left float", left_float_text(kept_float, _LEFT_FLOAT_SHOWN))
     widened = report.get("widened", [])
     if widened:
-        shown = ", ".join(f"{n['name']} {n['asked']} -> {n['stored']}" for n in widened[:_LEFT_FLOAT_SHOWN])
-        more = f" and {len(widened) - _LEFT_FLOAT_SHOWN} more" if len(widened) > _LEFT_FLOAT_SHOWN else ""
-        summary.add_row("tables widened", f"{shown}{more} ({widened[0]['reason']})")
+        shown = listed([f"{n['name']} {n['asked']} -> {n['stored']}" for n in widened], _LEFT_FLOAT_SHOWN)
+        summary.add_row("tables widened", f"{shown} ({widened[0]['reason']})")
     promotions = report.get("promotions")
     if promotions:
         metric = promotions["target"]["metric"]
