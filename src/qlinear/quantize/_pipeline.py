@@ -46,6 +46,7 @@ from qlinear.quantize._plan import left_float_text, plan
 from qlinear.quantize._prepare import prepare
 from qlinear.quantize._report import PassResults, build_report
 from qlinear.quantize._sensitivity import analyze, most_sensitive_first
+from qlinear.quantize._signed_layout import lay_out_signed
 from qlinear.quantize._smoothquant import smooth
 from qlinear.quantize._stats import load_calibration, save_stats
 
@@ -235,6 +236,7 @@ def quantize_model(
         if tuned.kept:
             check_quantized(qmodel)
     gather_tables(qmodel)  # the same values, without dequantizing whole tables every run
+    lay_out_signed(qmodel)  # the same values, int8 activations where ONNX Runtime's x86 kernels take them
     fusion = check_fusion(qmodel, [p.name for p in planned.nodes])
     node_outputs = {p.name: fm.producer_output(p.name) for p in planned.nodes}
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
