@@ -147,3 +147,31 @@ def test_prepare_folds_batch_normalization_after_a_gemm_and_after_matmul_plus_bi
     got = qo.run(fm.model, {"x": x}, backend="onnxruntime")["y"]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
     assert all(n.bias is not None for n in p.nodes)  # both biases stored as int32
+
+
+def test_plan_lists_no_gather_of_a_computed_tensor_as_left_float():
+    # An exporter's Shape -> Gather and a first-token pick x[:, 0] index computed tensors: no table to quantize.
+    # A constant table that is not 2-D is one the user may expect quantized, so it is listed.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("picks", opset=17)
+    x = g.input("x", "float", ("N", 4, 8))
+    dim = g.op("Gather", [g.op("Shape", [x], name="shape"), np.array(0, np.int64)], name="batch_dim", axis=0)
+    first = g.op("Gather", [x, np.array(0, np.int64)], name="first_token", axis=1)
+    g.output(
+        g.op(
+            "Reshape",
+            [
+                first,
+                g.op(
+                    "Concat",
+                    [g.op("Unsqueeze", [dim, np.array([0], np.int64)], name="u"), np.array([8], np.int64)],
+                    name="c",
+                    axis=0,
+                ),
+            ],
+            name="r",
+        )
+    )
+    g.output(g.op("Gather", [rng.standard_normal((2, 3, 8)).astype(np.float32), np.array([1], np.int64)], name="cube", axis=0))
+    _, p = _plan(g.to_model())
+    assert p.left_float == [("cube", "Gather", "not a 2-D float table")]

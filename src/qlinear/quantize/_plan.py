@@ -160,6 +160,8 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     for node in fm.graph.node:
         if node.op_type not in (*COMPUTE_OPS, "Gather") or node.domain not in ("", "ai.onnx"):
             continue
+        if node.op_type == "Gather" and node.input[0] not in fm.initializers:
+            continue  # indexing a computed tensor (Shape -> Gather, x[:, 0]): no table, nothing to list as left float
         if node.name in excluded or node.op_type in excluded:
             result.left_float.append((node.name, node.op_type, "excluded"))
             continue
@@ -221,7 +223,7 @@ def _node_plan(
     const = [bool(i) and i in fm.initializers for i in inputs]
     if op == "Gather":
         if not const[0] or not fm.is_float(inputs[0]) or len(fm.shapes.get(inputs[0], ())) != 2:
-            return "not a constant 2-D float table"
+            return "not a 2-D float table"
         return NodePlan(node.name, op, WeightPlan(inputs[0], 0, 0, 1), ())
     if len(inputs) < 2 or not fm.is_float(inputs[0]):
         return "not a float operation"
