@@ -175,3 +175,18 @@ def test_plan_lists_no_gather_of_a_computed_tensor_as_left_float():
     g.output(g.op("Gather", [rng.standard_normal((2, 3, 8)).astype(np.float32), np.array([1], np.int64)], name="cube", axis=0))
     _, p = _plan(g.to_model())
     assert p.left_float == [("cube", "Gather", "not a 2-D float table")]
+
+
+def test_plan_lists_a_recurrent_layer_and_its_weights_as_left_float():
+    rng = np.random.default_rng(0)
+    g = qo.Graph("recurrent", opset=17)
+    x = g.input("x", "float", (5, "N", 8))  # (time, batch, features)
+    w, r, b = (rng.standard_normal(s).astype(np.float32) for s in ((1, 64, 8), (1, 64, 16), (1, 128)))
+    _, h = g.op("LSTM", [x, w, r, b], name="lstm", hidden_size=16, num_outputs=2)
+    flat = g.op("Reshape", [h, np.array([-1, 16], np.int64)], name="flat")
+    g.output(g.op("MatMul", [flat, rng.standard_normal((16, 4)).astype(np.float32)], name="head"))
+    _, p = _plan(g.to_model())
+    assert [n.name for n in p.nodes] == ["head"]
+    assert p.left_float == [
+        ("lstm", "LSTM", f"no integer LSTM in ONNX Runtime; its weights ({64 * 8 + 64 * 16 + 128} values) stay float")
+    ]

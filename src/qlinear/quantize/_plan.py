@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import onnx
 
 from qlinear.dtypes import element_type
@@ -148,6 +149,12 @@ class Plan:
         return tensor
 
 
+# Ops that hold weights and that ONNX Runtime has no integer kernel for behind a DequantizeLinear (its
+# quantize_dynamic rewrites LSTM into a com.microsoft op instead): listed as left float with what they hold, so a
+# recurrent model's size figure is explained rather than a surprise.
+UNFUSED_WEIGHT_OPS = ("LSTM", "GRU", "RNN", "Einsum")
+
+
 def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrecision] | None = None) -> Plan:
     """The plan for ``fm`` under ``options``; ``precision`` gives some nodes other types than the options' (mixed precision)."""
     result = Plan()
@@ -158,6 +165,17 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     graph_outputs = set(fm.output_names)
     before_log = _tensors_before_a_log(fm)
     for node in fm.graph.node:
+        if node.op_type in UNFUSED_WEIGHT_OPS and node.domain in ("", "ai.onnx"):
+            held = sum(int(np.prod(fm.initializers[i].dims)) for i in node.input if i in fm.initializers and fm.is_float(i))
+            if held:
+                result.left_float.append(
+                    (
+                        node.name,
+                        node.op_type,
+                        f"no integer {node.op_type} in ONNX Runtime; its weights ({held} values) stay float",
+                    )
+                )
+            continue
         if node.op_type not in (*COMPUTE_OPS, "Gather") or node.domain not in ("", "ai.onnx"):
             continue
         if node.op_type == "Gather" and node.input[0] not in fm.initializers:
