@@ -270,3 +270,23 @@ def test_a_model_stamped_with_an_ir_version_onnx_runtime_cannot_read_says_how_to
         qq.quantize_model(model, None, data)
     model.ir_version = 8
     assert qq.quantize_model(model, None, data, promote=False).report["output"]["sqnr_db"] > 30
+
+
+def _with_fixed_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
+    """``model`` with the first dimension of its inputs and outputs fixed at ``batch`` (as many exporters write it)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for v in (*out.graph.input, *out.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_value = batch
+    return out
+
+
+def test_a_model_with_a_fixed_batch_is_walked_at_that_batch():
+    model, data = conv_batchnorm()  # 48 samples
+    r = qq.quantize_model(_with_fixed_batch(model, 1), None, data, promote=False)  # ONNX Runtime refused batches of 16
+    assert r.report["settings"]["batch_size"] == 1 and r.report["latency_ms"]["batch"] == 1
+    assert r.report["calibration"]["batches"] == r.report["calibration"]["samples"] and r.report["output"]["sqnr_db"] > 40
+    r = qq.quantize_model(_with_fixed_batch(model, 4), None, data, promote=False)
+    assert r.report["calibration"]["samples"] == 40 and r.report["eval"]["samples"] == 8  # the held-out part, whole batches
+    with pytest.raises(QuantizationError, match=r"fixed batch of 5, and the calibration data holds 38 samples, not a multiple"):
+        qq.quantize_model(_with_fixed_batch(model, 5), None, data, promote=False)

@@ -60,7 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--labels", metavar="ARRAY", help="the array of --eval holding labels, for accuracy")
     data.add_argument(
-        "--batch-size", type=int, default=16, metavar="N", help="samples a batch (default 16); the model does not depend on it"
+        "--batch-size",
+        type=int,
+        default=16,
+        metavar="N",
+        help="samples a batch (default 16; a model with a fixed batch runs at it); the model does not depend on it",
     )
     data.add_argument(
         "--save-stats", metavar="STATS.npz", help="write the calibration statistics, as batches complete (see --resume)"

@@ -65,12 +65,14 @@ class Dataset:
             return None
         return next(iter(self.arrays.values())).shape[0] if self.arrays else 0
 
-    def split(self, held_out: float) -> tuple[Dataset, Dataset]:
-        """The first part and the last ``held_out`` share of the samples (at least one each)."""
+    def split(self, held_out: float, multiple: int = 1) -> tuple[Dataset, Dataset]:
+        """The first part and the last ``held_out`` share of the samples (at least one each; ``multiple``: a multiple of it each, where it can)."""
         n = self.samples
         if n is None:
             raise QuantizationError("quantize: a stream of batches cannot be split; pass eval data")
         k = min(n - 1, max(1, round(n * held_out)))
+        if multiple > 1 and n >= 2 * multiple:
+            k = min(n - multiple, max(multiple, round(n * held_out / multiple) * multiple))
         first = Dataset({name: a[: n - k] for name, a in self.arrays.items()}, None, f"{self.source} samples 0-{n - k - 1}")
         last = Dataset(
             {name: a[n - k :] for name, a in self.arrays.items()}, None, f"{self.source} samples {n - k}-{n - 1} (held out)"

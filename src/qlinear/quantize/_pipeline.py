@@ -31,7 +31,7 @@ from qlinear.quantize._bias_correction import input_channel_axes
 from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, CalibrationState, Observed, calibrate
 from qlinear.quantize._checked import check_quantized
-from qlinear.quantize._data import Dataset, load_dataset, random_dataset
+from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._equalize import equalize
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
 from qlinear.quantize._finetune import finetune
@@ -141,7 +141,17 @@ def quantize_model(
             )
         reasons = left_float_text(planned.left_float, 5)
         raise QuantizationError(f"quantize: the model has nothing to quantize: every node stays float: {reasons}")
-    cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only)
+    fixed = _fixed_batch(fm)
+    if fixed is not None and fixed != options.batch_size:
+        options = replace(options, batch_size=fixed)  # ONNX Runtime runs the model at no other batch size
+    cal_data, eval_data = _datasets(fm, calibration, eval, labels, calibrate_random, stats, weight_only, fixed or 1)
+    if fixed is not None and fixed > 1:
+        for what, ds in (("calibration", cal_data), ("eval", eval_data)):
+            if ds.samples is not None and ds.samples % fixed:
+                raise QuantizationError(
+                    f"quantize: the model's inputs have a fixed batch of {fixed}, and the {what} data holds {ds.samples} "
+                    f"samples, not a multiple of it"
+                )
     bars = _Bars(console if progress else None)
     # Bias correction and GPTQ read the calibration inputs themselves (means, Gram matrices): on where there are some.
     has_inputs = calibration is not None or calibrate_random is not None
@@ -352,7 +362,16 @@ def _check_output(model: Any, output: Any) -> Path | None:
     return out
 
 
-def _datasets(fm, calibration, eval_data, labels, calibrate_random, stats, weight_only) -> tuple[Dataset, Dataset]:
+def _fixed_batch(fm) -> int | None:
+    """The batch size the model's inputs fix (the first dimension of each, a number), or None where one is symbolic."""
+    firsts = {s.shape[0] if s.shape else None for s in input_specs(fm)}
+    if len(firsts) != 1:
+        return None
+    (first,) = firsts
+    return first if isinstance(first, int) and first > 0 else None
+
+
+def _datasets(fm, calibration, eval_data, labels, calibrate_random, stats, weight_only, batch: int) -> tuple[Dataset, Dataset]:
     if calibrate_random is not None and calibration is not None:
         raise QuantizationError("quantize: give calibration data or calibrate_random, not both")
     if calibrate_random is not None:
@@ -374,7 +393,7 @@ def _datasets(fm, calibration, eval_data, labels, calibrate_random, stats, weigh
     else:
         if labels is not None:
             raise QuantizationError("quantize: labels name an array of the eval data; give eval data too")
-        cal, ev = cal.split(HELD_OUT)
+        cal, ev = cal.split(HELD_OUT, batch)
     return cal if cal is not None else ev, ev
 
 
