@@ -18,7 +18,7 @@ from qlinear.onnx._qdq_check import QDQ_OPS, check_qdq_node
 from qlinear.onnx._schema_check import check_schema_node
 from qlinear.onnx._tensor_info import Dim, TensorInfo, onnx_type_enum
 
-__all__ = ["DEFAULT_OPSET", "Graph"]
+__all__ = ["DEFAULT_OPSET", "Graph", "readers"]
 
 # The newest ai.onnx opset ONNX Runtime 1.31 runs; Graph(opset=28) builds
 # newer graphs that run on the "qlinear" and "reference" backends.
@@ -333,3 +333,12 @@ def _enum(value: Any, arg: str) -> int | None:
     if value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == 0):
         return None
     return element_type(value, what=f"Graph: {arg}").onnx_enum
+
+
+def readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Each tensor name and the nodes of ``graph`` that read it, in graph order."""
+    found: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            found.setdefault(name, []).append(node)
+    return found

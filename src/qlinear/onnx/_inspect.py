@@ -11,6 +11,7 @@ import onnx
 
 from qlinear.dtypes import element_type, from_tensor_proto, packed_size
 from qlinear.onnx._analysis import analyse
+from qlinear.onnx._graph import readers as tensor_readers
 from qlinear.onnx._qdq_check import QDQ_OPS, QDQCheck
 from qlinear.onnx._tensor_info import TensorInfo
 
@@ -229,18 +230,9 @@ def _type_warnings(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorPr
     return out
 
 
-def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    """Each tensor name and the nodes of ``graph`` that read it."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers
-
-
 def _whole_table_warnings(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> list[str]:
     """A DequantizeLinear of a constant 2-D table that only Gathers read: ONNX Runtime dequantizes all of it every run."""
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     out = []
     for node in graph.node:
         table = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" and node.input else None
@@ -313,7 +305,7 @@ def _gathered_tables(graph: onnx.GraphProto, initializers: dict[str, onnx.Tensor
     Gathers of the same indices read (a column a row, or one a block), or
     the DequantizeLinear's own constants.
     """
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     found = []
     for node in graph.node:
         codes = initializers.get(node.input[0]) if node.op_type == "Gather" and node.input else None

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qlinear.onnx._graph import readers
 from qlinear.quantize._model import attribute, fresh_name
 
 __all__ = ["gather_streamed", "gather_tables", "gathers_codes"]
@@ -40,17 +41,14 @@ def gather_tables(model: onnx.ModelProto) -> list[str]:
     """Rewrite every ``DequantizeLinear -> Gather`` of a constant table that can gather codes (in place); the Gathers' names."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in g.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    reading = readers(g)
     outputs = {o.name for o in g.output}
     taken = {*inits, *(n for node in g.node for n in (*node.input, *node.output)), *(node.name for node in g.node)}
     after: dict[int, list[onnx.NodeProto]] = {}  # id(a Gather) -> the nodes behind it (names are optional in ONNX)
     gathered, dropped, freed = [], set(), set()
     for dq in g.node:
         table = _table(dq, inits)
-        gathers = readers.get(dq.output[0], [])
+        gathers = reading.get(dq.output[0], [])
         if table is None or dq.output[0] in outputs or not gathers or not all(_gathers_rows(n, dq.output[0]) for n in gathers):
             continue
         scale, zero_point, block = table

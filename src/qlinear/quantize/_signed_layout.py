@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qlinear.onnx._graph import readers
 from qlinear.quantize._model import fresh_name
 
 __all__ = ["CLAMPS", "lay_out_signed"]
@@ -50,16 +51,8 @@ def lay_out_signed(model: onnx.ModelProto) -> list[str]:
     return added + _dedicate_pairs(g, signed, taken)
 
 
-def _readers(g: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in g.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers
-
-
 def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str]) -> list[str]:
-    readers = _readers(g)
+    reading = readers(g)
     producer = {o: n for n in g.node for o in n.output}
     outputs = {o.name for o in g.output}
     before: dict[int, list[onnx.NodeProto]] = {}  # id(a clamp) -> the QuantizeLinear and DequantizeLinear in front
@@ -67,11 +60,11 @@ def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str
     for clamp in g.node:
         if clamp.op_type not in CLAMPS or not clamp.input or clamp.output[0] in outputs:
             continue
-        qs = readers.get(clamp.output[0], [])
+        qs = reading.get(clamp.output[0], [])
         if not qs or any(q.op_type != "QuantizeLinear" or len(q.input) < 3 or q.input[2] not in signed for q in qs):
             continue
         node = producer.get(clamp.input[0])
-        if node is None or node.op_type not in _NEEDS_OUTPUT_Q or len(readers[clamp.input[0]]) != 1:
+        if node is None or node.op_type not in _NEEDS_OUTPUT_Q or len(reading[clamp.input[0]]) != 1:
             continue
         dq_in = producer.get(node.input[0])
         if dq_in is None or dq_in.op_type != "DequantizeLinear":  # the node is not quantized
@@ -103,14 +96,14 @@ def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str
 
 def _dedicate_pairs(g: onnx.GraphProto, signed: set[str], taken: set[str]) -> list[str]:
     inits = {t.name: t for t in g.initializer}
-    readers = _readers(g)
+    reading = readers(g)
     order: list[onnx.NodeProto] = []
     added = []
     for n in g.node:
         order.append(n)
         if n.op_type != "QuantizeLinear" or len(n.input) < 3 or n.input[2] not in signed:
             continue
-        dqs = [r for r in readers.get(n.output[0], []) if r.op_type == "DequantizeLinear"]
+        dqs = [r for r in reading.get(n.output[0], []) if r.op_type == "DequantizeLinear"]
         for dq in dqs[1:]:
             copy = onnx.NodeProto()
             copy.CopyFrom(n)
