@@ -26,8 +26,12 @@ def test_activation_minmax_by_hand():
     assert relu.scale == np.float32(5.1 / 255) and relu.zero_point == 0  # a ReLU range starts at the zero point 0
     positive = _params([2.0, 3.0])  # the range always holds 0: [0, 3]
     assert positive.scale == np.float32(3 / 255) and positive.zero_point == 0
-    sym = _params([-1.0, 0.5, 3.0], t=INT8)
+    sym = _params([-1.0, 0.5, 3.0], t=INT8, symmetric=True)
     assert sym.scale == np.float32(3 / 127) and sym.zero_point == 0 and sym.zero_point.dtype == np.int8
+    # int8 without symmetric: uint8's levels shifted by 128 (the same values; ONNX Runtime converts one to the other).
+    signed = _params([-1.0, 0.5, 3.0], t=INT8)
+    assert signed.scale == p.scale and signed.zero_point == np.int8(64 - 128) and signed.zero_point.dtype == np.int8
+    assert _params([0.0, 2.0, 5.1], t=INT8).zero_point == np.int8(-128)  # a ReLU range starts at the type's minimum
 
 
 def test_activation_degenerate_ranges_give_usable_scales():

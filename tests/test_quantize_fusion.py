@@ -11,18 +11,23 @@ import qlinear.quantize as qq
 import qlinear.quantize._pipeline as pipeline
 from qlinear.quantize._fusion import float_by_design
 from qlinear.quantize._report import print_report
-from quantize_models import layernorm_attention
+from quantize_models import conv_batchnorm, layernorm_attention
 
 
 def test_float_by_design_names_the_types_onnx_runtime_has_no_integer_kernel_for():
     assert float_by_design("MatMul", "int8", "uint8") is None
-    assert float_by_design("Conv", "int4", None) is None
     assert float_by_design("MatMul", "int8", "uint16").startswith("16-bit activations:")
     assert float_by_design("MatMul", None, "int16").startswith("16-bit activations:")
     assert float_by_design("Gemm", "float8e4m3fn", None).startswith("float codes:")
     assert float_by_design("MatMul", "int8", "float8e4m3fn").startswith("float codes:")
     assert float_by_design("Gather", "int8", None) is None  # gathered as codes (test_quantize_gathered_table.py)
     assert float_by_design("ConvTranspose", "int8", "uint8").startswith("a ConvTranspose:")
+    # Weight-only: MatMul and Gemm weights have a kernel, MatMulNBits; Conv weights none.
+    assert float_by_design("MatMul", "int4", None) is None
+    assert float_by_design("Gemm", "int8", None) is None
+    assert float_by_design("Conv", "int4", None).startswith("a weight-only Conv:")
+    assert float_by_design("Conv", "int4", "uint8").startswith("4-bit weights with 8-bit activations:")
+    assert float_by_design("MatMul", "uint4", "int8").startswith("4-bit weights with 8-bit activations:")
 
 
 def _summary(report) -> str:
@@ -57,3 +62,19 @@ def test_a_node_onnx_runtime_should_fuse_but_did_not_is_a_warning(monkeypatch):
     warned = [w for w in r["warnings"] if "ONNX Runtime runs" in w]
     assert len(warned) == 1 and "where an integer kernel was expected" in warned[0] and "q_proj" in warned[0]
     assert "embed" not in warned[0]
+
+
+def test_onnx_runtime_has_no_kernel_for_4_bit_weights_with_8_bit_activations_nor_weight_only_convs():
+    # Both run in float on its CPU provider, whatever the layout: named, not warned of as a layout fault.
+    model, data = conv_batchnorm()
+    for kw in ({"weights": "int4"}, {"activations": None}):
+        r = qq.quantize_model(model, None, data, promote=False, **kw).report
+        by_design = r["fusion"]["float_by_design"]
+        assert (
+            set(by_design)
+            == set(r["fusion"]["unfused"])
+            == ({"conv0", "conv1", "fc"} if kw.get("weights") else {"conv0", "conv1"})
+        )
+        assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w and "integer kernel was expected" in w]
+    assert all(why.startswith("a weight-only Conv:") for why in by_design.values())
+    assert r["fusion"]["unfused"] == ["conv0", "conv1"]  # the Gemm runs as MatMulNBits

@@ -3,9 +3,9 @@
 Activations: a range ``[a, b]`` from the statistics by ``method``, widened
 to hold 0 (zero padding and ReLU outputs must be exact), then
 ``scale = (b - a) / (qmax - qmin)``, ``zero_point = round(qmin - a / scale)``
-(asymmetric), or ``scale = max(|a|, |b|) / qmax`` with zero point 0
-(signed types, and always for float8, whose ``qmax`` is its largest finite
-value). Range methods, all computed from the histogram alone, so they do
+(asymmetric: unsigned types, and signed ones unless ``symmetric``), or
+``scale = max(|a|, |b|) / qmax`` with zero point 0 (``symmetric``, and
+always for float8, whose ``qmax`` is its largest finite value). Range methods, all computed from the histogram alone, so they do
 not depend on the batch size:
 
 - ``minmax``: the smallest and largest value;
@@ -71,7 +71,7 @@ def scale_and_zero_point(low: np.ndarray, high: np.ndarray, t: ElementType, symm
 
 def activation_params(stats: TensorStats, t: ElementType, *, method: str, symmetric: bool, percentile: float) -> QuantParams:
     """Per-tensor scale and zero point of an activation of type ``t`` from its statistics."""
-    symmetric = symmetric or not t.is_integer or t.qmin < 0
+    symmetric = symmetric or not t.is_integer
     low, high = _range(stats, t, method, symmetric, percentile)
     scale, zp = scale_and_zero_point(np.array(low), np.array(high), t, symmetric)
     zero_point = np.asarray(zp).astype(t.dtype) if t.is_integer else np.zeros((), t.dtype)

@@ -41,6 +41,7 @@ INTEGER_KERNELS = frozenset(
 GATHER_CODES = "Gather (codes)"  # what a table gathered as codes runs as
 _INTEGER_CODES = frozenset({TensorProto.INT8, TensorProto.UINT8})
 _SIXTEEN_BIT = frozenset({"uint16", "int16"})
+_FOUR_BIT = frozenset({"int4", "uint4"})
 _FLOAT_CODES = frozenset({"float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1"})
 
 
@@ -59,6 +60,16 @@ def float_by_design(op_type: str, weight_type: str | None, activation_type: str 
         return "float codes: ONNX Runtime has no float8/float4 kernels on the CPU"
     if op_type == "ConvTranspose":
         return "a ConvTranspose: ONNX Runtime's CPU provider dequantizes its weights and runs it in float"
+    if activation_type is None and op_type == "Conv":
+        return (
+            "a weight-only Conv: ONNX Runtime's CPU provider dequantizes its weights every run (a smaller file, not a "
+            "faster model; weight-only MatMul and Gemm weights run as MatMulNBits)"
+        )
+    if weight_type in _FOUR_BIT and activation_type is not None:
+        return (
+            "4-bit weights with 8-bit activations: ONNX Runtime's CPU provider has no kernel for them and dequantizes "
+            "the weights every run (a smaller file, not a faster model; 4-bit weight-only MatMuls run as MatMulNBits)"
+        )
     return None
 
 

@@ -194,7 +194,7 @@ def quantize_model(
         with bars.task("smoothing", cal_data.batch_count(options.batch_size)) as step:
             smoothed = smooth(
                 fm, cal_data, batch_size=options.batch_size, excluded=set(options.exclude),
-                weights=options.weights, activations=options.activations,
+                weights=options.weights, activations=options.activations, symmetric=options.symmetric,
             )  # fmt: skip
             step(cal_data.batch_count(options.batch_size) or 1)
     # The analysis and the search walk the eval data several times.

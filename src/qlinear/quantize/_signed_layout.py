@@ -52,6 +52,7 @@ def lay_out_signed(model: onnx.ModelProto) -> list[str]:
 
 
 def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str]) -> list[str]:
+    inits = {t.name: t for t in g.initializer}
     reading = readers(g)
     producer = {o: n for n in g.node for o in n.output}
     outputs = {o.name for o in g.output}
@@ -62,6 +63,8 @@ def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str
             continue
         qs = reading.get(clamp.output[0], [])
         if not qs or any(q.op_type != "QuantizeLinear" or len(q.input) < 3 or q.input[2] not in signed for q in qs):
+            continue
+        if len(qs) == 1 and _dropped_by_onnx_runtime(clamp, qs[0], inits):
             continue
         node = producer.get(clamp.input[0])
         if node is None or node.op_type not in _NEEDS_OUTPUT_Q or len(reading[clamp.input[0]]) != 1:
@@ -92,6 +95,24 @@ def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str
         del g.node[:]
         g.node.extend(order)
     return added
+
+
+def _dropped_by_onnx_runtime(clamp: onnx.NodeProto, q: onnx.NodeProto, inits: dict[str, TensorProto]) -> bool:
+    """Whether ONNX Runtime removes ``clamp`` in front of ``q`` itself: the codes' range lies inside the clamp's.
+
+    A Relu goes where the zero point is the type's minimum; a Clip where
+    ``[scale (qmin - zp), scale (qmax - zp)]`` lies within its bounds (its
+    ClipQuantFusion, to float32 epsilon).
+    """
+    scale, zero_point = (numpy_helper.to_array(inits[name]) for name in q.input[1:3])
+    low, high = float(scale) * (-128 - int(zero_point)), float(scale) * (127 - int(zero_point))
+    if clamp.op_type == "Relu":
+        return int(zero_point) == -128
+    bounds = [numpy_helper.to_array(inits[name]) if name in inits else None for name in clamp.input[1:3]]
+    if any(b is None for b in bounds) or len(bounds) < 2:  # a bound computed or left out (opset 11 Clip), or attributes
+        return False
+    eps = float(np.finfo(np.float32).eps)
+    return float(bounds[0]) - low <= eps and high - float(bounds[1]) <= eps
 
 
 def _dedicate_pairs(g: onnx.GraphProto, signed: set[str], taken: set[str]) -> list[str]:

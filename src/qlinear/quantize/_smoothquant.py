@@ -56,16 +56,26 @@ class Smoothed:
 
 
 def smooth(
-    fm: FloatModel, data: Dataset, *, batch_size: int, excluded: set[str], weights: str = "int8", activations: str = "uint8"
+    fm: FloatModel,
+    data: Dataset,
+    *,
+    batch_size: int,
+    excluded: set[str],
+    weights: str = "int8",
+    activations: str = "uint8",
+    symmetric: bool = False,
 ) -> list[Smoothed]:
     """Smooth every activation read by MatMul/Gemm layers with constant weights (``fm`` rewritten in place).
 
     ``weights``/``activations``: the types the search simulates (integer
-    weights per output channel, the activation per tensor).
+    weights per output channel, the activation per tensor, signed ones
+    symmetric only with ``symmetric``, as the plan makes them).
     """
     wt, at = element_type(weights), element_type(activations)
     if not (wt.is_integer and at.is_integer):
         wt, at = _I8, _U8
+    elif at.qmin < 0 and not symmetric:  # asymmetric int8 has uint8's levels, shifted
+        at = element_type("u" + activations)
     found = sites(fm, excluded)
     if not found:
         return []

@@ -1,0 +1,112 @@
+"""Latency and agreement of models with int8 activations: qlinear's layout against ONNX Runtime's quantizer.
+
+ONNX Runtime's x86 integer kernels read activations as uint8. It converts
+an int8 QuantizeLinear -> DequantizeLinear pair to uint8 only where the
+QuantizeLinear has one reader, and drops a Relu in front of a QuantizeLinear
+only where the zero point is the type's minimum; qlinear's last rewrite
+(``_signed_layout``) lays int8 activations out for both. Each model: float;
+qlinear uint8 (the default) and int8, without promotion; qlinear int8 with
+that rewrite turned off; ONNX Runtime's ``quantize_static`` (QDQ,
+per-channel int8 weights) with int8 activations. Latency: ONNX Runtime, 2
+threads, no spinning, a batch of 16, every model in turn in each round,
+medians of the rounds, over the float model's; agreement: top-1 with the
+float model on the eval data.
+
+    python benchmarks/int8_activations.py [--models digits digits32 text] [--rounds 31]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import qlinear.quantize as qq
+import qlinear.quantize._pipeline as pipeline
+
+sys.path.insert(0, str(Path(__file__).parent))
+import quantizers  # noqa: E402  (the benchmark models and their data)
+
+
+def _session(model: onnx.ModelProto | str) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # the sessions take turns on the same cores
+    src = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+def _ort_int8(float_path: str, cal: dict, out: Path) -> str:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            n = next(iter(cal.values())).shape[0]
+            self.batches = iter([{k: v[i : i + 16] for k, v in cal.items()} for i in range(0, n, 16)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(
+        float_path, str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    return str(out)
+
+
+def _models(d: dict, work: Path) -> dict[str, onnx.ModelProto | str]:
+    models: dict[str, onnx.ModelProto | str] = {"float": d["model"]}
+    models["qlinear uint8"] = qq.quantize_model(d["model"], None, d["cal"], promote=False).model
+    models["qlinear int8"] = qq.quantize_model(d["model"], None, d["cal"], activations="int8", promote=False).model
+    laid_out = pipeline.lay_out_signed
+    pipeline.lay_out_signed = lambda model: []
+    try:
+        models["qlinear int8, layout rewrite off"] = qq.quantize_model(
+            d["model"], None, d["cal"], activations="int8", promote=False
+        ).model
+    finally:
+        pipeline.lay_out_signed = laid_out
+    models["ORT quantize_static int8"] = _ort_int8(d["model"], d["cal"], work / "ort_int8.onnx")
+    return models
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["digits", "digits32", "text"], choices=quantizers.MODELS)
+    ap.add_argument("--rounds", type=int, default=31)
+    args = ap.parse_args()
+    print(f"ONNX Runtime {ort.__version__}, 2 threads, a batch of 16; medians of {args.rounds} rounds\n")
+    print("| model | quantized | agreement | ms | latency / float |\n| --- | --- | --: | --: | --: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name, d in quantizers.datasets(work, tuple(args.models)).items():
+            sessions = {label: _session(m) for label, m in _models(d, work).items()}
+            eval_feeds = d["eval"]
+            want = sessions["float"].run(None, eval_feeds)[0].argmax(-1)
+            feeds = {k: v[:16] for k, v in eval_feeds.items()}
+            times: dict[str, list[float]] = {label: [] for label in sessions}
+            for s in sessions.values():
+                s.run(None, feeds)
+            for _ in range(args.rounds):
+                for label, s in sessions.items():
+                    start = time.perf_counter()
+                    for _ in range(10):
+                        s.run(None, feeds)
+                    times[label].append((time.perf_counter() - start) * 1e2)
+            base = statistics.median(times["float"])
+            for label, s in sessions.items():
+                agreement = float(np.mean(s.run(None, eval_feeds)[0].argmax(-1) == want))
+                ms = statistics.median(times[label])
+                print(f"| {name} | {label} | {agreement:.2%} | {ms:.3f} | {ms / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
