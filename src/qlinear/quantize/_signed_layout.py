@@ -4,8 +4,8 @@ Those kernels read 8-bit activations unsigned. ONNX Runtime turns an int8
 QuantizeLinear -> DequantizeLinear pair into uint8 (zero point + 128, the
 same values), but only where the QuantizeLinear has exactly one reader; and
 it drops a Relu or Clip in front of a QuantizeLinear only where the zero
-point is the type's minimum, which int8 activations (symmetric, zero point
-0) never have. Left as the convert pass writes them, int8 activations left
+point is the type's minimum, which symmetric int8 activations (zero point
+0, ``symmetric``) never have. Left as the convert pass writes them, int8 activations left
 every reader of a shared activation in float (a transformer's q, k and v
 projections), and every Conv or Gemm followed by a Relu (the digits CNN ran
 4x slower than in float).
@@ -21,6 +21,13 @@ Two rewrites of the finished QDQ model, neither changing a value:
   each reader but its first. Each copy and its reader take a zero point
   initializer of their own: with a shared one, ONNX Runtime's
   common-subexpression pass merges the copies back into one.
+
+Not reachable by layout: a Conv whose int8 output several nodes read (a
+SiLU's Sigmoid and Mul). Copies of its QuantizeLinear are readers of the
+Conv too, so it loses its fusion; one QuantizeLinear with one shared
+DequantizeLinear is split again by ONNX Runtime, which gives every reader
+its own DequantizeLinear before it converts int8 pairs. The fusion check
+warns of it.
 """
 
 from __future__ import annotations
