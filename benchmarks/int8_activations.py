@@ -5,9 +5,10 @@ an int8 QuantizeLinear -> DequantizeLinear pair to uint8 only where the
 QuantizeLinear has one reader, and drops a Relu in front of a QuantizeLinear
 only where the zero point is the type's minimum; qlinear's last rewrite
 (``_signed_layout``) lays int8 activations out for both. Each model: float;
-qlinear uint8 (the default) and int8, without promotion; qlinear int8 with
-that rewrite turned off; ONNX Runtime's ``quantize_static`` (QDQ,
-per-channel int8 weights) with int8 activations. Latency: ONNX Runtime, 2
+qlinear uint8 (the default), int8 and int8 symmetric (zero point 0),
+without promotion; the int8 models again with that rewrite turned off;
+ONNX Runtime's ``quantize_static`` (QDQ, per-channel int8 weights) with
+int8 activations (asymmetric, its default). Latency: ONNX Runtime, 2
 threads, no spinning, a batch of 16, every model in turn in each round,
 medians of the rounds, over the float model's; agreement: top-1 with the
 float model on the eval data.
@@ -32,7 +33,7 @@ import qlinear.quantize as qq
 import qlinear.quantize._pipeline as pipeline
 
 sys.path.insert(0, str(Path(__file__).parent))
-import quantizers  # noqa: E402  (the benchmark models and their data)
+import quantizers  # the benchmark models and their data
 
 
 def _session(model: onnx.ModelProto | str) -> ort.InferenceSession:
@@ -65,15 +66,16 @@ def _ort_int8(float_path: str, cal: dict, out: Path) -> str:
 def _models(d: dict, work: Path) -> dict[str, onnx.ModelProto | str]:
     models: dict[str, onnx.ModelProto | str] = {"float": d["model"]}
     models["qlinear uint8"] = qq.quantize_model(d["model"], None, d["cal"], promote=False).model
-    models["qlinear int8"] = qq.quantize_model(d["model"], None, d["cal"], activations="int8", promote=False).model
-    laid_out = pipeline.lay_out_signed
-    pipeline.lay_out_signed = lambda model: []
-    try:
-        models["qlinear int8, layout rewrite off"] = qq.quantize_model(
-            d["model"], None, d["cal"], activations="int8", promote=False
-        ).model
-    finally:
-        pipeline.lay_out_signed = laid_out
+    for symmetric in (False, True):
+        label = "qlinear int8" + (" symmetric" if symmetric else "")
+        quantize = {"activations": "int8", "symmetric": symmetric, "promote": False}
+        models[label] = qq.quantize_model(d["model"], None, d["cal"], **quantize).model
+        laid_out = pipeline.lay_out_signed
+        pipeline.lay_out_signed = lambda model: []
+        try:
+            models[f"{label}, layout rewrite off"] = qq.quantize_model(d["model"], None, d["cal"], **quantize).model
+        finally:
+            pipeline.lay_out_signed = laid_out
     models["ORT quantize_static int8"] = _ort_int8(d["model"], d["cal"], work / "ort_int8.onnx")
     return models
 
