@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import io
 
+import numpy as np
 from rich.console import Console
 
+import qlinear.onnx as qo
 import qlinear.quantize as qq
 import qlinear.quantize._pipeline as pipeline
 from qlinear.quantize._fusion import float_by_design
@@ -78,3 +80,18 @@ def test_onnx_runtime_has_no_kernel_for_4_bit_weights_with_8_bit_activations_nor
         assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w and "integer kernel was expected" in w]
     assert all(why.startswith("a weight-only Conv:") for why in by_design.values())
     assert r["fusion"]["unfused"] == ["conv0", "conv1"]  # the Gemm runs as MatMulNBits
+
+
+def test_a_conv_that_writes_a_model_output_is_float_by_design():
+    # A segmentation head: the last Conv's output is the model's. qlinear leaves model outputs unrounded,
+    # so that Conv has no QuantizeLinear after it, which ONNX Runtime's QLinearConv needs.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("head", opset=17)
+    x = g.input("x", "float", ("N", 4, 8, 8))
+    h = g.op("Relu", [g.op("Conv", [x, rng.standard_normal((8, 4, 3, 3)).astype(np.float32)], name="body", pads=[1, 1, 1, 1])])
+    g.output(g.op("Conv", [h, rng.standard_normal((2, 8, 1, 1)).astype(np.float32)], name="head", output_names=["mask"]))
+    data = {"x": rng.standard_normal((32, 4, 8, 8)).astype(np.float32)}
+    r = qq.quantize_model(g.to_model(), None, data, promote=False).report
+    assert r["fusion"]["unfused"] == ["head"]
+    assert r["fusion"]["float_by_design"]["head"].startswith("a Conv whose output is a model output:")
+    assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]

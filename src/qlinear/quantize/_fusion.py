@@ -73,6 +73,14 @@ def float_by_design(op_type: str, weight_type: str | None, activation_type: str 
     return None
 
 
+# A Conv with quantized inputs and no QuantizeLinear after it: its output is a model output (the plan's
+# ``_output_for_q``), which qlinear leaves float, and ONNX Runtime's QLinearConv needs that QuantizeLinear.
+MODEL_OUTPUT_CONV = (
+    "a Conv whose output is a model output: qlinear leaves model outputs unrounded, and ONNX Runtime's "
+    "QLinearConv needs a QuantizeLinear after the Conv"
+)
+
+
 @dataclass
 class FusionCheck:
     """Per quantized node: the operator ONNX Runtime runs in its place, and whether it is an integer kernel."""

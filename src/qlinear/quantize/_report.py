@@ -17,7 +17,7 @@ from qlinear.quantize._convert import ConvertedNode
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._equalize import Equalized
 from qlinear.quantize._evaluate import Evaluation
-from qlinear.quantize._fusion import FusionCheck, float_by_design
+from qlinear.quantize._fusion import MODEL_OUTPUT_CONV, FusionCheck, float_by_design
 from qlinear.quantize._mixed import Search
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import PROMOTED_TO_FLOAT, WIDENED_TABLE, Plan, left_float_text, listed
@@ -88,11 +88,15 @@ def build_report(r: PassResults) -> dict[str, Any]:
         warnings.append(f"finetune: {r.finetuned.note.removeprefix('finetune: ')}")
     if run is not None and r.calibration_data.random:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
+    no_output_q = {p.name for p in r.plan.nodes if p.op_type == "Conv" and p.activations and p.output is None}
     by_design = {
         n["name"]: why
         for n in nodes
         if fusion is not None and n["name"] in fusion.unfused
-        if (why := float_by_design(n["op_type"], n["weight_type"], n["activation_type"]))
+        if (
+            why := float_by_design(n["op_type"], n["weight_type"], n["activation_type"])
+            or (MODEL_OUTPUT_CONV if n["name"] in no_output_q else None)
+        )
     }
     unexpected = [] if fusion is None else [n for n in fusion.unfused if n not in by_design]
     if unexpected:
