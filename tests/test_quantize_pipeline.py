@@ -290,3 +290,45 @@ def test_a_model_with_a_fixed_batch_is_walked_at_that_batch():
     assert r.report["calibration"]["samples"] == 40 and r.report["eval"]["samples"] == 8  # the held-out part, whole batches
     with pytest.raises(QuantizationError, match=r"fixed batch of 5, and the calibration data holds 38 samples, not a multiple"):
         qq.quantize_model(_with_fixed_batch(model, 5), None, data, promote=False)
+
+
+def test_only_class_scores_are_judged_by_top1_agreement():
+    # A text detector's output: a Sigmoid probability per pixel, (N, 1, H, W). Its last axis is the image's
+    # width, so the top-1 along it says nothing; the default target is the output's SQNR.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("prob_map", opset=17)
+    x = g.input("x", "float", ("N", 3, 16, 16))
+    h = g.op(
+        "Relu", [g.op("Conv", [x, (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)], name="c0", pads=[1, 1, 1, 1])]
+    )
+    logit = g.op("Conv", [h, (rng.standard_normal((1, 8, 1, 1)) * 0.3).astype(np.float32)], name="c1")
+    g.output(g.op("Sigmoid", [logit], name="prob", output_names=["prob"]))
+    data = {"x": rng.standard_normal((40, 3, 16, 16)).astype(np.float32)}
+    r = qq.quantize_model(g.to_model(), None, data).report
+    assert r["output"]["top1_agreement"] is None
+    assert r["promotions"]["target"] == {"metric": "sqnr", "value": qq.DEFAULT_SQNR_DB}
+
+
+def test_what_classifies():
+    from qlinear.quantize._evaluate import classifies
+
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((4, 10)).astype(np.float32)
+
+    def made_by(*ops: tuple[str, list, dict]) -> onnx.ModelProto:
+        g = qo.Graph("head", opset=17)
+        h = g.input("x", "float", ("N", 8))
+        for op, extra, attrs in ops:
+            h = g.op(op, [h, *extra], **attrs)
+        g.output(g.op("Identity", [h], output_names=["y"]))
+        return g.to_model()
+
+    w, b = rng.standard_normal((8, 10)).astype(np.float32), rng.standard_normal(10).astype(np.float32)
+    assert classifies(made_by(("MatMul", [w], {}), ("Add", [b], {})), "y", scores)  # logits and their bias
+    assert classifies(made_by(("Gemm", [w], {}), ("Softmax", [], {"axis": -1})), "y", scores)
+    assert classifies(
+        made_by(("MatMul", [w], {}), ("Div", [np.float32(2)], {}), ("Reshape", [np.array([-1, 10])], {})), "y", scores
+    )
+    assert not classifies(made_by(("MatMul", [w], {}), ("Sigmoid", [], {})), "y", scores)  # per-class probabilities, multi-label
+    assert not classifies(made_by(("MatMul", [w], {})), "y", scores[:, :1])  # one value a sample
+    assert not classifies(made_by(("MatMul", [w], {})), "y", scores.astype(np.int64))

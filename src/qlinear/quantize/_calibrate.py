@@ -63,8 +63,12 @@ def session(
     optimize: bool = True,
     optimized_path: str | None = None,
     path: str | None = None,
+    basic: bool = False,
 ) -> ort.InferenceSession:
     """An ONNX Runtime CPU session for ``model``, or for the model file at ``path`` (its external data beside it).
+
+    ``basic``: only ONNX Runtime's basic graph optimizations (constant
+    folding, redundant node removal, fusions such as MatMul + Add -> Gemm).
 
     Raises:
         QuantizationError: ONNX Runtime cannot load the model (its first line of error).
@@ -73,8 +77,9 @@ def session(
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+    levels = ort.GraphOptimizationLevel
     so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        (levels.ORT_ENABLE_BASIC if basic else levels.ORT_ENABLE_ALL) if optimize else levels.ORT_DISABLE_ALL
     )
     # ONNX Runtime fuses a 2/4/8-bit blocked DequantizeLinear into its MatMul (MatMulNBits) and, by default
     # (level 4), quantizes that MatMul's float input to int8 in blocks: not what the QDQ model says, and on

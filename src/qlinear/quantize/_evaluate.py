@@ -105,6 +105,7 @@ def evaluate(
     offset = 0
     labels = data.labels
     first_batch = None
+    scores: bool | None = None
     for feeds in data.batches(batch_size):
         first_batch = first_batch or feeds
         ref, got = reference(feeds), candidate(feeds)
@@ -112,9 +113,11 @@ def evaluate(
         for t in tensors:
             node_power[t].add(ref[t], got[t])
         n = next(iter(feeds.values())).shape[0]
-        # Top-1 is read along the last axis of a float output with classes there; other outputs have only their SQNR.
+        # Top-1 is read along the last axis of an output with class scores there; other outputs have only their SQNR.
         output = np.asarray(ref[first])
-        if output.ndim == 0 or output.shape[-1] < 2 or not np.issubdtype(output.dtype, np.floating):
+        if scores is None:
+            scores = classifies(float_model, first, output, labelled=labels is not None)
+        if not scores:
             offset += n
             samples += n
             if progress:
@@ -146,6 +149,47 @@ def evaluate(
     return result
 
 
+# What class scores pass through on their way out, the classes staying on the last axis.
+_PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"})
+# A bias or a temperature on the scores: followed through their one computed input.
+_AFFINE = frozenset({"Add", "Sub", "Mul", "Div"})
+# Ops that make scores along the last axis.
+_SCORES = frozenset({"Softmax", "LogSoftmax", "Gemm", "MatMul"})
+
+
+def classifies(model: onnx.ModelProto, output: str, first: np.ndarray, *, labelled: bool = False) -> bool:
+    """Whether ``output`` (``first``: its first batch) holds class scores along its last axis.
+
+    Float, two or more along that axis, and either given labels
+    (``labelled``: the user says it classifies) or made by a Softmax,
+    LogSoftmax, Gemm or MatMul, through reshapes, casts and a constant bias
+    or scale. Anything else is a map or a regression (a detector's Sigmoid
+    probabilities over the image, boxes, an image, features), compared by
+    SQNR: the top-1 along a map's width is no figure of its quality.
+    """
+    if first.ndim == 0 or first.shape[-1] < 2 or not np.issubdtype(first.dtype, np.floating):
+        return False
+    if labelled:
+        return True
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output}
+    constant = {t.name for t in g.initializer} | {n.output[0] for n in g.node if n.op_type == "Constant"}
+    name = output
+    for _ in range(32):
+        node = producer.get(name)
+        if node is None:
+            return False
+        if node.op_type in _SCORES and node.domain in ("", "ai.onnx"):
+            return True
+        if node.op_type in _PASS_THROUGH:
+            name = node.input[0]
+        elif node.op_type in _AFFINE and len([i for i in node.input if i not in constant]) == 1:
+            name = next(i for i in node.input if i not in constant)
+        else:
+            return False
+    return False
+
+
 class Reference:
     """The float model's first output on the data's batches, computed once, for models compared against it many times."""
 
@@ -157,8 +201,7 @@ class Reference:
         ]
         if not self.batches:
             raise QuantizationError("quantize: the eval data holds no batch")
-        first = self.batches[0][1]
-        self.classifies = first.ndim > 0 and first.shape[-1] >= 2 and np.issubdtype(first.dtype, np.floating)
+        self.classifies = classifies(float_model, self.output, self.batches[0][1], labelled=data.labels is not None)
 
     def head(self, max_samples: int) -> Reference:
         """The first batches holding ``max_samples`` samples, from the outputs already computed."""

@@ -4,7 +4,11 @@
   value per output and a 2-D ``A`` becomes ``Gemm(A, W, b)``. ONNX
   Runtime makes this Gemm itself before its QDQ fusions, and a Gemm with a
   float bias between quantized inputs matches none of them; as a Gemm
-  here, the bias is stored as int32 and the whole runs as QGemm.
+  here, the bias is stored as int32 and the whole runs as QGemm. Where
+  onnx's shape inference leaves ``A``'s rank open (an exporter's
+  ``Reshape`` to a shape computed from ``Shape``, as paddle2onnx writes
+  them), ONNX Runtime's basic optimizations of the float model decide: the
+  MatMul becomes a Gemm here where it becomes one there.
 - For weight-only quantization, ``Gemm(A, B, transB=1)`` with a constant
   ``B`` stores ``B`` transposed with ``transB=0``: only then does a
   DequantizeLinear on ``B`` fuse into MatMulNBits.
@@ -27,10 +31,15 @@ ONNX Runtime's own fold moves them.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qlinear._errors import QuantizationError
+from qlinear.quantize._calibrate import session
 from qlinear.quantize._model import FloatModel, attribute, fresh_name, index
 
 __all__ = ["prepare"]
@@ -51,12 +60,15 @@ def _matmul_add_to_gemm(fm: FloatModel) -> bool:
     outputs = set(fm.output_names)
     replace: dict[str, object] = {}
     drop: set[str] = set()
+    open_rank: list[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]] = []  # A's rank unknown: ask ONNX Runtime
     for node in g.node:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             continue
         a, w = node.input
         users = fm.consumers.get(node.output[0], [])
-        if w not in fm.initializers or len(fm.shapes.get(w, ())) != 2 or len(fm.shapes.get(a, ())) != 2:
+        if w not in fm.initializers or len(fm.shapes.get(w, ())) != 2:
+            continue
+        if a in fm.shapes and len(fm.shapes[a]) != 2:
             continue
         if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in outputs:
             continue
@@ -66,14 +78,33 @@ def _matmul_add_to_gemm(fm: FloatModel) -> bool:
         if bias not in fm.initializers or fm.shapes.get(bias) != (n,) or not fm.is_float(bias):
             continue
         gemm = helper.make_node("Gemm", [a, w, bias], [add.output[0]], name=node.name)
-        replace[node.name] = gemm
-        drop.add(add.name)
+        if a in fm.shapes:
+            replace[node.name], _ = gemm, drop.add(add.name)
+        else:
+            open_rank.append((node, add, gemm))
+    if open_rank:
+        made = _gemm_outputs_onnx_runtime_makes(fm)
+        for node, add, gemm in open_rank:
+            if add.output[0] in made:
+                replace[node.name], _ = gemm, drop.add(add.name)
     if not replace:
         return False
     nodes = [replace.get(n.name, n) for n in g.node if n.name not in drop]
     del g.node[:]
     g.node.extend(nodes)
     return True
+
+
+def _gemm_outputs_onnx_runtime_makes(fm: FloatModel) -> set[str]:
+    """The outputs of the Gemm nodes in ONNX Runtime's basic optimization of the float model (none if it cannot load it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "basic.onnx")
+        try:
+            session(fm.model, optimized_path=path, basic=True)
+        except QuantizationError:  # the calibration says why, with the model's own error
+            return set()
+        optimized = onnx.load(path, load_external_data=False)
+    return {n.output[0] for n in optimized.graph.node if n.op_type == "Gemm" and n.domain in ("", "ai.onnx")}
 
 
 def _untranspose_gemm_weights(fm: FloatModel) -> bool:
