@@ -190,3 +190,53 @@ def test_plan_lists_a_recurrent_layer_and_its_weights_as_left_float():
     assert p.left_float == [
         ("lstm", "LSTM", f"no integer LSTM in ONNX Runtime; its weights ({64 * 8 + 64 * 16 + 128} values) stay float")
     ]
+
+
+def _open_rank_classifier():
+    """A classifier head as paddle2onnx writes it (opset 11): the Reshape's target is computed from a Shape
+    through Casts and a Slice, so onnx's shape inference leaves the MatMul input's rank open."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def const(name, a):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(a))
+
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
+        helper.make_node("Shape", ["pooled"], ["shape"]),
+        helper.make_node("Cast", ["shape"], ["shape32"], to=TensorProto.INT32),
+        *(const(n, np.array([v], np.int64)) for n, v in (("s0", 0), ("e0", 1), ("a0", 0), ("t0", 1))),
+        helper.make_node("Slice", ["shape32", "s0", "e0", "a0", "t0"], ["batch32"]),
+        helper.make_node("Cast", ["batch32"], ["batch"], to=TensorProto.INT64),
+        const("width32", np.array([16], np.int32)),
+        helper.make_node("Cast", ["width32"], ["width"], to=TensorProto.INT64),
+        helper.make_node("Concat", ["batch", "width"], ["target"], axis=-1),
+        helper.make_node("Reshape", ["pooled", "target"], ["flat"]),
+        const("w", (rng.standard_normal((16, 3)) * 0.3).astype(np.float32)),
+        helper.make_node("MatMul", ["flat", "w"], ["logits"], name="fc"),
+        const("b", rng.standard_normal(3).astype(np.float32)),
+        helper.make_node("Add", ["logits", "b"], ["biased"], name="bias"),
+        helper.make_node("Softmax", ["biased"], ["probs"], axis=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 16, 4, 4])
+    y = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [-1, 3])
+    model = helper.make_model(helper.make_graph(nodes, "open_rank", [x], [y]), opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    return model, {"x": rng.standard_normal((48, 16, 4, 4)).astype(np.float32)}
+
+
+def test_prepare_asks_onnx_runtime_where_the_matmul_inputs_rank_is_open(monkeypatch):
+    import qlinear.quantize as qq
+    import qlinear.quantize._prepare as prepare_pass
+
+    model, data = _open_rank_classifier()
+    assert load_float_model(model).shapes.get("flat") is None  # onnx's inference leaves it open
+    fm, _ = _plan(model)
+    assert fm.node("fc").op_type == "Gemm" and "bias" not in {n.name for n in fm.graph.node}
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert r["fusion"]["unfused"] == [] and r["nodes"][0]["runs_as"] == "QGemm"
+    # Left a MatMul, ONNX Runtime still makes its own Gemm of it with the float bias: no integer kernel matches.
+    monkeypatch.setattr(prepare_pass, "_gemm_outputs_onnx_runtime_makes", lambda fm: set())
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert r["fusion"]["unfused"] == ["fc"]
