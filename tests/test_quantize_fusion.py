@@ -95,3 +95,40 @@ def test_a_conv_that_writes_a_model_output_is_float_by_design():
     assert r["fusion"]["unfused"] == ["head"]
     assert r["fusion"]["float_by_design"]["head"].startswith("a Conv whose output is a model output:")
     assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+
+
+def test_an_8_bit_node_whose_output_onnx_runtime_requantizes_at_16_bits_is_named_with_why():
+    # x -> MatMul (8-bit) -> Transpose -> QuantizeLinear (16-bit, for a promoted reader) -> ...: ONNX Runtime moves
+    # that QuantizeLinear up through the Transpose, and the 8-bit MatMul then has a 16-bit output.
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qlinear.quantize._fusion import OUTPUT_AT_SIXTEEN_BITS, check_fusion
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.integers(-100, 100, (8, 8)).astype(np.int8), "w1"),
+        numpy_helper.from_array(rng.integers(-100, 100, (8, 8)).astype(np.int8), "w2"),
+        numpy_helper.from_array(np.float32(0.01), "ws"),
+        numpy_helper.from_array(np.float32(0.02), "s8"),
+        numpy_helper.from_array(np.uint8(128), "z8"),
+        numpy_helper.from_array(np.float32(0.001), "s16"),
+        numpy_helper.from_array(np.uint16(32768), "z16"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s8", "z8"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s8", "z8"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w1", "ws"], ["w1d"]),
+        helper.make_node("MatMul", ["xd", "w1d"], ["h"], name="mm1"),
+        helper.make_node("Transpose", ["h"], ["ht"], perm=[0, 2, 1]),
+        helper.make_node("QuantizeLinear", ["ht", "s16", "z16"], ["hq"]),
+        helper.make_node("DequantizeLinear", ["hq", "s16", "z16"], ["hd"]),
+        helper.make_node("DequantizeLinear", ["w2", "ws"], ["w2d"]),
+        helper.make_node("MatMul", ["hd", "w2d"], ["y"], name="mm2"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 8])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    found = check_fusion(model, ["mm1", "mm2"])
+    assert found.unfused == ["mm1", "mm2"]
+    assert found.by_layout == {"mm1": OUTPUT_AT_SIXTEEN_BITS}  # mm2 is 16-bit itself: float_by_design names it

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 from onnx import TensorProto
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx._graph import readers
 from qlinear.quantize._calibrate import session
 
 __all__ = ["GATHER_CODES", "INTEGER_KERNELS", "FusionCheck", "check_fusion", "float_by_design"]
@@ -73,6 +74,10 @@ def float_by_design(op_type: str, weight_type: str | None, activation_type: str 
     return None
 
 
+OUTPUT_AT_SIXTEEN_BITS = (
+    "a 16-bit output: a promoted reader takes its output at 16 bits through a Transpose or Reshape, whose "
+    "QuantizeLinear ONNX Runtime moves up to this node, and no integer kernel has 8-bit inputs and a 16-bit output"
+)
 # A Conv with quantized inputs and no QuantizeLinear after it: its output is a model output (the plan's
 # ``_output_for_q``), which qlinear leaves float, and ONNX Runtime's QLinearConv needs that QuantizeLinear.
 MODEL_OUTPUT_CONV = (
@@ -88,6 +93,8 @@ class FusionCheck:
     runs_as: dict[str, str]
     fused: dict[str, bool]
     qdq_nodes_left: int
+    # Unfused nodes whose layout after ONNX Runtime's own rewrites has no integer kernel, and why.
+    by_layout: dict[str, str] = field(default_factory=dict)
 
     @property
     def unfused(self) -> list[str]:
@@ -113,7 +120,28 @@ def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None
         runs_as[name] = GATHER_CODES if codes else (integer or match)[0].op_type if match else "removed"
     fused = {n: op in INTEGER_KERNELS or op == GATHER_CODES for n, op in runs_as.items()}
     left = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
-    return FusionCheck(runs_as, fused, left)
+    return FusionCheck(runs_as, fused, left, _sixteen_bit_outputs(optimized, [n for n, f in fused.items() if not f]))
+
+
+def _sixteen_bit_outputs(optimized: onnx.ModelProto, unfused: list[str]) -> dict[str, str]:
+    """Unfused nodes whose output goes into a 16-bit QuantizeLinear in ONNX Runtime's optimized graph.
+
+    ONNX Runtime moves a QuantizeLinear up through data movement (a
+    Transpose or Reshape) to the node that makes the tensor: where a
+    promoted reader took that tensor at 16 bits, an 8-bit node then has a
+    16-bit output, which no integer kernel takes.
+    """
+    sixteen = {t.name for t in optimized.graph.initializer if t.data_type in (TensorProto.UINT16, TensorProto.INT16)}
+    reading = readers(optimized.graph)
+    out = {}
+    for name in unfused:
+        for node in optimized.graph.node:
+            if node.name != name:
+                continue
+            qs = [r for o in node.output for r in reading.get(o, []) if r.op_type == "QuantizeLinear"]
+            if any(len(q.input) > 2 and q.input[2] in sixteen for q in qs):
+                out[name] = OUTPUT_AT_SIXTEEN_BITS
+    return out
 
 
 def _descends_from(optimized_name: str, name: str) -> bool:

@@ -96,6 +96,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
         if (
             why := float_by_design(n["op_type"], n["weight_type"], n["activation_type"])
             or (MODEL_OUTPUT_CONV if n["name"] in no_output_q else None)
+            or fusion.by_layout.get(n["name"])
         )
     }
     unexpected = [] if fusion is None else [n for n in fusion.unfused if n not in by_design]
