@@ -332,3 +332,49 @@ def test_what_classifies():
     assert not classifies(made_by(("MatMul", [w], {}), ("Sigmoid", [], {})), "y", scores)  # per-class probabilities, multi-label
     assert not classifies(made_by(("MatMul", [w], {})), "y", scores[:, :1])  # one value a sample
     assert not classifies(made_by(("MatMul", [w], {})), "y", scores.astype(np.int64))
+
+
+def _stateful_model() -> onnx.ModelProto:
+    """A step of a streaming model: features (batch, 8), a recurrent state (2, batch, 16) and a scalar gain."""
+    rng = np.random.default_rng(0)
+    g = qo.Graph("stateful", opset=17)
+    x = g.input("x", "float", ("batch", 8))
+    state = g.input("state", "float", (2, "batch", 16))
+    gain = g.input("gain", "float", ())
+    h = g.op("MatMul", [x, (rng.standard_normal((8, 16)) * 0.4).astype(np.float32)], name="in_proj")
+    h = g.op("Mul", [g.op("Add", [h, g.op("ReduceSum", [state, np.array([0], np.int64)], keepdims=0)]), gain])
+    g.output(
+        g.op(
+            "MatMul",
+            [g.op("Relu", [h]), (rng.standard_normal((16, 4)) * 0.4).astype(np.float32)],
+            name="head",
+            output_names=["y"],
+        )
+    )
+    return g.to_model()
+
+
+def test_inputs_whose_batch_axis_is_not_the_first_and_scalar_inputs():
+    # The model names its batch "batch": the state's samples are along its axis 1; the gain is fed whole.
+    rng = np.random.default_rng(1)
+    n = 40
+    data = {
+        "x": rng.standard_normal((n, 8)).astype(np.float32),
+        "state": rng.standard_normal((2, n, 16)).astype(np.float32),
+        "gain": np.array(1.5, np.float32),
+    }
+    r = qq.quantize_model(_stateful_model(), None, data, promote=False).report
+    assert r["calibration"]["samples"] == 32 and r["eval"]["samples"] == 8  # the held-out fifth, along each batch axis
+    assert r["output"]["sqnr_db"] > 20 and r["fusion"]["unfused"] == []
+    # A batch of the state along its first axis, or a gain with a sample axis, is refused by name.
+    with pytest.raises(QuantizationError, match=r"array 'state' has shape \(40, 2, 16\), expected \(2, samples, 16\)"):
+        qq.quantize_model(_stateful_model(), None, {**data, "state": data["state"].transpose(1, 0, 2)})
+    with pytest.raises(QuantizationError, match=r"array 'gain' has shape \(40,\), expected a scalar"):
+        qq.quantize_model(_stateful_model(), None, {**data, "gain": np.full(n, 1.5, np.float32)})
+    # A stream of batches as the model takes them works the same.
+    stream = [
+        {k: (v if k == "gain" else v[:, i : i + 10] if k == "state" else v[i : i + 10]) for k, v in data.items()}
+        for i in range(0, n, 10)
+    ]
+    r = qq.quantize_model(_stateful_model(), None, stream, eval=stream, promote=False).report
+    assert r["calibration"]["samples"] == n and r["eval"]["samples"] == n

@@ -240,3 +240,47 @@ def test_prepare_asks_onnx_runtime_where_the_matmul_inputs_rank_is_open(monkeypa
     monkeypatch.setattr(prepare_pass, "_gemm_outputs_onnx_runtime_makes", lambda fm: set())
     r = qq.quantize_model(model, None, data, promote=False).report
     assert r["fusion"]["unfused"] == ["fc"]
+
+
+def _fixed_shape_mlp(shape=(4, 12, 32)):
+    """Two MatMul + bias layers on a 3-D input of fixed shape (a transformer exported at a fixed sequence length)."""
+    rng = np.random.default_rng(0)
+    g = qo.Graph("fixed_shape", opset=17)
+    x = g.input("x", "float", shape)
+    h = g.op(
+        "Add",
+        [
+            g.op("MatMul", [x, (rng.standard_normal((32, 64)) * 0.2).astype(np.float32)], name="fc1"),
+            (rng.standard_normal(64) * 0.1).astype(np.float32),
+        ],
+        name="b1",
+    )
+    h = g.op(
+        "Add",
+        [
+            g.op("MatMul", [g.op("Relu", [h]), (rng.standard_normal((64, 32)) * 0.2).astype(np.float32)], name="fc2"),
+            (rng.standard_normal(32) * 0.1).astype(np.float32),
+        ],
+        name="b2",
+    )
+    g.output(g.op("MatMul", [h, (rng.standard_normal((32, 10)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
+    return g.to_model(), {"x": rng.standard_normal((48, 12, 32)).astype(np.float32)}
+
+
+def test_prepare_puts_a_fixed_shape_matmul_with_bias_between_reshapes_as_onnx_runtime_does():
+    import qlinear.quantize as qq
+    from qlinear.quantize._calibrate import session
+
+    model, data = _fixed_shape_mlp()
+    fm, _ = _plan(model)
+    ops = [(n.op_type, n.name) for n in fm.graph.node if n.op_type in ("Reshape", "Gemm", "MatMul")]
+    assert ops[:3] == [("Reshape", "fc1_rows"), ("Gemm", "fc1"), ("Reshape", "fc1_restore")]
+    feeds = {"x": data["x"][:4]}
+    (want,), (got,) = session(model).run(None, feeds), session(fm.model).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert r["fusion"]["unfused"] == []  # as a MatMul, fc1 became ONNX Runtime's own float Gemm
+    assert {n["name"]: n["runs_as"] for n in r["nodes"]} == {"fc1": "QGemm", "fc2": "QGemm", "head": "MatMulIntegerToFloat"}
+    # A symbolic batch leaves the MatMul to the integer MatMul kernels.
+    fm, _ = _plan(_fixed_shape_mlp(("N", 12, 32))[0])
+    assert fm.node("fc1").op_type == "MatMul"

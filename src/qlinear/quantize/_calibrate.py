@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
-from qlinear.quantize._data import Dataset
+from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._stats import TensorStats, load_calibration, save_stats
 
@@ -291,7 +291,7 @@ def calibrate(
         sess = session(model) if names else None
         for feeds in batches:
             values = run_batch(sess, names, feeds, f"calibration batch {state.batches}") if names else []
-            state.add(observed.reduce(values), _samples(feeds))
+            state.add(observed.reduce(values), samples_in(feeds))
             del values
             save()
             if progress:
@@ -301,10 +301,6 @@ def calibrate(
     return CalibrationRun(
         state.stats, state.batches, state.samples, time.perf_counter() - start, peak_rss_bytes(), means, state.grams
     )
-
-
-def _samples(feeds: dict) -> int:
-    return next(iter(feeds.values())).shape[0] if feeds else 0
 
 
 def peak_rss_bytes() -> int:

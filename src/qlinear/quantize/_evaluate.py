@@ -20,7 +20,7 @@ import onnx
 from qlinear._errors import QuantizationError
 from qlinear.quantize._calibrate import run_batch, session, with_outputs
 from qlinear.quantize._convert import sqnr_db
-from qlinear.quantize._data import Dataset
+from qlinear.quantize._data import Dataset, samples_in
 
 __all__ = ["Evaluation", "Reference", "Runner", "evaluate", "latency_ms", "output_figures"]
 
@@ -112,7 +112,7 @@ def evaluate(
         out_power.add(ref[first], got[first])
         for t in tensors:
             node_power[t].add(ref[t], got[t])
-        n = next(iter(feeds.values())).shape[0]
+        n = samples_in(feeds)
         # Top-1 is read along the last axis of an output with class scores there; other outputs have only their SQNR.
         output = np.asarray(ref[first])
         if scores is None:
@@ -212,7 +212,7 @@ class Reference:
             if kept >= max_samples:
                 break
             head.batches.append((feeds, out))
-            kept += next(iter(feeds.values())).shape[0]
+            kept += samples_in(feeds)
         return head
 
 

@@ -31,7 +31,7 @@ from qlinear.quantize._bias_correction import input_channel_axes
 from qlinear.quantize._build import ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, CalibrationState, Observed, calibrate
 from qlinear.quantize._checked import check_quantized
-from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
+from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset, samples_in
 from qlinear.quantize._equalize import equalize
 from qlinear.quantize._evaluate import Reference, evaluate, latency_ms, output_figures
 from qlinear.quantize._finetune import finetune
@@ -270,7 +270,7 @@ def quantize_model(
             evaluation=evaluation,
             fusion=fusion,
             latency=latency,
-            latency_batch=next(iter(first_batch.values())).shape[0],
+            latency_batch=samples_in(first_batch),
             sensitivity=figures,
             requested_figures=(start_sqnr, start_agreement),
             search=search,
@@ -363,8 +363,8 @@ def _check_output(model: Any, output: Any) -> Path | None:
 
 
 def _fixed_batch(fm) -> int | None:
-    """The batch size the model's inputs fix (the first dimension of each, a number), or None where one is symbolic."""
-    firsts = {s.shape[0] if s.shape else None for s in input_specs(fm)}
+    """The batch size the model's inputs fix (the batch axis of each, a number), or None where one is symbolic."""
+    firsts = {s.shape[s.batch_axis] if s.shape else None for s in input_specs(fm) if s.batch_axis is not None}
     if len(firsts) != 1:
         return None
     (first,) = firsts

@@ -8,7 +8,10 @@
   onnx's shape inference leaves ``A``'s rank open (an exporter's
   ``Reshape`` to a shape computed from ``Shape``, as paddle2onnx writes
   them), ONNX Runtime's basic optimizations of the float model decide: the
-  MatMul becomes a Gemm here where it becomes one there.
+  MatMul becomes a Gemm here where it becomes one there. Where ``A`` has a
+  fixed shape of rank 3 or more (a transformer exported at a fixed batch
+  and sequence length), ONNX Runtime's fusion puts the Gemm between two
+  Reshapes; so does this pass, and the Gemm takes its int32 bias.
 - For weight-only quantization, ``Gemm(A, B, transB=1)`` with a constant
   ``B`` stores ``B`` transposed with ``transB=0``: only then does a
   DequantizeLinear on ``B`` fuse into MatMulNBits.
@@ -58,9 +61,10 @@ def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
 def _matmul_add_to_gemm(fm: FloatModel) -> bool:
     g = fm.graph
     outputs = set(fm.output_names)
-    replace: dict[str, object] = {}
+    replace: dict[str, list[onnx.NodeProto]] = {}
     drop: set[str] = set()
     open_rank: list[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]] = []  # A's rank unknown: ask ONNX Runtime
+    taken = {t.name for t in g.initializer} | {x for n in g.node for x in (*n.input, *n.output, n.name)}
     for node in g.node:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             continue
@@ -68,7 +72,9 @@ def _matmul_add_to_gemm(fm: FloatModel) -> bool:
         users = fm.consumers.get(node.output[0], [])
         if w not in fm.initializers or len(fm.shapes.get(w, ())) != 2:
             continue
-        if a in fm.shapes and len(fm.shapes[a]) != 2:
+        a_shape = fm.shapes.get(a)
+        static = a_shape is not None and len(a_shape) > 2 and all(isinstance(d, int) and d > 0 for d in a_shape)
+        if a_shape is not None and len(a_shape) != 2 and not static:
             continue
         if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in outputs:
             continue
@@ -77,22 +83,59 @@ def _matmul_add_to_gemm(fm: FloatModel) -> bool:
         n = fm.shapes[w][1]
         if bias not in fm.initializers or fm.shapes.get(bias) != (n,) or not fm.is_float(bias):
             continue
+        if static:
+            replace[node.name] = _gemm_between_reshapes(g, node, add, bias, a_shape, n, taken)
+            drop.add(add.name)
+            continue
         gemm = helper.make_node("Gemm", [a, w, bias], [add.output[0]], name=node.name)
-        if a in fm.shapes:
-            replace[node.name], _ = gemm, drop.add(add.name)
+        if a_shape is not None:
+            replace[node.name] = [gemm]
+            drop.add(add.name)
         else:
             open_rank.append((node, add, gemm))
     if open_rank:
         made = _gemm_outputs_onnx_runtime_makes(fm)
         for node, add, gemm in open_rank:
             if add.output[0] in made:
-                replace[node.name], _ = gemm, drop.add(add.name)
+                replace[node.name] = [gemm]
+                drop.add(add.name)
     if not replace:
         return False
-    nodes = [replace.get(n.name, n) for n in g.node if n.name not in drop]
+    nodes = [m for n in g.node if n.name not in drop for m in replace.get(n.name, [n])]
     del g.node[:]
     g.node.extend(nodes)
     return True
+
+
+def _gemm_between_reshapes(
+    g: onnx.GraphProto, matmul: onnx.NodeProto, add: onnx.NodeProto, bias: str, a_shape: tuple, n: int, taken: set[str]
+) -> list[onnx.NodeProto]:
+    """``Reshape(A, (M, K)) -> Gemm(W, bias) -> Reshape(..., (..., N))`` for a MatMul + Add whose ``A`` has a fixed shape.
+
+    ONNX Runtime makes the same of it (its MatMul + Add fusion, for inputs of
+    fixed shape): as a MatMul there it became a Gemm behind a Reshape, with a
+    float bias and no QuantizeLinear after it, which no integer kernel takes.
+    """
+
+    def fresh(base: str) -> str:
+        name = fresh_name(base, taken)
+        taken.add(name)
+        return name
+
+    rows, cols = int(np.prod(a_shape[:-1])), a_shape[-1]
+    shape_in, shape_out = fresh(f"{matmul.name}_rows_shape"), fresh(f"{matmul.name}_out_shape")
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([rows, cols], np.int64), shape_in),
+            numpy_helper.from_array(np.array([*a_shape[:-1], n], np.int64), shape_out),
+        ]
+    )
+    a2, y2 = fresh(f"{matmul.input[0]}_rows"), fresh(f"{add.output[0]}_rows")
+    return [
+        helper.make_node("Reshape", [matmul.input[0], shape_in], [a2], name=fresh(f"{matmul.name}_rows")),
+        helper.make_node("Gemm", [a2, matmul.input[1], bias], [y2], name=matmul.name),
+        helper.make_node("Reshape", [y2, shape_out], [add.output[0]], name=fresh(f"{matmul.name}_restore")),
+    ]
 
 
 def _gemm_outputs_onnx_runtime_makes(fm: FloatModel) -> set[str]:

@@ -24,6 +24,7 @@ from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 from qlinear.onnx import save
 from qlinear.quantize._calibrate import Observed
+from qlinear.quantize._data import samples_in
 
 __all__ = ["SHARD_BATCHES", "run_on_ray"]
 
@@ -107,5 +108,5 @@ def _shard(key: str, source: Any, observed: Observed, shard: list[dict]) -> list
     out = []
     for feeds in shard:
         values = run_batch(sess, observed.names, feeds, "a calibration batch on Ray")
-        out.append((observed.reduce(values), next(iter(feeds.values())).shape[0] if feeds else 0))
+        out.append((observed.reduce(values), samples_in(feeds)))
     return out

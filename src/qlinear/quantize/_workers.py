@@ -28,6 +28,7 @@ import onnx
 from qlinear._errors import QuantizationError
 from qlinear.onnx import save
 from qlinear.quantize._calibrate import Observed, run_batch, session
+from qlinear.quantize._data import samples_in
 
 __all__ = ["run_in_processes"]
 
@@ -116,7 +117,7 @@ def _work(path: str, observed: Observed, threads: int, inbox, outbox) -> None:
         k, feeds = item
         try:
             values = run_batch(sess, names, feeds, f"calibration batch {k}")
-            samples = next(iter(feeds.values())).shape[0] if feeds else 0
+            samples = samples_in(feeds)
             outbox.put((k, (observed.reduce(values), samples)))
         except QuantizationError as e:
             outbox.put((k, e))
