@@ -132,3 +132,35 @@ def test_an_8_bit_node_whose_output_onnx_runtime_requantizes_at_16_bits_is_named
     found = check_fusion(model, ["mm1", "mm2"])
     assert found.unfused == ["mm1", "mm2"]
     assert found.by_layout == {"mm1": OUTPUT_AT_SIXTEEN_BITS}  # mm2 is 16-bit itself: float_by_design names it
+
+
+def test_a_matmul_onnx_runtime_fuses_with_a_residual_add_is_named_with_why():
+    # y = x + MatMul(x, W) on 2-D inputs: ONNX Runtime makes a float Gemm of the MatMul and the Add (its addend x
+    # is a valid Gemm C) before its QDQ fusions. Nothing in the QDQ layout prevents it; the report says so.
+    from qlinear.quantize._fusion import MATMUL_ADD_FUSED
+
+    rng = np.random.default_rng(0)
+    g = qo.Graph("residual", opset=17)
+    x = g.input("x", "float", ("N", 16))
+    h = g.op("Add", [x, g.op("MatMul", [x, (rng.standard_normal((16, 16)) * 0.3).astype(np.float32)], name="mix")])
+    g.output(g.op("MatMul", [h, (rng.standard_normal((16, 4)) * 0.3).astype(np.float32)], name="head", output_names=["y"]))
+    data = {"x": rng.standard_normal((40, 16)).astype(np.float32)}
+    r = qq.quantize_model(g.to_model(), None, data, promote=False).report
+    assert r["fusion"]["unfused"] == ["mix"] and r["fusion"]["float_by_design"] == {"mix": MATMUL_ADD_FUSED}
+    assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+
+
+def test_a_matmul_before_a_relu_whose_output_stays_float_gets_a_quantize_linear_after_the_relu():
+    # ONNX Runtime groups the Relu with the MatMul as a clamp a QuantizeLinear makes redundant; without one
+    # after the Relu (its reader here is a float Add) the MatMul ran in float.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("mlp", opset=17)
+    x = g.input("x", "float", ("batch", 8))
+    h = g.op("Relu", [g.op("MatMul", [x, (rng.standard_normal((8, 16)) * 0.4).astype(np.float32)], name="up")], name="act")
+    h = g.op("Add", [h, np.float32(0.5)], name="shift")
+    g.output(g.op("MatMul", [h, (rng.standard_normal((16, 4)) * 0.4).astype(np.float32)], name="head", output_names=["y"]))
+    data = {"x": rng.standard_normal((40, 8)).astype(np.float32)}
+    r = qq.quantize_model(g.to_model(), None, data, promote=False)
+    assert {n["name"]: n["runs_as"] for n in r.report["nodes"]} == {"up": "QLinearMatMul", "head": "MatMulIntegerToFloat"}
+    (relu,) = [n for n in r.model.graph.node if n.name == "act"]
+    assert [n.op_type for n in r.model.graph.node if relu.output[0] in n.input] == ["QuantizeLinear"]

@@ -341,16 +341,9 @@ def _stateful_model() -> onnx.ModelProto:
     x = g.input("x", "float", ("batch", 8))
     state = g.input("state", "float", (2, "batch", 16))
     gain = g.input("gain", "float", ())
-    h = g.op("MatMul", [x, (rng.standard_normal((8, 16)) * 0.4).astype(np.float32)], name="in_proj")
+    h = g.op("Relu", [g.op("MatMul", [x, (rng.standard_normal((8, 16)) * 0.4).astype(np.float32)], name="in_proj")])
     h = g.op("Mul", [g.op("Add", [h, g.op("ReduceSum", [state, np.array([0], np.int64)], keepdims=0)]), gain])
-    g.output(
-        g.op(
-            "MatMul",
-            [g.op("Relu", [h]), (rng.standard_normal((16, 4)) * 0.4).astype(np.float32)],
-            name="head",
-            output_names=["y"],
-        )
-    )
+    g.output(g.op("MatMul", [h, (rng.standard_normal((16, 4)) * 0.4).astype(np.float32)], name="head", output_names=["y"]))
     return g.to_model()
 
 

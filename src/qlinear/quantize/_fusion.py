@@ -74,6 +74,10 @@ def float_by_design(op_type: str, weight_type: str | None, activation_type: str 
     return None
 
 
+MATMUL_ADD_FUSED = (
+    "a MatMul with a computed addend: ONNX Runtime fuses it with the Add after it (a residual, not a constant "
+    "bias) into a float Gemm before its QDQ fusions, which no integer kernel takes"
+)
 OUTPUT_AT_SIXTEEN_BITS = (
     "a 16-bit output: a promoted reader takes its output at 16 bits through a Transpose or Reshape, whose "
     "QuantizeLinear ONNX Runtime moves up to this node, and no integer kernel has 8-bit inputs and a 16-bit output"
@@ -120,7 +124,12 @@ def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None
         runs_as[name] = GATHER_CODES if codes else (integer or match)[0].op_type if match else "removed"
     fused = {n: op in INTEGER_KERNELS or op == GATHER_CODES for n, op in runs_as.items()}
     left = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
-    return FusionCheck(runs_as, fused, left, _sixteen_bit_outputs(optimized, [n for n, f in fused.items() if not f]))
+    unfused = [n for n, f in fused.items() if not f]
+    by_layout = _sixteen_bit_outputs(optimized, unfused)
+    for name in unfused:
+        if any(n.name == f"{name}/MatMulAddFusion" for n in optimized.graph.node):
+            by_layout.setdefault(name, MATMUL_ADD_FUSED)
+    return FusionCheck(runs_as, fused, left, by_layout)
 
 
 def _sixteen_bit_outputs(optimized: onnx.ModelProto, unfused: list[str]) -> dict[str, str]:

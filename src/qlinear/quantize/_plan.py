@@ -274,7 +274,23 @@ def _node_plan(
     output = None
     if quantize_activations and op in ("Conv", "ConvTranspose") and activations:
         output = _output_for_q(fm, node, graph_outputs)
+    elif quantize_activations and op in ("MatMul", "Gemm") and activations:
+        output = _clamp_output(fm, node, graph_outputs)
     return NodePlan(node.name, op, weight, activations, bias, output)
+
+
+def _clamp_output(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str]) -> str | None:
+    """The output of a Relu or Clip that alone reads a MatMul's or Gemm's output: it takes a Q.
+
+    ONNX Runtime groups such a clamp with the node before it as a clamp its
+    output QuantizeLinear makes redundant, and without that QuantizeLinear
+    the group matches no integer kernel: the MatMul ran in float. With it,
+    the node runs as QLinearMatMul or QGemm and the clamp goes.
+    """
+    users = fm.consumers.get(node.output[0], [])
+    if node.output[0] in graph_outputs or len(users) != 1 or users[0].op_type not in _ACTIVATIONS_FOLDED:
+        return None
+    return None if users[0].output[0] in graph_outputs else users[0].output[0]
 
 
 def _tensors_before_a_log(fm: FloatModel, depth: int = 8) -> set[str]:
