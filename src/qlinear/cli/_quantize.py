@@ -50,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data = parser.add_argument_group("data")
     data.add_argument(
-        "--calibration", metavar="DATA.npz", help="calibration inputs: one array per model input, samples along axis 0"
+        "--calibration",
+        metavar="DATA.npz",
+        help="calibration inputs: one array per model input, samples along axis 0 (or the axis the model names its batch; a scalar for a scalar input)",
     )
     data.add_argument("--calibrate-random", metavar="N", type=int, help="calibrate on N uniform random samples (a smoke test)")
     data.add_argument(
