@@ -371,3 +371,45 @@ def test_inputs_whose_batch_axis_is_not_the_first_and_scalar_inputs():
     ]
     r = qq.quantize_model(_stateful_model(), None, stream, eval=stream, promote=False).report
     assert r["calibration"]["samples"] == n and r["eval"]["samples"] == n
+
+
+def test_initializers_read_only_inside_a_subgraph_are_kept():
+    # An exporter's If (Silero VAD picks its decoder by sample rate this way): the branch reads an initializer
+    # of the outer graph by name alone. Dropping it as unread left a model the checker refuses.
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    outer = numpy_helper.from_array((rng.standard_normal((16, 4)) * 0.3).astype(np.float32), "branch_weight")
+    then_g = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "branch_weight"], ["y_then"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, ["batch", 4])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("ReduceMean", ["h"], ["y_else"], axes=[1], keepdims=1)],
+        "else",
+        [],
+        [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, ["batch", 1])],
+    )
+    w = numpy_helper.from_array((rng.standard_normal((8, 16)) * 0.3).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="proj"),
+        helper.make_node("Relu", ["m"], ["h"]),
+        helper.make_node("Equal", ["rate", "sixteen_k"], ["is_16k"]),
+        helper.make_node("If", ["is_16k"], ["y"], then_branch=then_g, else_branch=else_g),
+    ]
+    graph = helper.make_graph(
+        nodes, "branches",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]), helper.make_tensor_value_info("rate", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None])],
+        [w, outer, numpy_helper.from_array(np.array(16000, np.int64), "sixteen_k")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    data = {"x": rng.standard_normal((40, 8)).astype(np.float32), "rate": np.array(16000, np.int64)}
+    r = qq.quantize_model(model, None, data, promote=False)
+    onnx.checker.check_model(r.model, full_check=True)
+    assert "branch_weight" in {t.name for t in r.model.graph.initializer}
+    assert r.report["output"]["sqnr_db"] > 25

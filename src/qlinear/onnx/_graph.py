@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from os import PathLike
 from typing import Any
 
@@ -18,7 +18,7 @@ from qlinear.onnx._qdq_check import QDQ_OPS, check_qdq_node
 from qlinear.onnx._schema_check import check_schema_node
 from qlinear.onnx._tensor_info import Dim, TensorInfo, onnx_type_enum
 
-__all__ = ["DEFAULT_OPSET", "Graph", "readers"]
+__all__ = ["DEFAULT_OPSET", "Graph", "names_read", "nodes_read", "readers"]
 
 # The newest ai.onnx opset ONNX Runtime 1.31 runs; Graph(opset=28) builds
 # newer graphs that run on the "qlinear" and "reference" backends.
@@ -341,4 +341,25 @@ def readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     for node in graph.node:
         for name in node.input:
             found.setdefault(name, []).append(node)
+    return found
+
+
+def names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name the graph's nodes read, those of its subgraphs (If, Loop, Scan bodies) included, and its outputs.
+
+    A subgraph may read a tensor of the graph around it by name alone, an
+    initializer among them: a pass that drops the initializers nothing reads
+    must count those reads too.
+    """
+    return {o.name for o in graph.output} | nodes_read(graph.node)
+
+
+def nodes_read(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+    """Every tensor name ``nodes`` read, inside their subgraphs too (see :func:`names_read`)."""
+    found: set[str] = set()
+    for node in nodes:
+        found.update(i for i in node.input if i)
+        for a in node.attribute:
+            for sub in (a.g,) if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                found |= names_read(sub)
     return found

@@ -38,6 +38,7 @@ from onnx.reference import ReferenceEvaluator
 
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import from_tensor_proto, to_tensor_proto
+from qlinear.onnx._graph import nodes_read
 from qlinear.onnx._node_case import NodeCase, run_qlinear
 from qlinear.onnx._ort_values import from_ort_value, to_ort_value
 from qlinear.onnx._qdq_check import QDQ_OPS
@@ -72,7 +73,7 @@ class MixedRunner:
                 self.folded.append(node.name or node.op_type)
             else:
                 kept.append(node)
-        used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
+        used = nodes_read(kept) | {o.name for o in graph.output}  # subgraphs read outer initializers by name
         self._initializers = {name: t for name, t in constants.items() if name in used}
         self._graph_outputs = [o.name for o in graph.output]
         self._graph_inputs = [i.name for i in graph.input if i.name not in constants]

@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type, to_tensor_proto
+from qlinear.onnx._graph import names_read
 from qlinear.quantize._bias_correction import output_shift, site
 from qlinear.quantize._choose import QuantParams, weight_params
 from qlinear.quantize._gptq import gptq_weight, layer_input
@@ -169,7 +170,7 @@ def convert(
                 emit_q(o)
     del g.node[:]
     g.node.extend(nodes)
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    used = names_read(g)  # subgraphs may read initializers of this graph by name
     kept = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(kept + new_inits)

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qlinear.onnx._graph import readers
+from qlinear.onnx._graph import names_read, readers
 from qlinear.quantize._model import attribute, fresh_name
 
 __all__ = ["gather_streamed", "gather_tables", "gathers_codes"]
@@ -67,7 +67,7 @@ def gather_tables(model: onnx.ModelProto) -> list[str]:
     del g.node[:]
     g.node.extend(order)
     # The whole-table scales and zero points, now unread (the rows' tables replace them).
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    used = names_read(g)  # subgraphs may read initializers of this graph by name
     kept = [t for t in g.initializer if t.name in used or t.name not in freed]
     del g.initializer[:]
     g.initializer.extend(kept)

@@ -34,6 +34,7 @@ import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.dtypes._tensor_proto import to_tensor_proto
+from qlinear.onnx._graph import nodes_read
 
 __all__ = ["export_dynamo", "exported_call"]
 
@@ -218,7 +219,7 @@ def fold_constants(model: onnx.ModelProto) -> None:
             values[name] = _add(g, to_tensor_proto(_quantize(node, values), name))
             continue
         keep.append(node)
-    read = {n for node in keep for n in node.input} | {o.name for o in g.output}
+    read = nodes_read(keep) | {o.name for o in g.output}  # subgraphs read outer initializers by name
     del g.node[:]
     g.node.extend(keep)
     live = [t for t in g.initializer if t.name in read]
