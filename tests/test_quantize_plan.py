@@ -284,3 +284,40 @@ def test_prepare_puts_a_fixed_shape_matmul_with_bias_between_reshapes_as_onnx_ru
     # A symbolic batch leaves the MatMul to the integer MatMul kernels.
     fm, _ = _plan(_fixed_shape_mlp(("N", 12, 32))[0])
     assert fm.node("fc1").op_type == "MatMul"
+
+
+def test_a_conv_whose_relu_output_a_subgraph_reads_takes_its_q_before_the_relu():
+    # A branch reads the Relu's output by name (Silero VAD's decoder reads its encoder's this way): no DQ can
+    # reach that reader, so a Q after the Relu would leave the Relu a second reader and the Conv unfused.
+    from onnx import TensorProto, helper, numpy_helper
+
+    import qlinear.quantize as qq
+
+    rng = np.random.default_rng(0)
+    branch = helper.make_graph(
+        [helper.make_node("ReduceMean", ["h"], ["y_then"], axes=[2], keepdims=0)], "then", [],
+        [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, ["batch", 8])],
+    )  # fmt: skip
+    other = helper.make_graph(
+        [helper.make_node("ReduceMax", ["h"], ["y_else"], axes=[2], keepdims=0)], "else", [],
+        [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, ["batch", 8])],
+    )  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1]),
+        helper.make_node("Relu", ["c"], ["h"], name="relu"),
+        helper.make_node("Greater", ["gate", "zero"], ["on"]),
+        helper.make_node("If", ["on"], ["y"], then_branch=branch, else_branch=other),
+    ]
+    graph = helper.make_graph(
+        nodes, "encoder_decoder",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 16]), helper.make_tensor_value_info("gate", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [numpy_helper.from_array((rng.standard_normal((8, 4, 3)) * 0.4).astype(np.float32), "w"), numpy_helper.from_array(np.float32(0), "zero")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    fm, p = _plan(model)
+    assert "h" in fm.read_in_subgraphs and p.nodes[0].output == "c"
+    data = {"x": rng.standard_normal((40, 4, 16)).astype(np.float32), "gate": np.float32(1)}
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert r["fusion"]["unfused"] == [] and r["nodes"][0]["runs_as"] == "QLinearConv"

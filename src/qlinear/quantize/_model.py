@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
+from qlinear.onnx._graph import names_read
 from qlinear.onnx._io import load_mapped
 
 __all__ = ["attribute", "FloatModel", "fresh_name", "index", "load_float_model"]
@@ -49,6 +50,8 @@ class FloatModel:
     elem_types: dict[str, int] = field(default_factory=dict)
     shapes: dict[str, tuple] = field(default_factory=dict)
     nodes: dict[str, onnx.NodeProto] = field(default_factory=dict)  # by name
+    # Tensors of the graph that a subgraph (an If branch, a Loop body) reads by name: readers no QDQ layout reaches.
+    read_in_subgraphs: set[str] = field(default_factory=set)
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -188,6 +191,11 @@ def index(fm: FloatModel) -> None:
         for i in node.input:
             if i:
                 fm.consumers[i].append(node)
+    subgraphs = [
+        a_g for node in g.node for a in node.attribute for a_g in ((a.g,) if a.type == onnx.AttributeProto.GRAPH else a.graphs)
+    ]
+    outer = set(fm.producer) | set(fm.initializers) | {i.name for i in g.input}
+    fm.read_in_subgraphs = outer & set().union(*(names_read(sub) for sub in subgraphs)) if subgraphs else set()
 
 
 def fresh_name(base: str, taken: set[str]) -> str:

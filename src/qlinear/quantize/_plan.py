@@ -290,7 +290,8 @@ def _clamp_output(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str])
     users = fm.consumers.get(node.output[0], [])
     if node.output[0] in graph_outputs or len(users) != 1 or users[0].op_type not in _ACTIVATIONS_FOLDED:
         return None
-    return None if users[0].output[0] in graph_outputs else users[0].output[0]
+    after = users[0].output[0]
+    return None if after in graph_outputs or after in fm.read_in_subgraphs else after
 
 
 def _tensors_before_a_log(fm: FloatModel, depth: int = 8) -> set[str]:
@@ -344,11 +345,13 @@ def _usable_bias(fm: FloatModel, node: onnx.NodeProto, weight: WeightPlan) -> st
 def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str]) -> str | None:
     """Where the Q after a Conv goes: its output, or past a Relu/Clip that is its only consumer."""
     out = node.output[0]
-    if out in graph_outputs:
+    if out in graph_outputs or out in fm.read_in_subgraphs:  # a reader the Q cannot reach keeps the output float
         return None
     users = fm.consumers.get(out, [])
-    if len(users) == 1 and users[0].op_type in _ACTIVATIONS_FOLDED and users[0].output[0] not in graph_outputs:
-        return users[0].output[0]
+    if len(users) == 1 and users[0].op_type in _ACTIVATIONS_FOLDED:
+        after = users[0].output[0]
+        if after not in graph_outputs and after not in fm.read_in_subgraphs:
+            return after
     return out
 
 
