@@ -82,11 +82,11 @@ OUTPUT_AT_SIXTEEN_BITS = (
     "a 16-bit output: a promoted reader takes its output at 16 bits through a Transpose or Reshape, whose "
     "QuantizeLinear ONNX Runtime moves up to this node, and no integer kernel has 8-bit inputs and a 16-bit output"
 )
-# A Conv with quantized inputs and no QuantizeLinear after it: its output is a model output (the plan's
-# ``_output_for_q``), which qlinear leaves float, and ONNX Runtime's QLinearConv needs that QuantizeLinear.
+# A Conv with quantized inputs and no QuantizeLinear after it (the plan's ``_output_for_q``): its output is a
+# model output, or a subgraph reads it by name, and ONNX Runtime's QLinearConv needs that QuantizeLinear.
 MODEL_OUTPUT_CONV = (
-    "a Conv whose output is a model output: qlinear leaves model outputs unrounded, and ONNX Runtime's "
-    "QLinearConv needs a QuantizeLinear after the Conv"
+    "a Conv whose output is a model output: qlinear leaves model outputs unrounded (and a subgraph that reads "
+    "the output by name gets it float), and ONNX Runtime's QLinearConv needs a QuantizeLinear after the Conv"
 )
 
 
