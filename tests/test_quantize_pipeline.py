@@ -413,3 +413,18 @@ def test_initializers_read_only_inside_a_subgraph_are_kept():
     onnx.checker.check_model(r.model, full_check=True)
     assert "branch_weight" in {t.name for t in r.model.graph.initializer}
     assert r.report["output"]["sqnr_db"] > 25
+
+
+def test_a_quantized_model_slower_than_the_float_one_is_a_warning_with_the_causes_the_run_knows(monkeypatch):
+    import qlinear.quantize._pipeline as pipeline
+
+    model, data = layernorm_attention()
+    texts = {}
+    for timing in ((1.0, 2.0), (1.0, 1.1)):  # the timing's noise is about 0.1: a 10% slower model is not warned of
+        monkeypatch.setattr(pipeline, "latency_ms", lambda *a, timing=timing, **k: timing)
+        r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
+        texts[timing] = [w for w in r["warnings"] if w.startswith("the quantized model is slower")]
+    assert texts[(1.0, 1.1)] == []
+    (text,) = texts[(1.0, 2.0)]
+    assert "2.000 ms against 1.000 ms" in text and "(2.00x)" in text
+    assert "in float by design (16-bit activations) (promotions: --no-promote" in text and "Q/DQ nodes left" in text

@@ -60,6 +60,26 @@ class PassResults:
     finetuned: Any = None  # a FinetuneResult, where fine-tuning was asked for
 
 
+# The quantized model's latency over the float one's past which the report warns (the timing's noise is about 0.1).
+SLOWER = 1.15
+
+
+def _slower_text(latency: tuple[float, float], batch: int, by_design: dict[str, str], fusion: FusionCheck | None) -> str:
+    """Why the quantized model may be slower than the float one, as far as the run knows."""
+    before, after = latency
+    causes = []
+    reasons = Counter(why.split(":")[0] for why in by_design.values())
+    for what, n in reasons.most_common():
+        advice = " (promotions: --no-promote or a lower target trades accuracy for speed)" if what == "16-bit activations" else ""
+        causes.append(f"{n} node(s) in float by design ({what}){advice}")
+    if fusion is not None and fusion.qdq_nodes_left:
+        causes.append(f"{fusion.qdq_nodes_left} Q/DQ nodes left around float operators, each a pass over its tensor")
+    return (
+        f"the quantized model is slower than the float one on ONNX Runtime: {after:.3f} ms against {before:.3f} ms a "
+        f"batch of {batch} ({after / before:.2f}x)" + "".join(f"; {c}" for c in causes)
+    )
+
+
 def build_report(r: PassResults) -> dict[str, Any]:
     """The report: the run's settings and every figure, as plain JSON-able values."""
     fusion, evaluation, run, options = r.fusion, r.evaluation, r.calibration, r.options
@@ -112,6 +132,8 @@ def build_report(r: PassResults) -> dict[str, Any]:
             f"stays float, as the model says); its default, 4, quantizes their inputs to int8: set the session entry "
             f'"{MATMUL_NBITS_ACCURACY_LEVEL}" to "0" where you run the model'
         )
+    if r.latency is not None and r.latency[1] > SLOWER * r.latency[0]:
+        warnings.append(_slower_text(r.latency, r.latency_batch, by_design, fusion))
     if r.search is not None and not r.search.met:
         warnings.append(
             f"target not met ({r.search.target.describe()}): the best model found has {_figure_text(r.search.figure, r.search.target.metric)} "
