@@ -33,7 +33,6 @@ import argparse
 import glob
 import inspect
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,8 @@ import numpy as np
 import qlinear.quantize as qq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from int8_activations import _session  # the same session settings as the other latency benchmarks
+import quantizers
+from _latency import medians_ms, session
 
 WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3"}
 MODELS = {
@@ -168,21 +168,8 @@ def _vad() -> dict:
 
 
 def _ort_static(model: str, cal: dict, out: Path) -> str:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     n = next(v.shape[0] for k, v in cal.items() if k in ("x", "input"))
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter([_slice(cal, i, min(n, i + 16)) for i in range(0, n, 16)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    quantize_static(
-        model, str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-    )  # fmt: skip
+    quantizers.ort_static(model, str(out), [_slice(cal, i, min(n, i + 16)) for i in range(0, n, 16)])
     return str(out)
 
 
@@ -237,19 +224,9 @@ def main() -> None:
                 )
             except Exception as e:
                 print(f"| {name} | ORT quantize_static | fails ({type(e).__name__}: {str(e).splitlines()[0][:80]}) | | | | | | |")
-            sessions = {label: _session(p) for label, (p, _, _) in rows.items()}
-            feeds = _slice(d["eval"], 0, 16)
+            sessions = {label: session(p) for label, (p, _, _) in rows.items()}
             ref = sessions["float"].run(None, d["eval"])[0]
-            times: dict[str, list[float]] = {label: [] for label in sessions}
-            for s in sessions.values():
-                s.run(None, feeds)
-            for _ in range(args.rounds):
-                for label, s in sessions.items():
-                    start = time.perf_counter()
-                    for _ in range(5):
-                        s.run(None, feeds)
-                    times[label].append(time.perf_counter() - start)
-            base = statistics.median(times["float"])
+            medians = medians_ms(sessions, _slice(d["eval"], 0, 16), rounds=args.rounds, calls=5)
             for label, (p, promotions, seconds) in rows.items():
                 agree, db, accuracy = _figures(ref, sessions[label].run(None, d["eval"])[0], d["labels"])
                 size = (
@@ -257,7 +234,7 @@ def main() -> None:
                     + sum(f.stat().st_size for f in Path(p).parent.glob(Path(p).name + ".data")) / 1024
                 )
                 print(
-                    f"| {name} | {label} | {agree} | {accuracy} | {db:.1f} | {size:.0f} | {statistics.median(times[label]) / base:.2f} "
+                    f"| {name} | {label} | {agree} | {accuracy} | {db:.1f} | {size:.0f} | {medians[label] / medians['float']:.2f} "
                     f"| {'-' if promotions is None else promotions} | {seconds:.1f} |"
                 )
 

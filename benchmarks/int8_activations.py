@@ -19,10 +19,8 @@ float model on the eval data.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,32 +32,14 @@ import qlinear.quantize._pipeline as pipeline
 
 sys.path.insert(0, str(Path(__file__).parent))
 import quantizers  # the benchmark models and their data
-
-
-def _session(model: onnx.ModelProto | str) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # the sessions take turns on the same cores
-    src = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+from _latency import medians_ms, session
 
 
 def _ort_int8(float_path: str, cal: dict, out: Path) -> str:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            n = next(iter(cal.values())).shape[0]
-            self.batches = iter([{k: v[i : i + 16] for k, v in cal.items()} for i in range(0, n, 16)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    quantize_static(
-        float_path, str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-    )  # fmt: skip
+    n = next(iter(cal.values())).shape[0]
+    quantizers.ort_static(
+        float_path, str(out), [{k: v[i : i + 16] for k, v in cal.items()} for i in range(0, n, 16)], activations="QInt8"
+    )
     return str(out)
 
 
@@ -90,23 +70,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name, d in quantizers.datasets(work, tuple(args.models)).items():
-            sessions = {label: _session(m) for label, m in _models(d, work).items()}
+            sessions = {label: session(m) for label, m in _models(d, work).items()}
             eval_feeds = d["eval"]
             want = sessions["float"].run(None, eval_feeds)[0].argmax(-1)
             feeds = {k: v[:16] for k, v in eval_feeds.items()}
-            times: dict[str, list[float]] = {label: [] for label in sessions}
-            for s in sessions.values():
-                s.run(None, feeds)
-            for _ in range(args.rounds):
-                for label, s in sessions.items():
-                    start = time.perf_counter()
-                    for _ in range(10):
-                        s.run(None, feeds)
-                    times[label].append((time.perf_counter() - start) * 1e2)
-            base = statistics.median(times["float"])
+            medians = medians_ms(sessions, feeds, rounds=args.rounds, calls=10)
+            base = medians["float"]
             for label, s in sessions.items():
                 agreement = float(np.mean(s.run(None, eval_feeds)[0].argmax(-1) == want))
-                ms = statistics.median(times[label])
+                ms = medians[label]
                 print(f"| {name} | {label} | {agreement:.2%} | {ms:.3f} | {ms / base:.2f} |")
 
 

@@ -181,35 +181,34 @@ def worker(spec: dict) -> dict:
         q = nbits.MatMulNBitsQuantizer(onnx.load(spec["model"]), algo_config=config)
         q.process()
         onnx.save(q.model.model, spec["out"])
+    elif spec["quantizer"] == "ort_dynamic":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(spec["model"], spec["out"], weight_type=QuantType.QInt8)
     else:
-        from onnxruntime.quantization import (
-            CalibrationDataReader,
-            CalibrationMethod,
-            QuantFormat,
-            QuantType,
-            quantize_dynamic,
-            quantize_static,
-        )
-
-        if spec["quantizer"] == "ort_dynamic":
-            quantize_dynamic(spec["model"], spec["out"], weight_type=QuantType.QInt8)
-        else:
-
-            class Reader(CalibrationDataReader):
-                def __init__(self) -> None:
-                    n = next(iter(cal.values())).shape[0]
-                    self.batches = iter([{k: v[i : i + 16] for k, v in cal.items()} for i in range(0, n, 16)])
-
-                def get_next(self):
-                    return next(self.batches, None)
-
-            quantize_static(
-                spec["model"], spec["out"], Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                calibrate_method=getattr(CalibrationMethod, spec["settings"]["method"]),
-            )  # fmt: skip
+        n = next(iter(cal.values())).shape[0]
+        batches = [{k: v[i : i + 16] for k, v in cal.items()} for i in range(0, n, 16)]
+        ort_static(spec["model"], spec["out"], batches, method=spec["settings"]["method"])
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "peak_rss_bytes": peak_rss_bytes(), **extra}
+
+
+def ort_static(model: str, out: str, batches: list[dict], *, activations: str = "QUInt8", method: str = "MinMax") -> None:
+    """ONNX Runtime's ``quantize_static`` as the benchmarks run it: QDQ, per-channel int8 weights, on ``batches``."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(batches)
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(
+        model, str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=getattr(QuantType, activations), weight_type=QuantType.QInt8,
+        calibrate_method=getattr(CalibrationMethod, method),
+    )  # fmt: skip
 
 
 def _plain_inference(model: str, cal: dict) -> float:
