@@ -428,3 +428,29 @@ def test_a_quantized_model_slower_than_the_float_one_is_a_warning_with_the_cause
     (text,) = texts[(1.0, 2.0)]
     assert "2.000 ms against 1.000 ms" in text and "(2.00x)" in text
     assert "in float by design (16-bit activations) (promotions: --no-promote" in text and "Q/DQ nodes left" in text
+
+
+def test_a_concatenated_output_is_judged_by_its_worst_part():
+    # Boxes in pixels (0-320) beside class scores (0-1): one SQNR over both is the boxes' alone. A YOLOv8
+    # export quantized without promotion read 22.4 dB there while its scores were at 0.1 dB.
+    model, data = detection_head()
+    r = qq.quantize_model(model, None, data, promote=False)
+    out = r.report["output"]
+    assert len(out["sqnr_db_parts"]) == 2 and out["sqnr_db"] == min(out["sqnr_db_parts"])
+    # The parts' figures, by hand: the first four columns are the boxes, the last three the scores.
+    from qlinear.quantize._calibrate import session
+
+    feeds = {"image": data["image"][26:]}  # the held-out fifth (6 of 32), as the report's figures
+    want, got = session(model).run(None, feeds)[0], session(r.model).run(None, feeds)[0]
+
+    def db(a, b):
+        return 10 * np.log10(np.sum(a.astype(np.float64) ** 2) / np.sum((a.astype(np.float64) - b) ** 2))
+
+    np.testing.assert_allclose(out["sqnr_db_parts"], [db(want[:, :4], got[:, :4]), db(want[:, 4:], got[:, 4:])], atol=1e-6)
+    whole = db(want, got)
+    assert abs(whole - out["sqnr_db_parts"][0]) < 0.1  # the whole is the boxes' figure
+    from qlinear.quantize._report import print_report
+
+    printed = io.StringIO()
+    print_report(r.report, Console(file=printed, width=200, color_system=None))
+    assert "the worst of 2 concatenated parts" in printed.getvalue()

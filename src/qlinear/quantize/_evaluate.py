@@ -71,12 +71,56 @@ class _Power:
         return sqnr_db(self.signal, self.noise)
 
 
+class _OutputPower:
+    """The output's signal and noise, and each part's where the output is a Concat of several (:func:`concat_parts`).
+
+    Its SQNR is the worst part's: one SQNR over a detector's boxes (0-320
+    pixels) and class scores (0-1) is the boxes' alone, and says nothing of
+    scores quantization destroyed.
+    """
+
+    def __init__(self, parts: tuple[int, list[slice]] | None) -> None:
+        self.whole = _Power()
+        self.axis, self.slices = parts if parts is not None else (0, [])
+        self.parts = [_Power() for _ in self.slices]
+
+    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
+        self.whole.add(ref, got)
+        for power, part in zip(self.parts, self.slices, strict=True):
+            index = (slice(None),) * self.axis + (part,)
+            power.add(np.asarray(ref)[index], np.asarray(got)[index])
+
+    @property
+    def part_dbs(self) -> list[float | None] | None:
+        return [p.db for p in self.parts] if self.parts else None
+
+    @property
+    def db(self) -> float | None:
+        if not self.parts:
+            return self.whole.db
+        noisy = [d for d in self.part_dbs if d is not None]  # None: a part that came out exact
+        return min(noisy) if noisy else None
+
+
+def concat_parts(model: onnx.ModelProto, output: str, feeds: dict[str, np.ndarray]) -> tuple[int, list[slice]] | None:
+    """Where ``output`` is made by a Concat of several tensors: the axis and each tensor's slice of the output (from ``feeds``)."""
+    node = next((n for n in model.graph.node if output in n.output), None)
+    if node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    values = Runner(model, list(node.input))(feeds)
+    shapes = [np.shape(values[i]) for i in node.input]
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(shapes[0])
+    ends = np.cumsum([shape[axis] for shape in shapes])
+    return axis, [slice(int(end - shape[axis]), int(end)) for end, shape in zip(ends, shapes, strict=True) if shape[axis]]
+
+
 @dataclass
 class Evaluation:
     """Figures of the quantized model against the float model."""
 
     samples: int = 0
-    output_sqnr_db: float | None = None
+    output_sqnr_db: float | None = None  # a concatenated output's: its worst part's
+    output_part_sqnr_db: list[float | None] | None = None  # each part's, where the output is a Concat
     top1_agreement: float | None = None
     accuracy_before: float | None = None
     accuracy_after: float | None = None
@@ -99,7 +143,7 @@ def evaluate(
     reference = Runner(float_model, tensors)
     candidate = Runner(quant_model, tensors)
     first = float_model.graph.output[0].name
-    out_power = _Power()
+    out_power: _OutputPower | None = None
     node_power = {t: _Power() for t in tensors}
     agree = correct_before = correct_after = rows = samples = 0
     offset = 0
@@ -109,6 +153,8 @@ def evaluate(
     for feeds in data.batches(batch_size):
         first_batch = first_batch or feeds
         ref, got = reference(feeds), candidate(feeds)
+        if out_power is None:
+            out_power = _OutputPower(concat_parts(float_model, first, feeds))
         out_power.add(ref[first], got[first])
         for t in tensors:
             node_power[t].add(ref[t], got[t])
@@ -141,7 +187,7 @@ def evaluate(
     if first_batch is None:
         raise QuantizationError("quantize: the eval data holds no batch")
     result = Evaluation(samples=samples, backend=candidate.backend, first_batch=first_batch)
-    result.output_sqnr_db = out_power.db
+    result.output_sqnr_db, result.output_part_sqnr_db = out_power.db, out_power.part_dbs
     result.top1_agreement = agree / rows if rows else None
     if labels is not None and rows:
         result.accuracy_before, result.accuracy_after = correct_before / rows, correct_after / rows
@@ -202,11 +248,12 @@ class Reference:
         if not self.batches:
             raise QuantizationError("quantize: the eval data holds no batch")
         self.classifies = classifies(float_model, self.output, self.batches[0][1], labelled=data.labels is not None)
+        self.parts = concat_parts(float_model, self.output, self.batches[0][0])
 
     def head(self, max_samples: int) -> Reference:
         """The first batches holding ``max_samples`` samples, from the outputs already computed."""
         head = object.__new__(Reference)
-        head.output, head.classifies, head.batches = self.output, self.classifies, []
+        head.output, head.classifies, head.parts, head.batches = self.output, self.classifies, self.parts, []
         kept = 0
         for feeds, out in self.batches:
             if kept >= max_samples:
@@ -222,7 +269,7 @@ def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float 
     An SQNR of None means the outputs are identical.
     """
     runner = Runner(model, [reference.output])
-    power = _Power()
+    power = _OutputPower(reference.parts)
     agree = rows = 0
     for feeds, ref in reference.batches:
         got = runner(feeds)[reference.output]

@@ -157,7 +157,12 @@ def build_report(r: PassResults) -> dict[str, Any]:
             "from_stats": r.stats_path,
         },
         "eval": {"source": r.eval_data.source, "samples": evaluation.samples, "backend": evaluation.backend},
-        "output": {"sqnr_db": evaluation.output_sqnr_db, "top1_agreement": evaluation.top1_agreement, "accuracy": accuracy},
+        "output": {
+            "sqnr_db": evaluation.output_sqnr_db,
+            "sqnr_db_parts": evaluation.output_part_sqnr_db,
+            "top1_agreement": evaluation.top1_agreement,
+            "accuracy": accuracy,
+        },
         "fusion": {
             "checked": fusion is not None,
             "unfused": [] if fusion is None else fusion.unfused,
@@ -288,7 +293,9 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
             f"{lat['before']:.3f} ms -> {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['after'] / lat['before']:.2f}x)",
         )
     out = report["output"]
-    summary.add_row("output SQNR", f"{_db(out['sqnr_db'])} dB")
+    parts = out.get("sqnr_db_parts")
+    worst = f" (the worst of {len(parts)} concatenated parts: {', '.join(_db(p) for p in parts)} dB)" if parts else ""
+    summary.add_row("output SQNR", f"{_db(out['sqnr_db'])} dB{worst}")
     summary.add_row("top-1 agreement", _share(out["top1_agreement"]))
     if out.get("accuracy"):
         acc = out["accuracy"]
