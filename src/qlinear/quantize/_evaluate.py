@@ -137,8 +137,13 @@ def evaluate(
     *,
     batch_size: int,
     progress: Callable[[int], None] | None = None,
+    known: Reference | None = None,
 ) -> Evaluation:
-    """Compare the models' first outputs (and ``node_outputs``: node name -> tensor) on ``data``."""
+    """Compare the models' first outputs (and ``node_outputs``: node name -> tensor) on ``data``.
+
+    ``known``: the float model's :class:`Reference` on the same data, whose
+    findings (class scores, concatenated parts) are taken, not made again.
+    """
     tensors = list(dict.fromkeys(node_outputs.values()))
     reference = Runner(float_model, tensors)
     candidate = Runner(quant_model, tensors)
@@ -149,7 +154,9 @@ def evaluate(
     offset = 0
     labels = data.labels
     first_batch = None
-    scores: bool | None = None
+    scores: bool | None = None if known is None else known.classifies
+    if known is not None:
+        out_power = _OutputPower(known.parts)
     for feeds in data.batches(batch_size):
         first_batch = first_batch or feeds
         ref, got = reference(feeds), candidate(feeds)

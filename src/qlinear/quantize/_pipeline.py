@@ -250,7 +250,9 @@ def quantize_model(
     fusion = check_fusion(qmodel, [p.name for p in planned.nodes])
     node_outputs = {p.name: fm.producer_output(p.name) for p in planned.nodes}
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
-        evaluation = evaluate(fm.model, qmodel, node_outputs, eval_data, batch_size=options.batch_size, progress=step)
+        evaluation = evaluate(
+            fm.model, qmodel, node_outputs, eval_data, batch_size=options.batch_size, progress=step, known=reference
+        )
     first_batch = evaluation.first_batch
     latency = latency_ms(fm.model, qmodel, first_batch)
     report = build_report(
