@@ -275,23 +275,8 @@ def _node_plan(
     if quantize_activations and op in ("Conv", "ConvTranspose") and activations:
         output = _output_for_q(fm, node, graph_outputs)
     elif quantize_activations and op in ("MatMul", "Gemm") and activations:
-        output = _clamp_output(fm, node, graph_outputs)
+        output = _output_for_q(fm, node, graph_outputs, clamp_only=True)
     return NodePlan(node.name, op, weight, activations, bias, output)
-
-
-def _clamp_output(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str]) -> str | None:
-    """The output of a Relu or Clip that alone reads a MatMul's or Gemm's output: it takes a Q.
-
-    ONNX Runtime groups such a clamp with the node before it as a clamp its
-    output QuantizeLinear makes redundant, and without that QuantizeLinear
-    the group matches no integer kernel: the MatMul ran in float. With it,
-    the node runs as QLinearMatMul or QGemm and the clamp goes.
-    """
-    users = fm.consumers.get(node.output[0], [])
-    if node.output[0] in graph_outputs or len(users) != 1 or users[0].op_type not in _ACTIVATIONS_FOLDED:
-        return None
-    after = users[0].output[0]
-    return None if after in graph_outputs or after in fm.read_in_subgraphs else after
 
 
 def _tensors_before_a_log(fm: FloatModel, depth: int = 8) -> set[str]:
@@ -342,17 +327,26 @@ def _usable_bias(fm: FloatModel, node: onnx.NodeProto, weight: WeightPlan) -> st
     return name
 
 
-def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str]) -> str | None:
-    """Where the Q after a Conv goes: its output, or past a Relu/Clip that is its only consumer."""
+def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str], *, clamp_only: bool = False) -> str | None:
+    """Where the Q after a compute node goes: past a Relu or Clip that alone reads its output, else its output.
+
+    None where a reader no Q reaches (a model output, a subgraph's read by
+    name) would keep the tensor float beside it. ``clamp_only`` (MatMul,
+    Gemm): a Q only past such a clamp. ONNX Runtime groups the clamp with
+    the node as one its output QuantizeLinear makes redundant, and without
+    that QuantizeLinear the group matched no integer kernel (the MatMul ran
+    in float); with it the node runs as QLinearMatMul or QGemm. A Conv needs
+    the Q either way (QLinearConv).
+    """
     out = node.output[0]
-    if out in graph_outputs or out in fm.read_in_subgraphs:  # a reader the Q cannot reach keeps the output float
+    if out in graph_outputs or out in fm.read_in_subgraphs:
         return None
     users = fm.consumers.get(out, [])
     if len(users) == 1 and users[0].op_type in _ACTIVATIONS_FOLDED:
         after = users[0].output[0]
         if after not in graph_outputs and after not in fm.read_in_subgraphs:
             return after
-    return out
+    return None if clamp_only else out
 
 
 def _share_through_data_movement(
