@@ -124,32 +124,29 @@ def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None
         runs_as[name] = GATHER_CODES if codes else (integer or match)[0].op_type if match else "removed"
     fused = {n: op in INTEGER_KERNELS or op == GATHER_CODES for n, op in runs_as.items()}
     left = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
-    unfused = [n for n, f in fused.items() if not f]
-    by_layout = _sixteen_bit_outputs(optimized, unfused)
-    for name in unfused:
-        if any(n.name == f"{name}/MatMulAddFusion" for n in optimized.graph.node):
-            by_layout.setdefault(name, MATMUL_ADD_FUSED)
-    return FusionCheck(runs_as, fused, left, by_layout)
+    return FusionCheck(runs_as, fused, left, _layout_reasons(optimized, [n for n, f in fused.items() if not f]))
 
 
-def _sixteen_bit_outputs(optimized: onnx.ModelProto, unfused: list[str]) -> dict[str, str]:
-    """Unfused nodes whose output goes into a 16-bit QuantizeLinear in ONNX Runtime's optimized graph.
+def _layout_reasons(optimized: onnx.ModelProto, unfused: list[str]) -> dict[str, str]:
+    """Unfused nodes that ONNX Runtime's own rewrites left without a kernel, read from its optimized graph.
 
-    ONNX Runtime moves a QuantizeLinear up through data movement (a
-    Transpose or Reshape) to the node that makes the tensor: where a
-    promoted reader took that tensor at 16 bits, an 8-bit node then has a
-    16-bit output, which no integer kernel takes.
+    - A 16-bit QuantizeLinear on the node's output: ONNX Runtime moves a
+      QuantizeLinear up through data movement (a Transpose, a Reshape) to
+      the node that makes the tensor, so where a promoted reader took it at
+      16 bits an 8-bit node has a 16-bit output, which no kernel takes.
+    - A MatMul fused with the Add after it into a float Gemm.
     """
     sixteen = {t.name for t in optimized.graph.initializer if t.data_type in (TensorProto.UINT16, TensorProto.INT16)}
     reading = readers(optimized.graph)
+    by_name = {n.name: n for n in optimized.graph.node}
     out = {}
     for name in unfused:
-        for node in optimized.graph.node:
-            if node.name != name:
-                continue
-            qs = [r for o in node.output for r in reading.get(o, []) if r.op_type == "QuantizeLinear"]
-            if any(len(q.input) > 2 and q.input[2] in sixteen for q in qs):
-                out[name] = OUTPUT_AT_SIXTEEN_BITS
+        node = by_name.get(name)
+        qs = [] if node is None else [r for o in node.output for r in reading.get(o, []) if r.op_type == "QuantizeLinear"]
+        if any(len(q.input) > 2 and q.input[2] in sixteen for q in qs):
+            out[name] = OUTPUT_AT_SIXTEEN_BITS
+        elif f"{name}/MatMulAddFusion" in by_name:
+            out[name] = MATMUL_ADD_FUSED
     return out
 
 
