@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 
 import qlinear.quantize as qq
+from qlinear.quantize._data import load_dataset
+from qlinear.quantize._model import load_float_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 import quantizers
@@ -167,15 +169,9 @@ def _vad() -> dict:
     return {"cal": part(x[:cut]), "eval": part(x[cut:]), "labels": None}
 
 
-def _ort_static(model: str, cal: dict, out: Path) -> str:
-    n = next(v.shape[0] for k, v in cal.items() if k in ("x", "input"))
-    quantizers.ort_static(model, str(out), [_slice(cal, i, min(n, i + 16)) for i in range(0, n, 16)])
-    return str(out)
-
-
-def _slice(feeds: dict, a: int, b: int) -> dict:
-    """Samples ``a:b`` of each input (Silero's state along axis 1, its sample rate whole)."""
-    return {k: v if v.ndim == 0 else v[:, a:b] if k == "state" else v[a:b] for k, v in feeds.items()}
+def _batches(model: str, data: dict) -> list[dict]:
+    """``data`` in batches of 16 as the model takes them: qlinear's own batching (Silero's state along its batch axis, its sample rate whole)."""
+    return list(load_dataset(data, load_float_model(model), what="data").batches(16))
 
 
 def _figures(ref: np.ndarray, got: np.ndarray, labels: np.ndarray | None) -> tuple[str, float, str]:
@@ -217,8 +213,9 @@ def main() -> None:
                     print(f"| {name} | {label} | fails ({type(e).__name__}: {str(e).splitlines()[0][:80]}) | | | | | | |")
             start = time.perf_counter()
             try:
+                quantizers.ort_static(path, str(work / f"{name}_ort.onnx"), _batches(path, d["cal"]))
                 rows["ORT quantize_static"] = (
-                    _ort_static(path, d["cal"], work / f"{name}_ort.onnx"),
+                    str(work / f"{name}_ort.onnx"),
                     None,
                     time.perf_counter() - start,
                 )
@@ -226,7 +223,7 @@ def main() -> None:
                 print(f"| {name} | ORT quantize_static | fails ({type(e).__name__}: {str(e).splitlines()[0][:80]}) | | | | | | |")
             sessions = {label: session(p) for label, (p, _, _) in rows.items()}
             ref = sessions["float"].run(None, d["eval"])[0]
-            medians = medians_ms(sessions, _slice(d["eval"], 0, 16), rounds=args.rounds, calls=5)
+            medians = medians_ms(sessions, _batches(path, d["eval"])[0], rounds=args.rounds, calls=5)
             for label, (p, promotions, seconds) in rows.items():
                 agree, db, accuracy = _figures(ref, sessions[label].run(None, d["eval"])[0], d["labels"])
                 size = (
