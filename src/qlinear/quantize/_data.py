@@ -80,9 +80,14 @@ def _take(a: np.ndarray, axis: int | None, part: slice) -> np.ndarray:
     return a if axis is None else a[(slice(None),) * axis + (part,)]
 
 
+def _count(arrays: dict[str, np.ndarray], axes: dict[str, int | None]) -> int:
+    """The samples in ``arrays``: along the batch axis of the first input that has one."""
+    return next((a.shape[axes[n]] for n, a in arrays.items() if axes.get(n) is not None), 0)
+
+
 def _batch(arrays: dict[str, np.ndarray], axes: dict[str, int | None]) -> Batch:
     out = Batch(arrays)
-    out.samples = next((a.shape[axes[n]] for n, a in arrays.items() if axes.get(n) is not None), 0)
+    out.samples = _count(arrays, axes)
     return out
 
 
@@ -112,7 +117,7 @@ class Dataset:
     def samples(self) -> int | None:
         if self.arrays is None:
             return None
-        return _batch(self.arrays, self.axes).samples
+        return _count(self.arrays, self.axes)
 
     def split(self, held_out: float, multiple: int = 1) -> tuple[Dataset, Dataset]:
         """The first part and the last ``held_out`` share of the samples (at least one each; ``multiple``: a multiple of it each, where it can)."""
