@@ -8,8 +8,10 @@ there are.
 
 from __future__ import annotations
 
+import os
 import re
 import resource
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +98,20 @@ def session(
         return large.session(model, so, ["CPUExecutionProvider"])
     except Exception as e:  # ONNX Runtime raises its own exception types; the user needs the one line
         raise QuantizationError(f"quantize: ONNX Runtime cannot load the model: {_first_line(e)}{_hint(e)}") from None
+
+
+def optimized_graph(model: onnx.ModelProto, *, basic: bool = False) -> onnx.ModelProto | None:
+    """The graph ONNX Runtime makes of ``model`` (its weights left out), or None where it cannot load the model.
+
+    ``basic``: after its basic optimizations only (see :func:`session`).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "optimized.onnx")
+        try:
+            session(model, optimized_path=path, basic=basic)
+        except QuantizationError:  # no kernels for its types, or a model it refuses: the caller goes on without
+            return None
+        return onnx.load(path, load_external_data=False)
 
 
 def _first_line(e: Exception) -> str:

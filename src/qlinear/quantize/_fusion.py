@@ -10,16 +10,13 @@ packed-weight) kernel.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 
 import onnx
 from onnx import TensorProto
 
-from qlinear._errors import QuantizationError
 from qlinear.onnx._graph import readers
-from qlinear.quantize._calibrate import session
+from qlinear.quantize._calibrate import optimized_graph
 
 __all__ = ["GATHER_CODES", "INTEGER_KERNELS", "FusionCheck", "check_fusion", "float_by_design"]
 
@@ -107,13 +104,9 @@ class FusionCheck:
 
 def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None:
     """Optimize ``model`` with ONNX Runtime and find each of ``nodes`` in the result; None if ORT cannot load it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "optimized.onnx")
-        try:
-            session(model, optimized_path=path)
-        except QuantizationError:  # no ONNX Runtime kernels for its types: nothing to check
-            return None
-        optimized = onnx.load(path, load_external_data=False)
+    optimized = optimized_graph(model)
+    if optimized is None:  # no ONNX Runtime kernels for its types: nothing to check
+        return None
     # A Gather of a table's codes (:mod:`._gathered_table`) is an integer kernel too: it moves rows, not floats.
     integer_tables = {t.name for t in optimized.graph.initializer if t.data_type in _INTEGER_CODES}
     runs_as: dict[str, str] = {}

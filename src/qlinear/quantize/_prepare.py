@@ -34,15 +34,11 @@ ONNX Runtime's own fold moves them.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qlinear._errors import QuantizationError
-from qlinear.quantize._calibrate import session
+from qlinear.quantize._calibrate import optimized_graph
 from qlinear.quantize._model import FloatModel, attribute, fresh_name, index
 
 __all__ = ["prepare"]
@@ -140,13 +136,9 @@ def _gemm_between_reshapes(
 
 def _gemm_outputs_onnx_runtime_makes(fm: FloatModel) -> set[str]:
     """The outputs of the Gemm nodes in ONNX Runtime's basic optimization of the float model (none if it cannot load it)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "basic.onnx")
-        try:
-            session(fm.model, optimized_path=path, basic=True)
-        except QuantizationError:  # the calibration says why, with the model's own error
-            return set()
-        optimized = onnx.load(path, load_external_data=False)
+    optimized = optimized_graph(fm.model, basic=True)
+    if optimized is None:  # the calibration says why, with the model's own error
+        return set()
     return {n.output[0] for n in optimized.graph.node if n.op_type == "Gemm" and n.domain in ("", "ai.onnx")}
 
 
