@@ -19,6 +19,7 @@ from qlinear.dtypes import element_type
 from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._choose import QuantParams, activation_params
 from qlinear.quantize._convert import TYPE_OPSET, ConvertedNode, at_opset, convert, required_opset
+from qlinear.quantize._integer_gates import integer_gates
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import Plan, plan
@@ -32,12 +33,13 @@ _SIXTEEN_BIT_FLOATS = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 @dataclass
 class Built:
-    """One variant: its plan, the QDQ model, what was done to each node, and the model's opset."""
+    """One variant: its plan, the QDQ model, what was done to each node, its opset, and its gates on integer kernels."""
 
     plan: Plan
     model: onnx.ModelProto
     converted: dict[str, ConvertedNode]
     opset: int
+    gates: list[str]  # the nodes that ended a gate written for integer kernels (:mod:`._integer_gates`)
 
 
 class ModelBuilder:
@@ -99,4 +101,4 @@ class ModelBuilder:
             input_means=self.means,
             input_grams=self.grams,
         )
-        return Built(planned, model, converted, opset)
+        return Built(planned, model, converted, opset, integer_gates(model))

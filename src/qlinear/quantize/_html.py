@@ -302,9 +302,17 @@ def _fusion(report: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
         for n in nodes
         if n["runs_as"] is not None
     )
+    gates = fusion.get("integer_gates") or []
+    gates_text = (
+        f" {len(gates)} gates (HardSwish, SiLU and like products) written so that they run as QLinearAdd, QLinearSigmoid"
+        f" and QLinearMul: {_e(', '.join(gates))}."
+        if gates
+        else ""
+    )
     return (
         "<h2>On ONNX Runtime</h2>"
-        f"<p>Each quantized node as ONNX Runtime's optimizer left it; {fusion.get('qdq_nodes_left')} Q/DQ nodes left.</p>"
+        f"<p>Each quantized node as ONNX Runtime's optimizer left it; {fusion.get('qdq_nodes_left')} Q/DQ nodes left."
+        f"{gates_text}</p>"
         f"<table><thead><tr><th>node</th><th>runs as</th><th>group</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 

@@ -280,6 +280,7 @@ def quantize_model(
             awq=awq,
             equalized=equalized,
             finetuned=tuned,
+            gates=built.gates,
         )
     )
     if out_path is not None:

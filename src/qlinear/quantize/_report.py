@@ -58,6 +58,7 @@ class PassResults:
     awq: list[Smoothed] = field(default_factory=list)
     equalized: list[Equalized] = field(default_factory=list)
     finetuned: Any = None  # a FinetuneResult, where fine-tuning was asked for
+    gates: list[str] = field(default_factory=list)  # gates written for integer kernels (_integer_gates)
 
 
 # The quantized model's latency over the float one's past which the report warns (the timing's noise is about 0.1).
@@ -168,6 +169,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
             "unfused": [] if fusion is None else fusion.unfused,
             "float_by_design": by_design,  # unfused nodes whose types ONNX Runtime has no integer kernel for, and why
             "qdq_nodes_left": None if fusion is None else fusion.qdq_nodes_left,
+            "integer_gates": r.gates,  # HardSwish, SiLU and like gates between uint8 tensors, as integer kernels take them
         },
         "nodes": nodes,
         "analysis": [
@@ -331,6 +333,9 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         if by_design:
             reasons = Counter(why.split(":", 1)[0] for why in by_design.values())
             text += "; in float by design: " + ", ".join(f"{count} ({what})" for what, count in reasons.most_common())
+        gates = fusion.get("integer_gates") or []
+        if gates:
+            text += f"; {len(gates)} gates (HardSwish, SiLU, ...) as integer Add/Mul/Sigmoid"
         summary.add_row("fused by ORT", f"{text}; {fusion['qdq_nodes_left']} Q/DQ nodes left")
     else:
         summary.add_row("fused by ORT", "not checked (ONNX Runtime cannot load the model's types)")
