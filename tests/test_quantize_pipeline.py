@@ -16,12 +16,14 @@ from rich.console import Console
 
 import qlinear.onnx as qo
 import qlinear.quantize as qq
+import qlinear.quantize._calibrate as calibration
 from qlinear._errors import QuantizationError
 from qlinear.kernels.cpu import compiling
-from qlinear.quantize._calibrate import calibrate
+from qlinear.quantize._calibrate import calibrate, session, with_outputs
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
+from qlinear.quantize._prepare import prepare
 from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, outlier_mlp
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
@@ -290,6 +292,24 @@ def test_a_model_with_a_fixed_batch_is_walked_at_that_batch():
     assert r.report["calibration"]["samples"] == 40 and r.report["eval"]["samples"] == 8  # the held-out part, whole batches
     with pytest.raises(QuantizationError, match=r"fixed batch of 5, and the calibration data holds 38 samples, not a multiple"):
         qq.quantize_model(_with_fixed_batch(model, 5), None, data, promote=False)
+
+
+def test_batches_whose_tensors_are_large_are_cut_and_give_the_same_model(monkeypatch):
+    model, data = conv_batchnorm()  # 48 samples
+    whole = qq.quantize_model(model, None, data, promote=False)
+    fm = prepare(load_float_model(model), weight_only=False)  # its batch normalizations folded, as the run does
+    observed = plan(fm, qq.QuantizeOptions()).calibrate
+    sess = session(with_outputs(fm.model, observed))
+    per_sample = sum(v.nbytes for v in sess.run(observed, {"x": data["x"][:1]}))
+    monkeypatch.setattr(calibration, "HELD_BYTES", 5 * per_sample)  # room for 5 samples' calibrated tensors
+    cut = qq.quantize_model(model, None, data, promote=False)
+    assert whole.report["calibration"]["batch_size"] == 16 and cut.report["calibration"]["batch_size"] == 5
+    assert cut.report["calibration"]["batches"] == math.ceil(38 / 5) and cut.report["latency_ms"]["batch"] == 5
+    # Histograms merge exactly: the same statistics, the same model.
+    assert cut.model.SerializeToString(deterministic=True) == whole.model.SerializeToString(deterministic=True)
+    # A model with a fixed batch runs at it, whatever its tensors take.
+    fixed = qq.quantize_model(_with_fixed_batch(model, 4), None, data, promote=False)
+    assert fixed.report["calibration"]["batch_size"] == 4
 
 
 def test_only_class_scores_are_judged_by_top1_agreement():

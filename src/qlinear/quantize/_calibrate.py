@@ -50,10 +50,15 @@ class CalibrationRun:
     peak_rss_bytes: int
     means: dict[str, np.ndarray] = field(default_factory=dict)  # per-channel means (float64) of the tensors asked for
     grams: dict[str, np.ndarray] = field(default_factory=dict)  # X^T X (float64) over the last axis (GPTQ)
+    batch_size: int = 0  # the samples a batch it ran (the one asked for, or fewer: HELD_BYTES)
 
 
 # How often a calibration writes its statistics so far (state_path), in seconds.
 SAVE_EVERY_SECONDS = 5.0
+# ONNX Runtime returns a batch's observed tensors together: batches of arrays are cut so that these take at most
+# this many bytes (about twice that at the peak, with the reductions' temporaries). A detector on large images
+# observes gigabytes a batch of 16: YOLOv8n at 640 x 640 peaked at 5.5 GiB.
+HELD_BYTES = 256 * 2**20
 # ONNX Runtime's session setting for the precision of the MatMulNBits it fuses from blocked DequantizeLinear + MatMul.
 MATMUL_NBITS_ACCURACY_LEVEL = "session.qdq_matmulnbits_accuracy_level"
 
@@ -128,6 +133,21 @@ def _hint(e: Exception) -> str:
             f"IR version {newest.group(1)} is newer than this ONNX Runtime {ort.__version__} reads"
         )
     return ""
+
+
+def held_batch_size(sess: ort.InferenceSession, names: list[str], data: Dataset, batch_size: int) -> int:
+    """The batch size, at most ``batch_size``, whose tensors ``names`` take at most :data:`HELD_BYTES`.
+
+    Their size a sample is read from one run on the data's first sample. A
+    stream of batches is walked as it comes, whatever its size.
+    """
+    if data.arrays is None or batch_size <= 1:
+        return batch_size
+    first = next(data.batches(1), None)
+    if first is None:
+        return batch_size
+    per_sample = sum(np.asarray(v).nbytes for v in run_batch(sess, names, first, "the first calibration sample"))
+    return max(1, min(batch_size, HELD_BYTES // max(per_sample, 1)))
 
 
 def run_batch(sess: ort.InferenceSession, names: list[str] | None, feeds: dict, what: str) -> list:
@@ -248,8 +268,15 @@ def calibrate(
     ray_address: str | None = None,
     state_path: str | None = None,
     resume: str | None = None,
+    fixed_batch: bool = False,
 ) -> CalibrationRun:
-    """Statistics of ``tensors`` over ``data``, run on ONNX Runtime in batches of ``batch_size``.
+    """Statistics of ``tensors`` over ``data``, run on ONNX Runtime in batches of ``batch_size`` or fewer.
+
+    Batches of arrays are cut to fewer samples where the observed tensors
+    of ``batch_size`` samples would take more than :data:`HELD_BYTES`
+    (:func:`held_batch_size`), unless ``fixed_batch`` (the model runs at
+    no other size). The statistics do not depend on the cut: histograms of
+    power-of-two bins merge exactly.
 
     ``channel_axes``: tensors whose mean along every axis but this one is
     wanted too (bias correction), kept as running sums. ``gram_tensors``:
@@ -268,6 +295,9 @@ def calibrate(
     observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []))
     names = observed.names
     model = with_outputs(fm.model, names)
+    sess = session(model) if names else None
+    if sess is not None and not fixed_batch:
+        batch_size = held_batch_size(sess, names, data, batch_size)
     if resume is not None:
         stats, extras, done = load_calibration(resume, model_digest=fm.digest)
         if done is None:
@@ -304,7 +334,6 @@ def calibrate(
             if progress:
                 progress(1)
     else:
-        sess = session(model) if names else None
         for feeds in batches:
             values = run_batch(sess, names, feeds, f"calibration batch {state.batches}") if names else []
             state.add(observed.reduce(values), samples_in(feeds))
@@ -315,7 +344,14 @@ def calibrate(
     save(final=True)
     means = {t: state.sums[t] / state.counts[t] for t in state.sums if state.counts.get(t)}
     return CalibrationRun(
-        state.stats, state.batches, state.samples, time.perf_counter() - start, peak_rss_bytes(), means, state.grams
+        state.stats,
+        state.batches,
+        state.samples,
+        time.perf_counter() - start,
+        peak_rss_bytes(),
+        means,
+        state.grams,
+        batch_size,
     )
 
 

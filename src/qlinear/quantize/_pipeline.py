@@ -200,6 +200,9 @@ def quantize_model(
     # The analysis and the search walk the eval data several times.
     eval_data = eval_data.replayable(options.batch_size)
     run = _calibration(fm, options, cal_data, stats, save_stats_to, bars, workers=workers, ray=ray, resume=resume)
+    if run is not None and 0 < run.batch_size < options.batch_size:
+        # The analysis and the evaluation hold as many tensors a batch as the calibration: the same cut.
+        options = replace(options, batch_size=run.batch_size)
     builder = ModelBuilder(fm, options, run)
     with bars.task("converting weights", 1) as step:
         requested = builder.build()
@@ -329,7 +332,7 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1
         return calibrate(
             fm, tensors, cal_data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams,
             workers=workers, ray_address=ray, state_path=str(save_stats_to) if save_stats_to is not None else None,
-            resume=str(resume) if resume is not None else None,
+            resume=str(resume) if resume is not None else None, fixed_batch=_fixed_batch(fm) is not None,
         )  # fmt: skip
 
 

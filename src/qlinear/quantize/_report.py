@@ -152,6 +152,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
             "method": options.method if options.activations else None,
             "source": None if options.activations is None or r.stats_path else r.calibration_data.source,
             "batches": run.batches if run else 0,
+            "batch_size": run.batch_size if run else 0,  # cut below --batch-size where a batch's tensors are large
             "samples": run.samples if run else 0,
             "seconds": run.seconds if run else 0.0,
             "peak_rss_bytes": run.peak_rss_bytes if run else 0,
@@ -310,7 +311,8 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     else:
         summary.add_row(
             "calibration",
-            f"{cal['method']} on {cal['source']}: {cal['samples']} samples in {cal['batches']} batches, "
+            f"{cal['method']} on {cal['source']}: {cal['samples']} samples in {cal['batches']} batches "
+            f"of {cal.get('batch_size') or report['settings']['batch_size']}, "
             f"{cal['seconds']:.2f} s, peak RSS {_bytes(cal['peak_rss_bytes'])}",
         )
     summary.add_row(
