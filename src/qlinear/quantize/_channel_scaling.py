@@ -40,7 +40,7 @@ def sites(fm: FloatModel, excluded: set[str]) -> dict[str, list[onnx.NodeProto]]
 
 def observe(fm: FloatModel, tensors: list[str], data: Dataset, batch_size: int, sample_rows: int):
     """``(max |x|, mean |x|, sample)`` of each tensor over the data: per channel (its last axis), and its first ``sample_rows`` rows."""
-    sess = session(with_outputs(fm.model, tensors))
+    sess = session(with_outputs(fm.model, tensors), arena=False)
     absmax: dict[str, np.ndarray] = {}
     abssum: dict[str, np.ndarray] = {}
     count = dict.fromkeys(tensors, 0)

@@ -39,7 +39,7 @@ class Runner:
         self.outputs = [o.name for o in self.model.graph.output]
         self._mixed = None
         try:
-            self._session = session(self.model)
+            self._session = session(self.model, arena=not outputs)  # many tensors: see session()
             self.backend = "onnxruntime"
         except QuantizationError:  # no kernels for its types (float4, int2)
             from qlinear.onnx._mixed import MixedRunner

@@ -101,9 +101,9 @@ def _shard(key: str, source: Any, observed: Observed, shard: list[dict]) -> list
 
     if key not in _sessions:
         if isinstance(source, str):
-            _sessions[key] = session(None, threads=1, path=source)
+            _sessions[key] = session(None, threads=1, path=source, arena=False)
         else:
-            _sessions[key] = session(onnx.load_from_string(source), threads=1)
+            _sessions[key] = session(onnx.load_from_string(source), threads=1, arena=False)
     sess = _sessions[key]
     out = []
     for feeds in shard:

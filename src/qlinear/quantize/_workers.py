@@ -105,7 +105,7 @@ def _drive(batches, inboxes, outbox, procs) -> Iterator[tuple[dict[str, Any], in
 def _work(path: str, observed: Observed, threads: int, inbox, outbox) -> None:
     """A worker: run each batch it is given and send back its reduction (or the error, once)."""
     try:
-        sess = session(None, threads=threads, path=path)
+        sess = session(None, threads=threads, path=path, arena=False)
     except QuantizationError as e:
         outbox.put((-1, e))
         return
