@@ -13,6 +13,7 @@ from rich.console import Console
 import qlinear.quantize as qq
 import qlinear.quantize._build as build
 from qlinear.quantize._calibrate import optimized_graph, session
+from qlinear.quantize._html import render_html
 from qlinear.quantize._integer_gates import integer_gates
 from quantize_models import GATES, gated_convs
 
@@ -52,6 +53,7 @@ def test_gates_between_quantized_layers_run_on_integer_kernels(gate):
     console = Console(file=io.StringIO(), width=200)
     qq.print_report(r.report, console)
     assert "2 gates (HardSwish, SiLU, ...) as integer Add/Mul/Sigmoid" in console.file.getvalue()
+    assert "2 gates (HardSwish, SiLU and like products)" in render_html(r.report) and ": gate0, gate1." in render_html(r.report)
 
 
 def test_gates_between_int8_activations_are_left_and_their_convs_fuse():
