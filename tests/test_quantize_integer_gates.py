@@ -176,3 +176,23 @@ def test_a_gate_between_different_code_types_is_left():
     inits["zo"].CopyFrom(numpy_helper.from_array(np.array(20, np.uint8), "zo"))
     inits["z"].CopyFrom(numpy_helper.from_array(np.array(120, np.int8), "z"))  # int8 input codes: left (above)
     assert integer_gates(model) == []
+
+
+def test_a_dequantized_input_a_subgraph_also_reads_is_kept():
+    model = _one_gate("HardSwish", 0.05, 120, 0.03, 20)
+    g = model.graph
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["seen"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("seen", TensorProto.FLOAT, [256])],
+    )  # reads the gate's dequantized input "x" by name alone
+    g.input.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+    g.node.append(helper.make_node("If", ["flag"], ["tapped"], then_branch=branch, else_branch=branch))
+    g.output.append(helper.make_tensor_value_info("tapped", TensorProto.FLOAT, [256]))
+    assert integer_gates(model) == ["gate"]
+    onnx.checker.check_model(model)
+    assert "x" in {o for n in g.node for o in n.output}  # its DequantizeLinear stays for the branch
+    codes = np.arange(256).astype(np.uint8)
+    got = session(model, optimize=False).run(["tapped"], {"q": codes, "flag": np.array(True)})[0]
+    assert np.array_equal(got, ((codes.astype(np.int64) - 120) * np.float32(0.05)).astype(np.float32))

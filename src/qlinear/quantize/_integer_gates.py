@@ -51,7 +51,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qlinear.onnx._graph import readers
+from qlinear.onnx._graph import nodes_read, readers
 from qlinear.quantize._model import attribute, fresh_name
 
 __all__ = ["integer_gates"]
@@ -77,7 +77,7 @@ class _Gate:
 
 
 def integer_gates(model: onnx.ModelProto) -> list[str]:
-    """Rewrite the gates of ``model`` between 8-bit tensors (in place) as the module says; the names of the nodes rewritten."""
+    """Rewrite the gates of ``model`` between uint8 tensors (in place) as the module says; the names of the nodes rewritten."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     producer = {o: n for n in g.node for o in n.output}
@@ -107,7 +107,7 @@ def integer_gates(model: onnx.ModelProto) -> list[str]:
     if not rewritten:
         return []
     order = [m for n in g.node for m in new_nodes.get(id(n), [] if id(n) in dropped else [n])]
-    read_now = {i for n in order for i in n.input} | outputs
+    read_now = nodes_read(order) | outputs  # a subgraph's reads by name count
     # A DequantizeLinear only the replaced nodes read goes with them (each gate reads its own copies).
     order = [n for n in order if n.op_type != "DequantizeLinear" or n.output[0] in read_now]
     del g.node[:]
