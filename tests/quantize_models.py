@@ -73,8 +73,11 @@ def layernorm_attention(*, mask_value: float = -3.4e38) -> tuple[onnx.ModelProto
     return g.to_model(), {"ids": ids_data, "mask": mask_data}
 
 
-def detection_head() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """A Conv backbone whose output concatenates box coordinates (0-320) with class scores (0-1)."""
+def detection_head(*, separate: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A Conv backbone whose output concatenates box coordinates (0-320) with class scores (0-1).
+
+    ``separate``: boxes and scores are two outputs, in that order (as SSD-style exports give them).
+    """
     rng = np.random.default_rng(RNG_SEED)
     g = qo.Graph("detector", opset=17)
     x = g.input("image", "float", ("N", 3, 8, 8))
@@ -91,7 +94,11 @@ def detection_head() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     scores = g.op(
         "Softmax", [g.op("Gemm", [flat, _w(rng, 3, 512, scale=0.05)], name="cls_fc", transB=1)], name="cls_prob", axis=-1
     )
-    g.output(g.op("Concat", [boxes, scores], name="detections", axis=-1, output_names=["detections"]))
+    if separate:
+        g.output(g.op("Identity", [boxes], name="box_out", output_names=["boxes"]))
+        g.output(g.op("Identity", [scores], name="score_out", output_names=["scores"]))
+    else:
+        g.output(g.op("Concat", [boxes, scores], name="detections", axis=-1, output_names=["detections"]))
     return g.to_model(), {"image": rng.uniform(0, 1, (32, 3, 8, 8)).astype(np.float32)}
 
 

@@ -474,3 +474,25 @@ def test_a_concatenated_output_is_judged_by_its_worst_part():
     printed = io.StringIO()
     print_report(r.report, Console(file=printed, width=200, color_system=None))
     assert "the worst of 2 concatenated parts" in printed.getvalue()
+
+
+def test_every_float_output_is_judged_and_the_worst_counts():
+    # The same detector with boxes and scores as two outputs, as SSD-style exports give them: judged by the
+    # first alone, its destroyed scores would go unseen. Nothing about the quantization differs from the
+    # concatenated form: each output's figure is that form's part's.
+    joined, data = detection_head()
+    model, _ = detection_head(separate=True)
+    parts = qq.quantize_model(joined, None, data, promote=False).report["output"]["sqnr_db_parts"]
+    r = qq.quantize_model(model, None, data, promote=False)
+    out = r.report["output"]
+    np.testing.assert_allclose(list(out["sqnr_db_outputs"].values()), parts, atol=1e-6)
+    assert list(out["sqnr_db_outputs"]) == ["boxes", "scores"] and out["sqnr_db"] == min(parts)
+    printed = io.StringIO()
+    qq.print_report(r.report, Console(file=printed, width=200, color_system=None))
+    worst = min(out["sqnr_db_outputs"], key=out["sqnr_db_outputs"].get)
+    assert f"(the worst of 2 outputs: {worst})" in printed.getvalue()
+    # The search reads the same figure: with a target the boxes meet and the scores do not, it promotes.
+    boxes, scores = parts
+    assert scores < boxes
+    searched = qq.quantize_model(model, None, data, target_sqnr_db=(boxes + scores) / 2).report["promotions"]
+    assert searched["before"] == pytest.approx(scores) and searched["steps"] and searched["after"] >= (boxes + scores) / 2

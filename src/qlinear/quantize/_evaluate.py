@@ -1,8 +1,11 @@
 """The evaluate pass: the quantized model against the float model on held-out data.
 
 Both models run batch by batch; only sums are kept (signal and noise power
-for the output and for each quantized node's output, agreement and label
-counts), so evaluation memory does not grow with the data either. The
+for each output and for each quantized node's output, agreement and label
+counts), so evaluation memory does not grow with the data either. Every
+float output is judged, and the output SQNR is the worst output's: a
+detector that gives boxes and class scores as two outputs is as good as
+the worse of the two. Top-1 agreement is the first output's. The
 quantized model runs on ONNX Runtime, with qlinear's Q/DQ kernels where
 ONNX Runtime has none for its types (int2, float4).
 """
@@ -96,10 +99,42 @@ class _OutputPower:
 
     @property
     def db(self) -> float | None:
-        if not self.parts:
-            return self.whole.db
-        noisy = [d for d in self.part_dbs if d is not None]  # None: a part that came out exact
-        return min(noisy) if noisy else None
+        return _worst(self.part_dbs) if self.parts else self.whole.db
+
+
+# Output types judged by SQNR.
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
+
+
+def judged_outputs(model: onnx.ModelProto) -> list[str]:
+    """The outputs judged by SQNR: the first, and every other of a float type."""
+    outputs = list(model.graph.output)
+    return [outputs[0].name] + [o.name for o in outputs[1:] if o.type.tensor_type.elem_type in _FLOAT_TYPES]
+
+
+def _worst(dbs: list[float | None]) -> float | None:
+    noisy = [d for d in dbs if d is not None]  # None: an output or part that came out exact
+    return min(noisy) if noisy else None
+
+
+class _OutputsPower:
+    """Each judged output's power (:class:`_OutputPower`); the worst output's SQNR is the model's."""
+
+    def __init__(self, parts: dict[str, tuple[int, list[slice]] | None]) -> None:
+        self.outputs = {name: _OutputPower(p) for name, p in parts.items()}
+
+    def add(self, ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
+        for name, power in self.outputs.items():
+            power.add(ref[name], got[name])
+
+    @property
+    def db(self) -> float | None:
+        return _worst([p.db for p in self.outputs.values()])
+
+    @property
+    def by_output(self) -> dict[str, float | None] | None:
+        """Each output's SQNR, where there are several."""
+        return {name: p.db for name, p in self.outputs.items()} if len(self.outputs) > 1 else None
 
 
 def concat_parts(model: onnx.ModelProto, output: str, feeds: dict[str, np.ndarray]) -> tuple[int, list[slice]] | None:
@@ -119,8 +154,9 @@ class Evaluation:
     """Figures of the quantized model against the float model."""
 
     samples: int = 0
-    output_sqnr_db: float | None = None  # a concatenated output's: its worst part's
-    output_part_sqnr_db: list[float | None] | None = None  # each part's, where the output is a Concat
+    output_sqnr_db: float | None = None  # the worst output's; a concatenated output's: its worst part's
+    output_part_sqnr_db: list[float | None] | None = None  # each part's, where the first output is a Concat
+    output_sqnr_db_by_output: dict[str, float | None] | None = None  # each judged output's, where there are several
     top1_agreement: float | None = None
     accuracy_before: float | None = None
     accuracy_after: float | None = None
@@ -148,7 +184,8 @@ def evaluate(
     reference = Runner(float_model, tensors)
     candidate = Runner(quant_model, tensors)
     first = float_model.graph.output[0].name
-    out_power: _OutputPower | None = None
+    judged = known.outputs if known is not None else judged_outputs(float_model)
+    out_power: _OutputsPower | None = None
     node_power = {t: _Power() for t in tensors}
     agree = correct_before = correct_after = rows = samples = 0
     offset = 0
@@ -156,13 +193,13 @@ def evaluate(
     first_batch = None
     scores: bool | None = None if known is None else known.classifies
     if known is not None:
-        out_power = _OutputPower(known.parts)
+        out_power = _OutputsPower(known.parts)
     for feeds in data.batches(batch_size):
         first_batch = first_batch or feeds
         ref, got = reference(feeds), candidate(feeds)
         if out_power is None:
-            out_power = _OutputPower(concat_parts(float_model, first, feeds))
-        out_power.add(ref[first], got[first])
+            out_power = _OutputsPower({name: concat_parts(float_model, name, feeds) for name in judged})
+        out_power.add(ref, got)
         for t in tensors:
             node_power[t].add(ref[t], got[t])
         n = samples_in(feeds)
@@ -194,7 +231,8 @@ def evaluate(
     if first_batch is None:
         raise QuantizationError("quantize: the eval data holds no batch")
     result = Evaluation(samples=samples, backend=candidate.backend, first_batch=first_batch)
-    result.output_sqnr_db, result.output_part_sqnr_db = out_power.db, out_power.part_dbs
+    result.output_sqnr_db, result.output_sqnr_db_by_output = out_power.db, out_power.by_output
+    result.output_part_sqnr_db = out_power.outputs[first].part_dbs
     result.top1_agreement = agree / rows if rows else None
     if labels is not None and rows:
         result.accuracy_before, result.accuracy_after = correct_before / rows, correct_after / rows
@@ -244,23 +282,32 @@ def classifies(model: onnx.ModelProto, output: str, first: np.ndarray, *, labell
 
 
 class Reference:
-    """The float model's first output on the data's batches, computed once, for models compared against it many times."""
+    """The float model's judged outputs on the data's batches, computed once, for models compared against it many times.
+
+    ``output`` is the first output (the one top-1 agreement reads),
+    ``outputs`` every judged one (:func:`judged_outputs`), and ``batches``
+    each batch's feeds with those outputs' values by name.
+    """
 
     def __init__(self, float_model: onnx.ModelProto, data: Dataset, *, batch_size: int) -> None:
         self.output = float_model.graph.output[0].name
-        runner = Runner(float_model, [self.output])
-        self.batches: list[tuple[dict[str, np.ndarray], np.ndarray]] = [
-            (feeds, np.asarray(runner(feeds)[self.output])) for feeds in data.batches(batch_size)
-        ]
+        self.outputs = judged_outputs(float_model)
+        runner = Runner(float_model, self.outputs)
+        self.batches: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = []
+        for feeds in data.batches(batch_size):
+            values = runner(feeds)
+            self.batches.append((feeds, {name: np.asarray(values[name]) for name in self.outputs}))
         if not self.batches:
             raise QuantizationError("quantize: the eval data holds no batch")
-        self.classifies = classifies(float_model, self.output, self.batches[0][1], labelled=data.labels is not None)
-        self.parts = concat_parts(float_model, self.output, self.batches[0][0])
+        first_feeds, first_values = self.batches[0]
+        self.classifies = classifies(float_model, self.output, first_values[self.output], labelled=data.labels is not None)
+        self.parts = {name: concat_parts(float_model, name, first_feeds) for name in self.outputs}
 
     def head(self, max_samples: int) -> Reference:
         """The first batches holding ``max_samples`` samples, from the outputs already computed."""
         head = object.__new__(Reference)
-        head.output, head.classifies, head.parts, head.batches = self.output, self.classifies, self.parts, []
+        head.output, head.outputs, head.classifies, head.parts = self.output, self.outputs, self.classifies, self.parts
+        head.batches = []
         kept = 0
         for feeds, out in self.batches:
             if kept >= max_samples:
@@ -273,17 +320,18 @@ class Reference:
 def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float | None, float | None]:
     """``(output SQNR in dB, top-1 agreement)`` of ``model`` against ``reference`` (agreement None where it does not classify).
 
-    An SQNR of None means the outputs are identical.
+    The SQNR is the worst judged output's; None means the outputs are identical.
     """
-    runner = Runner(model, [reference.output])
-    power = _OutputPower(reference.parts)
+    runner = Runner(model, reference.outputs)
+    power = _OutputsPower(reference.parts)
     agree = rows = 0
     for feeds, ref in reference.batches:
-        got = runner(feeds)[reference.output]
+        got = runner(feeds)
         power.add(ref, got)
         if reference.classifies:
-            agree += int((np.argmax(ref, axis=-1) == np.argmax(got, axis=-1)).sum())
-            rows += ref[..., 0].size
+            first, got_first = ref[reference.output], got[reference.output]
+            agree += int((np.argmax(first, axis=-1) == np.argmax(got_first, axis=-1)).sum())
+            rows += first[..., 0].size
     return power.db, (agree / rows if rows else None)
 
 

@@ -342,7 +342,7 @@ def _target(options: QuantizeOptions, reference: Reference) -> Target | None:
         if not reference.classifies:
             raise QuantizationError(
                 f"quantize: target_agreement needs an output with classes along its last axis; "
-                f"output {reference.output!r} has shape {reference.batches[0][1].shape} a batch: give target_sqnr_db"
+                f"output {reference.output!r} has shape {reference.batches[0][1][reference.output].shape} a batch: give target_sqnr_db"
             )
         return Target("agreement", float(options.target_agreement))
     if options.target_sqnr_db is not None:

@@ -162,6 +162,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
         "output": {
             "sqnr_db": evaluation.output_sqnr_db,
             "sqnr_db_parts": evaluation.output_part_sqnr_db,
+            "sqnr_db_outputs": evaluation.output_sqnr_db_by_output,  # each judged output's, where there are several
             "top1_agreement": evaluation.top1_agreement,
             "accuracy": accuracy,
         },
@@ -296,8 +297,15 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
             f"{lat['before']:.3f} ms -> {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['after'] / lat['before']:.2f}x)",
         )
     out = report["output"]
-    parts = out.get("sqnr_db_parts")
-    worst = f" (the worst of {len(parts)} concatenated parts: {', '.join(_db(p) for p in parts)} dB)" if parts else ""
+    parts, outputs = out.get("sqnr_db_parts"), out.get("sqnr_db_outputs")
+    worst = ""
+    if outputs:  # the first output is the first key
+        noisy = {name: db for name, db in outputs.items() if db is not None}
+        name = min(noisy, key=noisy.get) if noisy else next(iter(outputs))
+        worst = f" (the worst of {len(outputs)} outputs: {name})"
+        parts = parts if name == next(iter(outputs)) else None  # the parts are the first output's
+    if parts:
+        worst += f" (the worst of {len(parts)} concatenated parts: {', '.join(_db(p) for p in parts)} dB)"
     summary.add_row("output SQNR", f"{_db(out['sqnr_db'])} dB{worst}")
     summary.add_row("top-1 agreement", _share(out["top1_agreement"]))
     if out.get("accuracy"):
