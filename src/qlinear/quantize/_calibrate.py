@@ -285,7 +285,8 @@ def calibrate(
     no other size). The statistics do not depend on the cut: histograms of
     power-of-two bins merge exactly.
 
-    ``channel_axes``: tensors whose mean along every axis but this one is
+    ``progress`` is called with each batch's samples. ``channel_axes``:
+    tensors whose mean along every axis but this one is
     wanted too (bias correction), kept as running sums. ``gram_tensors``:
     tensors whose ``X^T X`` over their last axis is wanted (GPTQ), summed
     batch by batch. ``workers``: processes that run the batches (each its
@@ -339,15 +340,16 @@ def calibrate(
             state.add(reduced, n)
             save()
             if progress:
-                progress(1)
+                progress(n)
     else:
         for feeds in batches:
             values = run_batch(sess, names, feeds, f"calibration batch {state.batches}") if names else []
-            state.add(observed.reduce(values), samples_in(feeds))
+            n = samples_in(feeds)
+            state.add(observed.reduce(values), n)
             del values
             save()
             if progress:
-                progress(1)
+                progress(n)
     save(final=True)
     means = {t: state.sums[t] / state.counts[t] for t in state.sums if state.counts.get(t)}
     return CalibrationRun(

@@ -328,7 +328,7 @@ def _calibration(fm, options, cal_data, stats, save_stats_to, bars, *, workers=1
         if save_stats_to is not None:
             save_stats(run.stats, str(save_stats_to), model_digest=fm.digest, extras=state.extras())
         return run
-    with bars.task("calibrating", cal_data.batch_count(options.batch_size)) as step:
+    with bars.task("calibrating (samples)", cal_data.samples) as step:  # batches may be cut (HELD_BYTES)
         return calibrate(
             fm, tensors, cal_data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams,
             workers=workers, ray_address=ray, state_path=str(save_stats_to) if save_stats_to is not None else None,
