@@ -184,30 +184,33 @@ def conv_batchnorm(*, branch: bool = False) -> tuple[onnx.ModelProto, dict[str, 
 GATES = ("HardSwish", "hard_swish_written_out", "hard_sigmoid_product", "SiLU")
 
 
-def gated_convs(gate: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def gated_convs(gate: str, *, dtype: type = np.float32) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """Three Conv layers, each followed by ``gate`` (one of :data:`GATES`), then a global average pool and a Gemm.
 
     ``hard_swish_written_out`` is ``Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)``
     (paddle2onnx's HardSwish); ``hard_sigmoid_product`` is
     ``Mul(x, HardSigmoid(x))`` (HardSwish as ONNX Runtime splits it).
+    ``dtype``: the model's float type (``np.float16`` for a half-precision model).
     """
     rng = np.random.default_rng(RNG_SEED)
     g = qo.Graph(f"gated_{gate.lower()}", opset=17)
-    h = g.input("x", "float", ("N", 3, 16, 16))
+    h = g.input("x", np.dtype(dtype).name, ("N", 3, 16, 16))
     c = 3
     for i, co in enumerate((16, 16, 24)):
-        x = g.op("Conv", [h, _w(rng, co, c, 3, 3, scale=0.5), _w(rng, co)], name=f"conv{i}", pads=[1, 1, 1, 1])
+        weight, bias = _w(rng, co, c, 3, 3, scale=0.5).astype(dtype), _w(rng, co).astype(dtype)
+        x = g.op("Conv", [h, weight, bias], name=f"conv{i}", pads=[1, 1, 1, 1])
         if gate == "HardSwish":
             h = g.op("HardSwish", [x], name=f"gate{i}")
         elif gate == "hard_swish_written_out":
-            shifted = g.op("Add", [x, np.float32(3)], name=f"gate{i}_add")
-            clipped = g.op("Clip", [shifted, np.float32(0), np.float32(6)], name=f"gate{i}_clip")
-            h = g.op("Div", [g.op("Mul", [x, clipped], name=f"gate{i}_mul"), np.float32(6)], name=f"gate{i}")
+            shifted = g.op("Add", [x, dtype(3)], name=f"gate{i}_add")
+            clipped = g.op("Clip", [shifted, dtype(0), dtype(6)], name=f"gate{i}_clip")
+            h = g.op("Div", [g.op("Mul", [x, clipped], name=f"gate{i}_mul"), dtype(6)], name=f"gate{i}")
         elif gate == "hard_sigmoid_product":
             h = g.op("Mul", [x, g.op("HardSigmoid", [x], name=f"gate{i}_hs", alpha=1 / 6, beta=0.5)], name=f"gate{i}")
         else:
             h = g.op("Mul", [x, g.op("Sigmoid", [x], name=f"gate{i}_sigmoid")], name=f"gate{i}")
         c = co
     h = g.op("ReduceMean", [h], name="gap", axes=[2, 3], keepdims=0)
-    g.output(g.op("Gemm", [h, _w(rng, 10, c), _w(rng, 10)], name="fc", transB=1, output_names=["logits"]))
-    return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(np.float32)}
+    fc = [_w(rng, 10, c).astype(dtype), _w(rng, 10).astype(dtype)]
+    g.output(g.op("Gemm", [h, *fc], name="fc", transB=1, output_names=["logits"]))
+    return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(dtype)}

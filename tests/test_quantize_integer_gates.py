@@ -56,6 +56,17 @@ def test_gates_between_quantized_layers_run_on_integer_kernels(gate):
     assert "2 gates (HardSwish, SiLU and like products)" in render_html(r.report) and ": gate0, gate1." in render_html(r.report)
 
 
+@pytest.mark.parametrize("gate", GATES)
+def test_a_float16_models_gates_keep_its_type(gate):
+    model, data = gated_convs(gate, dtype=np.float16)
+    r = qq.quantize_model(model, None, data, promote=False)
+    onnx.checker.check_model(r.model, full_check=True)
+    inits = {t.name: t for t in r.model.graph.initializer}
+    scales = [inits[n.input[1]] for n in r.model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert all(s.data_type == TensorProto.FLOAT16 for s in scales)  # the gates' scales among them
+    assert r.report["fusion"]["integer_gates"] == ["gate0", "gate1"] and r.report["output"]["sqnr_db"] > 30
+
+
 def test_gates_between_int8_activations_are_left_and_their_convs_fuse():
     model, data = gated_convs("HardSwish")
     r = qq.quantize_model(model, None, data, activations="int8", promote=False)

@@ -58,6 +58,8 @@ __all__ = ["integer_gates"]
 
 # The gate's codes: uint8 on [0, 1], zero point 0.
 _LEVELS = 255
+# The scale types (the model's float type) a chain is written in.
+_SCALE_TYPES = {TensorProto.FLOAT: np.dtype(np.float32), TensorProto.FLOAT16: np.dtype(np.float16)}
 # ONNX HardSigmoid's defaults, and HardSwish's fixed coefficients (1/6 and 1/2).
 _HARD_SIGMOID_DEFAULTS = (0.2, 0.5)
 _HARD_SWISH = (1 / 6, 0.5)
@@ -99,7 +101,10 @@ def integer_gates(model: onnx.ModelProto) -> list[str]:
         reads = [_dequantized(t, producer, inits) for t in (gate.a, gate.b)]
         if any(dq is None or not _unsigned(dq.input[2], inits) for dq in reads):
             continue
-        chain, new_inits = _integer_chain(gate, y, reads, taken)
+        float_type = _SCALE_TYPES.get(inits[reads[1].input[1]].data_type)
+        if float_type is None:  # bfloat16: ONNX Runtime's CPU provider has no such Add, Mul or Sigmoid
+            continue
+        chain, new_inits = _integer_chain(gate, y, reads, float_type, taken)
         new_nodes[id(producer[y])] = chain
         dropped.update(id(n) for n in gate.nodes)
         g.initializer.extend(new_inits)
@@ -224,9 +229,12 @@ def _clip_bounds(clip: onnx.NodeProto, inits: dict[str, TensorProto]) -> tuple[f
 
 
 def _integer_chain(
-    gate: _Gate, y: str, reads: list[onnx.NodeProto], taken: set[str]
+    gate: _Gate, y: str, reads: list[onnx.NodeProto], float_type: np.dtype, taken: set[str]
 ) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
-    """The nodes that compute ``y`` from the gate's codes in fusable groups, and the initializers they add."""
+    """The nodes that compute ``y`` from the gate's codes in fusable groups, and the initializers they add.
+
+    ``float_type``: the type of the inputs' scales, so of every value in the chain (float16 in a half-precision model).
+    """
 
     def fresh(base: str) -> str:
         name = fresh_name(base, taken)
@@ -249,7 +257,7 @@ def _integer_chain(
     if gate.hard:
         # The shift as one code (1) with the shift as its scale: exact, and an input QLinearAdd takes.
         one, zero = scalar(1, np.uint8, f"{base}_shift_code"), scalar(0, np.uint8, f"{base}_shift_zero_point")
-        shift_scale = scalar(gate.shift, np.float32, f"{base}_shift_scale")
+        shift_scale = scalar(gate.shift, float_type, f"{base}_shift_scale")
         inits += [one, zero, shift_scale]
         shift, before = fresh(f"{base}_shift"), fresh(f"{base}_shifted")
         nodes += [
@@ -259,9 +267,9 @@ def _integer_chain(
     else:
         before = fresh(f"{base}_sigmoid")
         nodes.append(helper.make_node("Sigmoid", [b], [before], name=fresh(f"{base}_Sigmoid")))
-    codes_scale = scalar(gate.top / _LEVELS, np.float32, f"{base}_gate_scale")
+    codes_scale = scalar(gate.top / _LEVELS, float_type, f"{base}_gate_scale")
     # Reading the codes with the scale divided by the divisor is the division.
-    value_scale = scalar(gate.top / _LEVELS / gate.divisor, np.float32, f"{base}_gate_value_scale")
+    value_scale = scalar(gate.top / _LEVELS / gate.divisor, float_type, f"{base}_gate_value_scale")
     inits += [codes_scale, value_scale]
     codes, value = fresh(f"{base}_gate_quantized"), fresh(f"{base}_gate")
     nodes += [
