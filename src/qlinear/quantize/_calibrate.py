@@ -328,6 +328,7 @@ def calibrate(
 
     batches = (b for k, b in enumerate(data.batches(batch_size)) if k >= skip)
     if (workers > 1 or ray_address is not None) and names:
+        sess = None  # it only measured the first sample: each worker holds a session of its own
         if ray_address is not None:
             from qlinear.quantize._ray import run_on_ray
 
