@@ -16,7 +16,7 @@ import qlinear.quantize as qq  # noqa: E402
 from qlinear._errors import QuantizationError  # noqa: E402
 from qlinear.quantize._finetune import _float_prefix  # noqa: E402
 from qlinear.torch._from_onnx import QDQModule, UnsupportedOperator  # noqa: E402
-from quantize_models import audio_front_end, layernorm_attention  # noqa: E402
+from quantize_models import GATES, audio_front_end, gated_convs, layernorm_attention  # noqa: E402
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL = str(DEMO / "digits_cnn.onnx")
@@ -40,6 +40,26 @@ def test_the_torch_module_is_the_quantized_model():
     want = qo.run(qmodel, {"image": x}, backend="onnxruntime")["logits"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     assert len(module.weights) == 4 and len(module.scales) >= 4 + 3  # 4 weights; the input's and 2 activations'
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_the_torch_module_is_a_quantized_model_with_gates(gate):
+    # HardSwish, HardSigmoid and Clip have torch forms, and so has the gate chain written for integer kernels
+    # (a QuantizeLinear and a DequantizeLinear of different scales): before any step, ONNX Runtime's values.
+    model, data = gated_convs(gate)
+    r = qq.quantize_model(model, None, data, promote=False)
+    assert r.report["fusion"]["integer_gates"]
+    x = data["x"][-16:]
+    with torch.no_grad():
+        got = QDQModule(r.model, {})({"x": torch.from_numpy(x)})[0].numpy()
+    want = qo.run(r.model, {"x": x}, backend="onnxruntime")["logits"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * float(np.abs(want).max()))
+    # A gate's Q/DQ pair of different scales and its shift stored as one code encode its function: not trained.
+    gates = [t.name for t in r.model.graph.initializer if "_gate_" in t.name or "_shift_" in t.name]
+    tuned = qq.quantize_model(model, None, data, promote=False, finetune=10)
+    assert "no torch form" not in (tuned.report["finetune"].get("note") or "")
+    inits = {t.name: t.SerializeToString() for t in tuned.model.graph.initializer}
+    assert gates and all(inits[name] == t.SerializeToString() for t in r.model.graph.initializer if (name := t.name) in gates)
 
 
 def test_finetune_beats_post_training_quantization_and_writes_standard_qdq(tmp_path):
@@ -97,19 +117,19 @@ def test_scales_only_leave_the_weights_codes_to_the_scales():
 
 
 def test_an_operator_torch_cannot_run_keeps_the_post_training_model():
-    # HardSwish has no torch form here: the run warns and returns the post-training model unchanged.
+    # Elu has no torch form here: the run warns and returns the post-training model unchanged.
     model, data = layernorm_attention()
-    node = onnx.helper.make_node("HardSwish", ["logits_pre"], ["logits"], name="act")
+    node = onnx.helper.make_node("Elu", ["logits_pre"], ["logits"], name="act")
     head = next(n for n in model.graph.node if n.name == "head")
     head.output[0] = "logits_pre"
     model.graph.node.append(node)
     ptq = qq.quantize_model(model, None, data, promote=False)
     tuned = qq.quantize_model(model, None, data, promote=False, finetune=10)
     assert not tuned.report["finetune"]["kept"]
-    assert "HardSwish" in tuned.report["finetune"]["note"]
-    assert any("HardSwish" in w for w in tuned.report["warnings"])
+    assert "Elu" in tuned.report["finetune"]["note"]
+    assert any("Elu" in w for w in tuned.report["warnings"])
     assert tuned.model.SerializeToString() == ptq.model.SerializeToString()
-    with pytest.raises(UnsupportedOperator, match="HardSwish"):
+    with pytest.raises(UnsupportedOperator, match="Elu"):
         QDQModule(ptq.model, {})
 
 

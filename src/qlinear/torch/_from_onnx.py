@@ -8,7 +8,11 @@ the torch operation ONNX defines it as. A weight stored as codes behind a
 DequantizeLinear trains as a latent float weight fake-quantized by that
 DequantizeLinear's parameters; an int32 bias (whose scale is the product of
 its layer's input and weight scales) runs as its float value and is
-quantized again when the model is written back.
+quantized again when the model is written back. What encodes a fixed
+function stays as written: a QuantizeLinear whose codes a DequantizeLinear
+reads with another scale (a gate's clip and division, see
+``qlinear.quantize._integer_gates``) keeps both scales, and a constant
+stored as one code (a gate's shift) is its value.
 
 Operators outside :data:`OPERATORS` raise :class:`UnsupportedOperator`: the
 caller keeps the model it has.
@@ -91,6 +95,18 @@ def _reshape(node, args, a):
     return args[0].reshape(shape)
 
 
+def _clip(node, args, a):
+    """Clip: bounds as inputs (opset 11 on, either may be left out) or as attributes (before)."""
+    low = args[1] if len(args) > 1 and args[1] is not None else a.get("min")
+    high = args[2] if len(args) > 2 and args[2] is not None else a.get("max")
+    return torch.clamp(args[0], low, high)
+
+
+def _hard_sigmoid(x: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """ONNX HardSigmoid: ``max(0, min(1, alpha x + beta))``."""
+    return torch.clamp(alpha * x + beta, 0.0, 1.0)
+
+
 OPERATORS: dict[str, Callable[[onnx.NodeProto, list, dict], Any]] = {
     "Add": lambda n, x, a: x[0] + x[1],
     "Sub": lambda n, x, a: x[0] - x[1],
@@ -102,6 +118,9 @@ OPERATORS: dict[str, Callable[[onnx.NodeProto, list, dict], Any]] = {
     "Tanh": lambda n, x, a: torch.tanh(x[0]),
     "Sigmoid": lambda n, x, a: torch.sigmoid(x[0]),
     "Relu": lambda n, x, a: torch.relu(x[0]),
+    "Clip": _clip,
+    "HardSigmoid": lambda n, x, a: _hard_sigmoid(x[0], a.get("alpha", 0.2), a.get("beta", 0.5)),
+    "HardSwish": lambda n, x, a: x[0] * _hard_sigmoid(x[0], 1 / 6, 0.5),
     "Exp": lambda n, x, a: torch.exp(x[0]),
     "Neg": lambda n, x, a: -x[0],
     "Identity": lambda n, x, a: x[0],
@@ -174,20 +193,28 @@ class QDQModule(nn.Module):
         self.weight_index: dict[str, int] = {}  # DQ output -> index into self.weights
         self.weights = nn.ParameterList()
         self.weight_nodes: dict[str, onnx.NodeProto] = {}
-        self.bias_values: dict[str, torch.Tensor] = {}  # DQ output of an int32 bias -> its float value
+        # DQ output of an int32 bias, or of a constant stored as one code -> its float value
+        self.bias_values: dict[str, torch.Tensor] = {}
+        self.fixed_scales = {  # the scales of a Q -> DQ pair whose scales differ: a function, not a rounding
+            name: torch.from_numpy(np.array(numpy_helper.to_array(values[name]), np.float32))
+            for name in _fixed_scales(self.nodes)
+        }
         for node in self.nodes:
             if node.op_type not in _QDQ:
                 continue
             x = node.input[0]
-            if node.op_type == "DequantizeLinear" and x in values and values[x].data_type == TensorProto.INT32:
+            eight_bit = x in values and values[x].data_type in (TensorProto.UINT8, TensorProto.INT8)
+            one_code = eight_bit and int(np.prod(values[x].dims)) == 1
+            if node.op_type == "DequantizeLinear" and x in values and (values[x].data_type == TensorProto.INT32 or one_code):
                 codes, scale = numpy_helper.to_array(values[x]), numpy_helper.to_array(values[node.input[1]])
+                zp = numpy_helper.to_array(values[node.input[2]]) if len(node.input) > 2 and node.input[2] else 0
                 shape = (-1,) if scale.ndim else ()
                 self.bias_values[node.output[0]] = torch.from_numpy(
-                    (codes.astype(np.float64) * scale.reshape(shape).astype(np.float64)).astype(np.float32)
+                    np.asarray((codes.astype(np.float64) - zp) * scale.reshape(shape).astype(np.float64), np.float32)
                 )
                 continue
             s = node.input[1]
-            if s not in self.scale_index:
+            if s not in self.scale_index and s not in self.fixed_scales:
                 self.scale_index[s] = len(self.scales)
                 self.scales.append(nn.Parameter(torch.from_numpy(np.array(numpy_helper.to_array(values[s]), np.float32))))
             if node.op_type == "DequantizeLinear" and x in values:
@@ -201,7 +228,8 @@ class QDQModule(nn.Module):
         self._prepare()
 
     def scale(self, name: str) -> torch.Tensor:
-        return self.scales[self.scale_index[name]]
+        fixed = self.fixed_scales.get(name)
+        return fixed if fixed is not None else self.scales[self.scale_index[name]]
 
     def _zero_point(self, node: onnx.NodeProto) -> tuple[torch.Tensor, str]:
         zp = node.input[2] if len(node.input) > 2 and node.input[2] else None
@@ -254,6 +282,16 @@ class QDQModule(nn.Module):
 
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def _fixed_scales(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The scales of each QuantizeLinear -> DequantizeLinear pair that reads its codes with another scale."""
+    quantized = {n.output[0]: n.input[1] for n in nodes if n.op_type == "QuantizeLinear"}
+    fixed: set[str] = set()
+    for n in nodes:
+        if n.op_type == "DequantizeLinear" and n.input[0] in quantized and quantized[n.input[0]] != n.input[1]:
+            fixed |= {quantized[n.input[0]], n.input[1]}
+    return fixed
 
 
 def _dequantized(node: onnx.NodeProto, values: dict[str, TensorProto]) -> np.ndarray:
