@@ -18,7 +18,7 @@ from qlinear.onnx._qdq_check import QDQ_OPS, check_qdq_node
 from qlinear.onnx._schema_check import check_schema_node
 from qlinear.onnx._tensor_info import Dim, TensorInfo, onnx_type_enum
 
-__all__ = ["DEFAULT_OPSET", "Graph", "names_read", "nodes_read", "readers"]
+__all__ = ["DEFAULT_OPSET", "Graph", "names_read", "nodes_read", "producers", "readers"]
 
 # The newest ai.onnx opset ONNX Runtime 1.31 runs; Graph(opset=28) builds
 # newer graphs that run on the "qlinear" and "reference" backends.
@@ -333,6 +333,11 @@ def _enum(value: Any, arg: str) -> int | None:
     if value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == 0):
         return None
     return element_type(value, what=f"Graph: {arg}").onnx_enum
+
+
+def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """Each tensor name a node of ``graph`` writes, and that node."""
+    return {name: node for node in graph.node for name in node.output}
 
 
 def readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx._graph import producers
 from qlinear.quantize._calibrate import run_batch, session, with_outputs
 from qlinear.quantize._convert import sqnr_db
 from qlinear.quantize._data import Dataset, samples_in
@@ -263,7 +264,7 @@ def classifies(model: onnx.ModelProto, output: str, first: np.ndarray, *, labell
     if labelled:
         return True
     g = model.graph
-    producer = {o: n for n in g.node for o in n.output}
+    producer = producers(g)
     constant = {t.name for t in g.initializer} | {n.output[0] for n in g.node if n.op_type == "Constant"}
     name = output
     for _ in range(32):

@@ -26,6 +26,7 @@ import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.dtypes._tensor_proto import to_tensor_proto
+from qlinear.onnx._graph import producers
 from qlinear.quantize._calibrate import run_batch, session
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Reference, output_figures
@@ -298,7 +299,7 @@ def _written_back(qmodel: onnx.ModelProto, module: Any) -> onnx.ModelProto:
             latent.astype(scale.dtype), scale, zp, axis=a.get("axis", 1), block_size=a.get("block_size", 0),
             output_dtype=element_type(stored.dtype).name,
         )  # fmt: skip
-    producer = {o: n for n in g.node for o in n.output}
+    producer = producers(g)
     for node in g.node:
         if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3 or node.input[2] not in module.bias_values:
             continue

@@ -51,8 +51,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qlinear.onnx._graph import nodes_read, readers
-from qlinear.quantize._model import attribute, fresh_name
+from qlinear.onnx._graph import nodes_read, producers, readers
+from qlinear.quantize._model import attribute, clip_bounds, fresh_name, scalar_constant
 
 __all__ = ["integer_gates"]
 
@@ -82,7 +82,7 @@ def integer_gates(model: onnx.ModelProto) -> list[str]:
     """Rewrite the gates of ``model`` between uint8 tensors (in place) as the module says; the names of the nodes rewritten."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
+    producer = producers(g)
     reading = readers(g)
     outputs = {o.name for o in g.output}
     taken = set(inits) | {n for node in g.node for n in (*node.input, *node.output, node.name)}
@@ -135,14 +135,6 @@ def _dequantized(tensor: str, producer: dict[str, onnx.NodeProto], inits: dict[s
     return dq if scale is not None and not scale.dims else None
 
 
-def _constant(name: str, inits: dict[str, TensorProto]) -> float | None:
-    t = inits.get(name)
-    if t is None:
-        return None
-    v = numpy_helper.to_array(t)
-    return float(v.reshape(-1)[0]) if v.size == 1 and np.issubdtype(v.dtype, np.floating) else None
-
-
 def _gate(
     last: onnx.NodeProto,
     producer: dict[str, onnx.NodeProto],
@@ -180,11 +172,11 @@ def _gate(
 def _divided(node: onnx.NodeProto, inits: dict[str, TensorProto]) -> tuple[str, float] | None:
     """``(x, d)`` where ``node`` is ``x / d`` or ``x * (1 / d)`` with a positive constant ``d``, else None."""
     if node.op_type == "Div" and len(node.input) == 2:
-        d = _constant(node.input[1], inits)
+        d = scalar_constant(node.input[1], inits)
         return (node.input[0], d) if d is not None and d > 0 else None
     if node.op_type == "Mul" and len(node.input) == 2:
         for x, k in (node.input, reversed(node.input)):
-            v = _constant(k, inits)
+            v = scalar_constant(k, inits)
             if v is not None and v > 0 and x not in inits:
                 return x, 1 / v
     return None
@@ -209,23 +201,15 @@ def _gate_value(node: onnx.NodeProto, only_for, inits: dict[str, TensorProto]):
         clip = node
     if clip is None or clip.op_type != "Clip":
         return None
-    low, high = _clip_bounds(clip, inits)
+    low, high = clip_bounds(clip, inits)
     add = only_for(clip.input[0], clip)
     if low != 0 or high is None or high <= 0 or add is None or add.op_type != "Add" or len(add.input) != 2:
         return None
     for b, c in (add.input, reversed(add.input)):
-        shift = _constant(c, inits)
+        shift = scalar_constant(c, inits)
         if shift is not None and b not in inits:
             return b, True, shift, high, divisor, [add, clip, *nodes]
     return None
-
-
-def _clip_bounds(clip: onnx.NodeProto, inits: dict[str, TensorProto]) -> tuple[float | None, float | None]:
-    """A Clip's constant bounds (its inputs from opset 11, its attributes before); None where one is not a constant."""
-    if len(clip.input) == 1 and any(a.name in ("min", "max") for a in clip.attribute):
-        return attribute(clip, "min"), attribute(clip, "max")
-    bounds = [_constant(clip.input[k], inits) if len(clip.input) > k and clip.input[k] else None for k in (1, 2)]
-    return bounds[0], bounds[1]
 
 
 def _integer_chain(

@@ -206,6 +206,23 @@ def fresh_name(base: str, taken: set[str]) -> str:
     return name
 
 
+def scalar_constant(name: str, inits: dict[str, TensorProto]) -> float | None:
+    """The value of a one-element float initializer ``name``, or None (not an initializer, not one float)."""
+    t = inits.get(name)
+    if t is None:
+        return None
+    v = numpy_helper.to_array(t)
+    return float(v.reshape(-1)[0]) if v.size == 1 and np.issubdtype(v.dtype, np.floating) else None
+
+
+def clip_bounds(clip: onnx.NodeProto, inits: dict[str, TensorProto]) -> tuple[float | None, float | None]:
+    """A Clip's constant bounds (its inputs from opset 11, its attributes before); None where one is not a constant."""
+    if len(clip.input) == 1 and any(a.name in ("min", "max") for a in clip.attribute):
+        return attribute(clip, "min"), attribute(clip, "max")
+    bounds = [scalar_constant(clip.input[k], inits) if len(clip.input) > k and clip.input[k] else None for k in (1, 2)]
+    return bounds[0], bounds[1]
+
+
 def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     """Attribute ``name`` of ``node`` as a Python value, or ``default`` where the node does not set it."""
     for a in node.attribute:

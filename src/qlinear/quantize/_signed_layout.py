@@ -36,8 +36,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qlinear.onnx._graph import readers
-from qlinear.quantize._model import fresh_name
+from qlinear.onnx._graph import producers, readers
+from qlinear.quantize._model import clip_bounds, fresh_name
 
 __all__ = ["CLAMPS", "lay_out_signed"]
 
@@ -61,7 +61,7 @@ def lay_out_signed(model: onnx.ModelProto) -> list[str]:
 def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str]) -> list[str]:
     inits = {t.name: t for t in g.initializer}
     reading = readers(g)
-    producer = {o: n for n in g.node for o in n.output}
+    producer = producers(g)
     outputs = {o.name for o in g.output}
     before: dict[int, list[onnx.NodeProto]] = {}  # id(a clamp) -> the QuantizeLinear and DequantizeLinear in front
     added = []
@@ -115,11 +115,11 @@ def _dropped_by_onnx_runtime(clamp: onnx.NodeProto, q: onnx.NodeProto, inits: di
     low, high = float(scale) * (-128 - int(zero_point)), float(scale) * (127 - int(zero_point))
     if clamp.op_type == "Relu":
         return int(zero_point) == -128
-    bounds = [numpy_helper.to_array(inits[name]) if name in inits else None for name in clamp.input[1:3]]
-    if any(b is None for b in bounds) or len(bounds) < 2:  # a bound computed or left out (opset 11 Clip), or attributes
+    bound_low, bound_high = clip_bounds(clamp, inits)
+    if bound_low is None or bound_high is None:  # a bound computed or left out
         return False
     eps = float(np.finfo(np.float32).eps)
-    return float(bounds[0]) - low <= eps and high - float(bounds[1]) <= eps
+    return bound_low - low <= eps and high - bound_high <= eps
 
 
 def _dedicate_pairs(g: onnx.GraphProto, signed: set[str], taken: set[str]) -> list[str]:

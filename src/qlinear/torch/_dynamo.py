@@ -35,6 +35,7 @@ from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.dtypes._tensor_proto import to_tensor_proto
 from qlinear.onnx._graph import nodes_read
+from qlinear.onnx._graph import producers as graph_producers
 
 __all__ = ["export_dynamo", "exported_call"]
 
@@ -186,7 +187,7 @@ def fold_constants(model: onnx.ModelProto) -> None:
     """Cast and QuantizeLinear of constants become constants; code round-trip casts go; unread initializers are dropped."""
     g = model.graph
     values = {t.name: t for t in g.initializer}
-    producers = {o: n for n in g.node for o in n.output}
+    producers = graph_producers(g)
     keep: list[onnx.NodeProto] = []
     renamed: dict[str, str] = {}
     taken = set(values) | {n for node in g.node for n in (*node.input, *node.output)}
