@@ -138,16 +138,32 @@ class _OutputsPower:
         return {name: p.db for name, p in self.outputs.items()} if len(self.outputs) > 1 else None
 
 
-def concat_parts(model: onnx.ModelProto, output: str, feeds: dict[str, np.ndarray]) -> tuple[int, list[slice]] | None:
-    """Where ``output`` is made by a Concat of several tensors: the axis and each tensor's slice of the output (from ``feeds``)."""
-    node = next((n for n in model.graph.node if output in n.output), None)
-    if node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-        return None
-    values = Runner(model, list(node.input))(feeds)
-    shapes = [np.shape(values[i]) for i in node.input]
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(shapes[0])
-    ends = np.cumsum([shape[axis] for shape in shapes])
-    return axis, [slice(int(end - shape[axis]), int(end)) for end, shape in zip(ends, shapes, strict=True) if shape[axis]]
+def concat_parts(
+    model: onnx.ModelProto, outputs: list[str], feeds: dict[str, np.ndarray]
+) -> dict[str, tuple[int, list[slice]] | None]:
+    """For each of ``outputs`` made by a Concat of several tensors: the axis and each tensor's slice of it (from ``feeds``).
+
+    The Concats' inputs are read in one run of the model; an output made otherwise maps to None.
+    """
+    made = producers(model.graph)
+    concats = {
+        name: node
+        for name in outputs
+        if (node := made.get(name)) is not None
+        and node.op_type == "Concat"
+        and node.domain in ("", "ai.onnx")
+        and len(node.input) >= 2
+    }
+    found: dict[str, tuple[int, list[slice]] | None] = dict.fromkeys(outputs)
+    if not concats:
+        return found
+    values = Runner(model, list(dict.fromkeys(i for node in concats.values() for i in node.input)))(feeds)
+    for name, node in concats.items():
+        shapes = [np.shape(values[i]) for i in node.input]
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(shapes[0])
+        ends = np.cumsum([shape[axis] for shape in shapes])
+        found[name] = axis, [slice(int(end - s[axis]), int(end)) for end, s in zip(ends, shapes, strict=True) if s[axis]]
+    return found
 
 
 @dataclass
@@ -199,7 +215,7 @@ def evaluate(
         first_batch = first_batch or feeds
         ref, got = reference(feeds), candidate(feeds)
         if out_power is None:
-            out_power = _OutputsPower({name: concat_parts(float_model, name, feeds) for name in judged})
+            out_power = _OutputsPower(concat_parts(float_model, judged, feeds))
         out_power.add(ref, got)
         for t in tensors:
             node_power[t].add(ref[t], got[t])
@@ -302,7 +318,7 @@ class Reference:
             raise QuantizationError("quantize: the eval data holds no batch")
         first_feeds, first_values = self.batches[0]
         self.classifies = classifies(float_model, self.output, first_values[self.output], labelled=data.labels is not None)
-        self.parts = {name: concat_parts(float_model, name, first_feeds) for name in self.outputs}
+        self.parts = concat_parts(float_model, self.outputs, first_feeds)
 
     def head(self, max_samples: int) -> Reference:
         """The first batches holding ``max_samples`` samples, from the outputs already computed."""
