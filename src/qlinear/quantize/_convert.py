@@ -28,7 +28,7 @@ from qlinear.onnx._graph import names_read
 from qlinear.quantize._bias_correction import output_shift, site
 from qlinear.quantize._choose import QuantParams, weight_params
 from qlinear.quantize._gptq import gptq_weight, layer_input
-from qlinear.quantize._model import FloatModel
+from qlinear.quantize._model import FloatModel, reserve_name
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import DATA_MOVEMENT_OPS, NodePlan, Plan
 
@@ -436,8 +436,4 @@ class _Names:
         self._taken = set(taken)
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self._taken:
-            name, k = f"{base}_{k}", k + 1
-        self._taken.add(name)
-        return name
+        return reserve_name(base, self._taken)

@@ -19,6 +19,7 @@ float8 tensors); other tables stay as they are.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.onnx._graph import names_read, readers
-from qlinear.quantize._model import attribute, fresh_name
+from qlinear.quantize._model import attribute, reserve_name
 
 __all__ = ["gather_streamed", "gather_tables", "gathers_codes"]
 
@@ -106,10 +107,7 @@ def _gathers_rows(node: onnx.NodeProto, table: str) -> bool:
 def _gather_codes(gather, codes, scale, zero_point, block, g, taken) -> list[onnx.NodeProto]:
     """Point ``gather`` at ``codes``; return the nodes that go behind it, the last writing its output."""
 
-    def fresh(base: str) -> str:
-        name = fresh_name(base, taken)
-        taken.add(name)
-        return name
+    fresh = functools.partial(reserve_name, taken=taken)
 
     def rows_of(values: np.ndarray, what: str) -> str:
         """The rows of a per-row (or per-block) table of ``values`` that the Gather reads."""

@@ -45,6 +45,7 @@ inside every variant the search builds.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.onnx._graph import nodes_read, producers, readers
-from qlinear.quantize._model import attribute, clip_bounds, fresh_name, scalar_constant
+from qlinear.quantize._model import attribute, clip_bounds, reserve_name, scalar_constant
 
 __all__ = ["integer_gates"]
 
@@ -220,10 +221,7 @@ def _integer_chain(
     ``float_type``: the type of the inputs' scales, so of every value in the chain (float16 in a half-precision model).
     """
 
-    def fresh(base: str) -> str:
-        name = fresh_name(base, taken)
-        taken.add(name)
-        return name
+    fresh = functools.partial(reserve_name, taken=taken)
 
     def scalar(value, dtype, base: str) -> TensorProto:
         return numpy_helper.from_array(np.array(value, dtype), fresh(base))

@@ -23,7 +23,9 @@ from qlinear.onnx import _large as large
 from qlinear.onnx._graph import names_read
 from qlinear.onnx._io import load_mapped
 
-__all__ = ["attribute", "FloatModel", "fresh_name", "index", "load_float_model"]
+__all__ = [
+    "attribute", "clip_bounds", "FloatModel", "fresh_name", "index", "load_float_model", "reserve_name", "scalar_constant",
+]  # fmt: skip
 
 # Models of this many bytes or more keep their big initializers' values in a store, out of the graph:
 # copies of the graph then cost the graph alone, and a model past protobuf's 2 GiB is never serialized whole.
@@ -203,6 +205,13 @@ def fresh_name(base: str, taken: set[str]) -> str:
     name, k = base, 1
     while name in taken:
         name, k = f"{base}_{k}", k + 1
+    return name
+
+
+def reserve_name(base: str, taken: set[str]) -> str:
+    """:func:`fresh_name`, added to ``taken``: for a pass that names several new tensors and nodes in a row."""
+    name = fresh_name(base, taken)
+    taken.add(name)
     return name
 
 

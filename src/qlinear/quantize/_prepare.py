@@ -34,12 +34,14 @@ ONNX Runtime's own fold moves them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.quantize._calibrate import optimized_graph
-from qlinear.quantize._model import FloatModel, attribute, fresh_name, index
+from qlinear.quantize._model import FloatModel, attribute, fresh_name, index, reserve_name
 
 __all__ = ["prepare"]
 
@@ -113,10 +115,7 @@ def _gemm_between_reshapes(
     float bias and no QuantizeLinear after it, which no integer kernel takes.
     """
 
-    def fresh(base: str) -> str:
-        name = fresh_name(base, taken)
-        taken.add(name)
-        return name
+    fresh = functools.partial(reserve_name, taken=taken)
 
     rows, cols = int(np.prod(a_shape[:-1])), a_shape[-1]
     shape_in, shape_out = fresh(f"{matmul.name}_rows_shape"), fresh(f"{matmul.name}_out_shape")

@@ -37,7 +37,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.onnx._graph import producers, readers
-from qlinear.quantize._model import clip_bounds, fresh_name
+from qlinear.quantize._model import clip_bounds, reserve_name
 
 __all__ = ["CLAMPS", "lay_out_signed"]
 
@@ -80,21 +80,18 @@ def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str
         if dq_in is None or dq_in.op_type != "DequantizeLinear":  # the node is not quantized
             continue
         q = qs[0]
-        codes = fresh_name(f"{node.output[0]}_quantized", taken)
-        values = fresh_name(f"{node.output[0]}_dequantized", taken)
-        taken |= {codes, values}
-        name = fresh_name(f"{node.output[0]}_QuantizeLinear", taken)
-        taken.add(name)
+        codes = reserve_name(f"{node.output[0]}_quantized", taken)
+        values = reserve_name(f"{node.output[0]}_dequantized", taken)
+        name = reserve_name(f"{node.output[0]}_QuantizeLinear", taken)
         before[id(clamp)] = [
             helper.make_node("QuantizeLinear", [clamp.input[0], q.input[1], q.input[2]], [codes], name=name),
             helper.make_node(
                 "DequantizeLinear",
                 [codes, q.input[1], q.input[2]],
                 [values],
-                name=fresh_name(f"{node.output[0]}_DequantizeLinear", taken),
+                name=reserve_name(f"{node.output[0]}_DequantizeLinear", taken),
             ),
         ]
-        taken.add(before[id(clamp)][1].name)
         clamp.input[0] = values
         added.append(name)
     if before:
@@ -135,13 +132,12 @@ def _dedicate_pairs(g: onnx.GraphProto, signed: set[str], taken: set[str]) -> li
         for dq in dqs[1:]:
             copy = onnx.NodeProto()
             copy.CopyFrom(n)
-            copy.name = fresh_name(f"{n.name}_for_{dq.name}", taken)
-            copy.output[0] = dq.input[0] = fresh_name(n.output[0], taken)
+            copy.name = reserve_name(f"{n.name}_for_{dq.name}", taken)
+            copy.output[0] = dq.input[0] = reserve_name(n.output[0], taken)
             zero_point = numpy_helper.from_array(
-                numpy_helper.to_array(inits[n.input[2]]).astype(np.int8), fresh_name(n.input[2], taken)
+                numpy_helper.to_array(inits[n.input[2]]).astype(np.int8), reserve_name(n.input[2], taken)
             )
             copy.input[2] = dq.input[2] = zero_point.name
-            taken |= {copy.name, copy.output[0], zero_point.name}
             g.initializer.append(zero_point)
             order.append(copy)
             added.append(copy.name)
