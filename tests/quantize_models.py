@@ -214,3 +214,35 @@ def gated_convs(gate: str, *, dtype: type = np.float32) -> tuple[onnx.ModelProto
     fc = [_w(rng, 10, c).astype(dtype), _w(rng, 10).astype(dtype)]
     g.output(g.op("Gemm", [h, *fc], name="fc", transB=1, output_names=["logits"]))
     return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(dtype)}
+
+
+def squeeze_excite(*, paddle: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A Conv -> HardSwish layer, a squeeze-and-excitation block on it, a second Conv, a pool and a Gemm.
+
+    The block (MobileNetV3, PP-LCNet): ``a * HardSigmoid(se2(Relu(se1(GlobalAveragePool(a)))))``
+    with 1x1 Convs ``se1`` and ``se2``. ``paddle``: written as paddle2onnx
+    writes it, each 1x1 Conv without a bias and followed by an ``Add`` of
+    ``Reshape(Constant, Constant)`` and an ``Identity``.
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("squeeze_excite" + ("_paddle" if paddle else ""), opset=17)
+    x = g.input("x", "float", ("N", 3, 16, 16))
+    a = g.op("HardSwish", [g.op("Conv", [x, _w(rng, 16, 3, 3, 3, scale=0.5), _w(rng, 16)], name="conv0", pads=[1, 1, 1, 1])])
+    s = g.op("GlobalAveragePool", [a], name="squeeze")
+
+    def conv1x1(h, co, ci, name):
+        w, b = _w(rng, co, ci, 1, 1, scale=0.5), _w(rng, co)
+        if not paddle:
+            return g.op("Conv", [h, w, b], name=name)
+        const = lambda v, n: g.op("Constant", [], name=n, value=onnx.numpy_helper.from_array(v, n))  # noqa: E731
+        bias = g.op("Reshape", [const(b, f"{name}_b"), const(np.array([1, co, 1, 1], np.int64), f"{name}_shape")])
+        added = g.op("Add", [g.op("Conv", [h, w], name=name), bias], name=f"{name}_add")
+        return g.op("Identity", [added], name=f"{name}_identity")
+
+    e = g.op("Relu", [conv1x1(s, 4, 16, "se1")], name="se_relu")
+    gate = g.op("HardSigmoid", [conv1x1(e, 16, 4, "se2")], name="se_gate", alpha=1 / 6, beta=0.5)
+    h = g.op("Mul", [a, gate], name="excite")
+    h = g.op("Relu", [g.op("Conv", [h, _w(rng, 24, 16, 3, 3), _w(rng, 24)], name="conv1", pads=[1, 1, 1, 1])])
+    h = g.op("Flatten", [g.op("GlobalAveragePool", [h], name="pool")], name="flat")
+    g.output(g.op("Gemm", [h, _w(rng, 10, 24), _w(rng, 10)], name="fc", transB=1, output_names=["logits"]))
+    return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(np.float32)}

@@ -15,7 +15,7 @@ import qlinear.quantize._build as build
 from qlinear.quantize._calibrate import optimized_graph, session
 from qlinear.quantize._html import render_html
 from qlinear.quantize._integer_gates import integer_gates
-from quantize_models import GATES, gated_convs
+from quantize_models import GATES, gated_convs, squeeze_excite
 
 # What each gate is made of in float: none of it may be left once the gate runs on integer kernels.
 _FLOAT_GATE_OPS = {"HardSwish", "HardSigmoid", "Sigmoid", "Mul", "Div", "Clip", "Add"}
@@ -207,3 +207,17 @@ def test_a_dequantized_input_a_subgraph_also_reads_is_kept():
     codes = np.arange(256).astype(np.uint8)
     got = session(model, optimize=False).run(["tapped"], {"q": codes, "flag": np.array(True)})[0]
     assert np.array_equal(got, ((codes.astype(np.int64) - 120) * np.float32(0.05)).astype(np.float32))
+
+
+@pytest.mark.parametrize("paddle", [False, True], ids=["conv_biases", "paddle2onnx"])
+def test_a_squeeze_and_excitation_block_runs_on_integer_kernels(paddle):
+    model, data = squeeze_excite(paddle=paddle)
+    # Without SmoothQuant, whose Mul on the head's pooled features would sit between the last pool and its Q.
+    r = qq.quantize_model(model, None, data, promote=False, smoothquant=False)
+    optimized = _ops(optimized_graph(r.model))
+    # Both pools fuse; the HardSwish and the block's gate a * HardSigmoid(b) run as integer Add and Mul.
+    assert optimized.count("QLinearGlobalAveragePool") == 2
+    hard_swish = [n.name for n in model.graph.node if n.op_type == "HardSwish"]
+    assert sorted(r.report["fusion"]["integer_gates"]) == sorted([*hard_swish, "excite"])
+    assert not [op for op in optimized if op in _FLOAT_GATE_OPS | {"GlobalAveragePool", "DequantizeLinear"}]
+    assert r.report["fusion"]["unfused"] == [] and r.report["output"]["sqnr_db"] > 30

@@ -9,7 +9,7 @@ from qlinear.quantize import QuantizeOptions
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
 from qlinear.quantize._prepare import prepare
-from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, single_op
+from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, single_op, squeeze_excite
 
 
 def _plan(model, **options):
@@ -321,3 +321,49 @@ def test_a_conv_whose_relu_output_a_subgraph_reads_takes_its_q_before_the_relu()
     data = {"x": rng.standard_normal((40, 4, 16)).astype(np.float32), "gate": np.float32(1)}
     r = qq.quantize_model(model, None, data, promote=False).report
     assert r["fusion"]["unfused"] == [] and r["nodes"][0]["runs_as"] == "QLinearConv"
+
+
+def test_prepare_removes_identities_and_folds_a_constant_add_after_a_conv_into_its_bias():
+    model, data = squeeze_excite(paddle=True)
+    fm, p = _plan(model)
+    # paddle2onnx's bias (Add of a Reshape of Constants) and its Identity are gone: the Conv holds the bias.
+    assert [n.op_type for n in fm.graph.node if n.name.startswith("se")] == ["Conv", "Relu", "Conv", "HardSigmoid"]
+    assert all(len(fm.node(name).input) == 3 for name in ("se1", "se2"))
+    ref = qo.run(model, data, backend="onnxruntime")["logits"]
+    got = qo.run(fm.model, data, backend="onnxruntime")["logits"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    # So the Relu after the first 1x1 Conv folds into its Q, as in the model written with Conv biases.
+    plain_fm, plain = _plan(squeeze_excite()[0])
+    q_after = lambda fm, p: {n.name: fm.producer[n.output].op_type for n in p.nodes if n.output}  # noqa: E731
+    assert q_after(fm, p) == q_after(plain_fm, plain) == {"conv0": "Conv", "se1": "Relu", "se2": "Conv", "conv1": "Relu"}
+    assert p.nodes[1].output == fm.producer_output("se_relu") and p.nodes[1].bias is not None
+
+
+def test_prepare_keeps_an_identity_that_is_a_graph_output_and_an_add_that_is_not_per_channel():
+    rng = np.random.default_rng(0)
+    g = qo.Graph("kept", opset=17)
+    x = g.input("x", "float", ("N", 4, 6, 6))
+    conv = g.op("Conv", [x, rng.standard_normal((8, 4, 3, 3)).astype(np.float32)], name="conv")
+    # One value a pixel, not a channel: not a bias.
+    g.output(g.op("Add", [conv, rng.standard_normal((1, 1, 4, 4)).astype(np.float32)], name="add", output_names=["y"]))
+    g.output(g.op("Identity", [x], name="tap", output_names=["tap"]))
+    fm, _ = _plan(g.to_model())
+    assert [n.op_type for n in fm.graph.node] == ["Conv", "Add", "Identity"]
+
+
+def test_a_pool_whose_output_is_quantized_takes_a_quantized_input():
+    model, _ = squeeze_excite()
+    fm, p = _plan(model)
+    a, squeezed = fm.node("squeeze").input[0], fm.producer_output("squeeze")
+    # The block's pool reads its input quantized, and so does the gate's product: DQ -> pool -> Q fuses.
+    assert p.activation_types[a] == "uint8" and p.activation_types[squeezed] == "uint8"
+    assert a in p.all_consumers_dequantize
+    # The last pool's output reaches the Gemm through a Flatten, which shares the pooled range.
+    pooled = fm.producer_output("pool")
+    assert pooled in p.calibrate and p.shared[fm.producer_output("flat")] == pooled
+    # int8 activations: ONNX Runtime fuses no int8 pool, so the pool's input stays as its readers ask.
+    fm, p = _plan(model, activations="int8")
+    assert a not in p.activations and a not in p.all_consumers_dequantize
+    # A pool that only float nodes read keeps its input as it was.
+    fm, p = _plan(model, exclude=["se1"])
+    assert a not in p.activations

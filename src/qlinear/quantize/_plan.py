@@ -17,6 +17,14 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
   activations (ONNX Runtime fuses such pairs into integer kernels that
   then reject the weight type).
 - Gather on a constant table (embeddings): the table only.
+- GlobalAveragePool and AveragePool whose output is quantized at uint8
+  (it feeds a quantized node, as a squeeze-and-excitation block's pooled
+  features feed its Conv): the input is quantized too, at uint8, so
+  ``DQ -> pool -> Q`` runs as QLinearGlobalAveragePool or
+  QLinearAveragePool (ONNX Runtime fuses no int8 or 16-bit form). Left
+  float, the pool made a float copy of its whole input; and an input that
+  also feeds a gate (``a * HardSigmoid(b)``) had no Q, so the gate ran in
+  float.
 - Data movement (Reshape, Transpose, MaxPool, ...) on a quantized tensor:
   its output shares the input's scale and zero point, so the pair around it
   is exact and the runtime drops it; no requantization appears.
@@ -112,7 +120,7 @@ class Plan:
         shared: data-movement outputs and the tensor whose parameters each shares.
         all_consumers_dequantize: tensors whose every consumer reads the
             dequantized value (the producer's group needs its output edges
-            to go through Q only).
+            to go through Q only; a pool's input, see _quantize_pool_inputs).
         left_float: ``(node name, op type, reason)`` for the nodes of
             quantizable type left in float.
         activation_types: each calibrated tensor's type, the widest its
@@ -210,6 +218,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
         if node_plan.output is not None:
             result.all_consumers_dequantize.add(node_plan.output)
     if calibrated:
+        _quantize_pool_inputs(fm, result, calibrated, excluded, graph_outputs)
         _share_through_data_movement(fm, result, calibrated, excluded, graph_outputs)
     result.calibrate = list(calibrated)
     result.activation_types = calibrated
@@ -347,6 +356,36 @@ def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str],
         if after not in graph_outputs and after not in fm.read_in_subgraphs:
             return after
     return None if clamp_only else out
+
+
+# Pools ONNX Runtime fuses between a uint8 DequantizeLinear and QuantizeLinear (QLinearGlobalAveragePool, QLinearAveragePool).
+_POOLS = frozenset({"GlobalAveragePool", "AveragePool"})
+
+
+def _quantize_pool_inputs(
+    fm: FloatModel, result: Plan, calibrated: dict[str, str], excluded: set[str], graph_outputs: set[str]
+) -> None:
+    """Quantize the input of each pool whose output is quantized at uint8 (directly or through one data-movement node).
+
+    Every reader of the input reads it dequantized, the pool's other readers
+    too: a gate's ``a`` in ``a * HardSigmoid(b)`` then has the uint8 codes
+    the gate's integer form (:mod:`._integer_gates`) needs, and the node
+    producing it a QuantizeLinear on every edge.
+    """
+    for node in fm.graph.node:
+        if node.op_type not in _POOLS or node.domain not in ("", "ai.onnx") or node.name in excluded or node.op_type in excluded:
+            continue
+        x, y = node.input[0], node.output[0]
+        if not fm.is_float(x) or {x, y} & (graph_outputs | fm.read_in_subgraphs) or calibrated.get(x, "uint8") != "uint8":
+            continue
+        readers = fm.consumers.get(y, [])
+        moved = readers[0].output[0] if len(readers) == 1 and readers[0].op_type in DATA_MOVEMENT_OPS else None
+        if calibrated.get(y, calibrated.get(moved)) != "uint8" or (y not in calibrated and moved in graph_outputs):
+            continue
+        # The pooled output gets its own range (a mean spans less than its input); data movement after it shares it.
+        calibrated.setdefault(y, "uint8")
+        calibrated.setdefault(x, "uint8")
+        result.all_consumers_dequantize.add(x)
 
 
 def _share_through_data_movement(

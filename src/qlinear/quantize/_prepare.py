@@ -25,11 +25,24 @@
   and quantize again, and the Relu after it would not fold into
   QLinearConv.
 
-The first two rewrites keep node names (the Gemm takes the MatMul's name)
+- An ``Identity`` goes, its readers reading its input (paddle2onnx puts
+  one between a Conv and its Relu or gate). ONNX Runtime drops it too, but
+  only after the Q/DQ are placed: the Relu would not fold into QLinearConv
+  and the gate would not see the Conv's quantized output.
+- A ``Reshape``, ``Squeeze`` or ``Unsqueeze`` of constants (paddle2onnx
+  writes each bias added after a Conv as ``Reshape(Constant, Constant)``)
+  becomes the constant it computes, so the rewrites below see it.
+- ``Add(Conv(x, W, b), c)`` with a constant ``c`` of one value per output
+  channel (or one value) becomes ``Conv(x, W, b + c)``, as ONNX Runtime
+  fuses the float model. Left apart, the Conv takes a Q for QLinearConv,
+  the Add runs in float between a DequantizeLinear and a QuantizeLinear,
+  and a Relu or gate after it no longer sees a quantized Conv output.
+
+The MatMul rewrites keep node names (the Gemm takes the MatMul's name)
 and the values the model computes: the products and sums are the same
-float operations. The fold computes the new weights in float64 and rounds
-them once to float32, so the model's values move by float32 rounding, as
-ONNX Runtime's own fold moves them.
+float operations. The folds compute the new weights and biases in float64 and round them
+once to float32, so the model's values move by float32 rounding, as ONNX
+Runtime's own folds move them.
 """
 
 from __future__ import annotations
@@ -48,8 +61,10 @@ __all__ = ["prepare"]
 
 def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
     """``fm`` with the rewrites applied (in place), re-indexed."""
-    # In this order: MatMul + Add becomes a Gemm first, so a BatchNormalization after it folds too.
-    rewrites = [_matmul_add_to_gemm, _fold_batch_norms] + ([_untranspose_gemm_weights] if weight_only else [])
+    # In this order: constants are computed first, MatMul + Add becomes a Gemm, so a BatchNormalization after
+    # it folds too, and a constant Add after a Conv folds into the bias the normalization may have given it.
+    rewrites = [_drop_identities, _fold_constant_reshapes, _matmul_add_to_gemm, _fold_batch_norms, _fold_conv_bias_adds]
+    rewrites += [_untranspose_gemm_weights] if weight_only else []
     for rewrite in rewrites:
         if rewrite(fm):
             index(fm)
@@ -212,6 +227,127 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
     if not folded:
         return False
     nodes = [n for n in g.node if n.name not in folded]
+    del g.node[:]
+    g.node.extend(nodes)
+    return True
+
+
+def _drop_identities(fm: FloatModel) -> bool:
+    """Remove each Identity whose output no graph output or subgraph names, its readers reading its input instead."""
+    g = fm.graph
+    kept_names = set(fm.output_names) | fm.read_in_subgraphs
+    renamed: dict[str, str] = {}
+    for node in g.node:
+        if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.output[0] not in kept_names:
+            renamed[node.output[0]] = node.input[0]
+    if not renamed:
+        return False
+    nodes = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in renamed)]
+    for node in nodes:
+        for k, name in enumerate(node.input):
+            while name in renamed:  # an Identity of an Identity
+                name = renamed[name]
+            node.input[k] = name
+    del g.node[:]
+    g.node.extend(nodes)
+    return True
+
+
+# Constants a reshape is folded into at most (elements): bias vectors and small tables; a weight reshaped at
+# load would be held a second time beside the store it is mapped from.
+_FOLDED_ELEMENTS = 1 << 20
+
+
+def _fold_constant_reshapes(fm: FloatModel) -> bool:
+    """Replace each Reshape, Squeeze or Unsqueeze whose inputs are all constants with the constant it computes."""
+    g = fm.graph
+    outputs = set(fm.output_names)
+    folded: set[str] = set()
+    for node in g.node:
+        if node.op_type not in ("Reshape", "Squeeze", "Unsqueeze") or node.domain not in ("", "ai.onnx"):
+            continue
+        inputs = [i for i in node.input if i]
+        if not inputs or any(i not in fm.initializers for i in inputs) or node.output[0] in outputs:
+            continue
+        data = fm.constant(inputs[0])
+        if data.size > _FOLDED_ELEMENTS:
+            continue
+        value = _reshaped(node, data, fm.constant(inputs[1]) if len(inputs) > 1 else None)
+        if value is None:
+            continue
+        g.initializer.append(numpy_helper.from_array(value, node.output[0]))
+        fm.initializers[node.output[0]] = g.initializer[-1]
+        folded.add(node.name)
+    if not folded:
+        return False
+    nodes = [n for n in g.node if n.name not in folded]
+    del g.node[:]
+    g.node.extend(nodes)
+    return True
+
+
+def _reshaped(node: onnx.NodeProto, data: np.ndarray, second: np.ndarray | None) -> np.ndarray | None:
+    """What ``node`` (Reshape, Squeeze, Unsqueeze) computes from constant ``data``; None where it would fail."""
+    try:
+        if node.op_type == "Reshape":
+            target = second if second is not None else attribute(node, "shape")  # an attribute in opset 1
+            if target is None:
+                return None
+            shape = [int(d) for d in np.reshape(target, -1)]
+            if not attribute(node, "allowzero", 0):  # a 0 copies the input's dimension
+                shape = [data.shape[k] if d == 0 and k < data.ndim else d for k, d in enumerate(shape)]
+            return data.reshape(shape)
+        axes = second if second is not None else attribute(node, "axes")  # an input from opset 13, an attribute before
+        if node.op_type == "Squeeze":
+            return np.squeeze(data) if axes is None else np.squeeze(data, tuple(int(a) for a in np.reshape(axes, -1)))
+        if axes is None:
+            return None
+        return np.expand_dims(data, tuple(int(a) for a in np.reshape(axes, -1)))
+    except (ValueError, IndexError):  # numpy's AxisError is both
+        return None  # the model is wrong here; ONNX Runtime says so when it runs it
+
+
+def _fold_conv_bias_adds(fm: FloatModel) -> bool:
+    """Fold each constant Add of one value per output channel after a Conv into the Conv's bias."""
+    g = fm.graph
+    outputs = set(fm.output_names)
+    folded: set[str] = set()
+    for add in g.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            continue
+        found = [(fm.producer.get(x), c) for x, c in (add.input, add.input[::-1]) if c in fm.initializers]
+        conv, shift_name = found[0] if found else (None, None)
+        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or conv.name in folded:
+            continue
+        x = conv.output[0]
+        if x in outputs or x in fm.read_in_subgraphs or len(fm.consumers.get(x, [])) != 1:
+            continue
+        w = conv.input[1]
+        weight, shift = fm.constant(w), fm.constant(shift_name)
+        if weight is None or fm.elem_types.get(w) != TensorProto.FLOAT or fm.elem_types.get(shift_name) != TensorProto.FLOAT:
+            continue
+        channels = weight.shape[0]
+        # Broadcast against (N, C, spatial...): one value, or one a channel on axis 1 and ones elsewhere.
+        shape = (1,) * (weight.ndim - shift.ndim) + shift.shape
+        if shift.ndim > weight.ndim or shape[0] != 1 or any(d != 1 for d in shape[2:]) or shape[1] not in (1, channels):
+            continue
+        bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+        old_bias = np.zeros(channels) if bias is None else fm.constant(bias)
+        if old_bias is None or (bias is not None and len(fm.consumers.get(bias, [])) != 1):
+            continue
+        new_bias = old_bias.astype(np.float64) + np.broadcast_to(shift.astype(np.float64).reshape(-1), (channels,))
+        if bias is not None:
+            fm.set_constant(bias, new_bias.astype(np.float32))
+        else:
+            bias = reserve_name(f"{conv.name}_bias", {*fm.initializers, *fm.producer, *fm.consumers})
+            g.initializer.append(numpy_helper.from_array(new_bias.astype(np.float32), bias))
+            fm.initializers[bias] = g.initializer[-1]
+            conv.input.append(bias)
+        conv.output[0] = add.output[0]
+        folded.update((add.name, conv.name))
+    if not folded:
+        return False
+    nodes = [n for n in g.node if not (n.op_type == "Add" and n.name in folded)]
     del g.node[:]
     g.node.extend(nodes)
     return True
