@@ -95,6 +95,33 @@ def _reshape(node, args, a):
     return args[0].reshape(shape)
 
 
+def _shape(node, args, a):
+    """Shape: the dimensions from ``start`` to ``end`` (attributes from opset 15), as int64."""
+    dims = list(args[0].shape)
+    return torch.tensor(dims[a.get("start", 0) : a.get("end", len(dims))], dtype=torch.int64)
+
+
+def _slice(node, args, a):
+    """Slice: starts, ends, axes and steps as inputs (opset 10 on) or attributes (before); any step, clamped as numpy clamps."""
+    x = args[0]
+    if len(args) > 1:
+        starts, ends = args[1].tolist(), args[2].tolist()
+        axes = args[3].tolist() if len(args) > 3 and args[3] is not None else list(range(len(starts)))
+        steps = args[4].tolist() if len(args) > 4 and args[4] is not None else [1] * len(starts)
+    else:
+        starts, ends = a["starts"], a["ends"]
+        axes, steps = a.get("axes", list(range(len(starts)))), [1] * len(starts)
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        picked = range(x.shape[axis])[slice(start, end, step)]
+        x = torch.index_select(x, axis, torch.tensor(list(picked), dtype=torch.int64, device=x.device))
+    return x
+
+
+def _cast(node, args, a):
+    dtype = torch.from_numpy(np.empty(0, onnx.helper.tensor_dtype_to_np_dtype(a["to"]))).dtype
+    return args[0].to(dtype)
+
+
 def _clip(node, args, a):
     """Clip: bounds as inputs (opset 11 on, either may be left out) or as attributes (before)."""
     low = args[1] if len(args) > 1 and args[1] is not None else a.get("min")
@@ -139,6 +166,9 @@ OPERATORS: dict[str, Callable[[onnx.NodeProto, list, dict], Any]] = {
         *x[0].shape[: a.get("axis", 0) % x[0].dim()], *x[1].shape, *x[0].shape[a.get("axis", 0) % x[0].dim() + 1 :]
     ),
     "Concat": lambda n, x, a: torch.cat(x, dim=a["axis"]),
+    "Shape": _shape,
+    "Slice": _slice,
+    "Cast": _cast,
     "Unsqueeze": lambda n, x, a: x[0].reshape(_unsqueezed(tuple(x[0].shape), _axes(n, x, a))),
     "Squeeze": lambda n, x, a: x[0].squeeze(tuple(_axes(n, x, a))) if _axes(n, x, a) else x[0].squeeze(),
 }
