@@ -246,3 +246,32 @@ def squeeze_excite(*, paddle: bool = False) -> tuple[onnx.ModelProto, dict[str, 
     h = g.op("Flatten", [g.op("GlobalAveragePool", [h], name="pool")], name="flat")
     g.output(g.op("Gemm", [h, _w(rng, 10, 24), _w(rng, 10)], name="fc", transB=1, output_names=["logits"]))
     return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(np.float32)}
+
+
+def dense_on_sequences(shape=(4, 12, 32), opset=17) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two MatMul + bias layers and a MatMul head on a 3-D input of ``shape`` (48 x 12 x 32 samples).
+
+    A fixed shape is a transformer exported at a fixed sequence length; ("N", "T", 32) one exported with a dynamic batch
+    and length.
+    """
+    rng = np.random.default_rng(0)
+    g = qo.Graph("fixed_shape", opset=opset)
+    x = g.input("x", "float", shape)
+    h = g.op(
+        "Add",
+        [
+            g.op("MatMul", [x, (rng.standard_normal((32, 64)) * 0.2).astype(np.float32)], name="fc1"),
+            (rng.standard_normal(64) * 0.1).astype(np.float32),
+        ],
+        name="b1",
+    )
+    h = g.op(
+        "Add",
+        [
+            g.op("MatMul", [g.op("Relu", [h]), (rng.standard_normal((64, 32)) * 0.2).astype(np.float32)], name="fc2"),
+            (rng.standard_normal(32) * 0.1).astype(np.float32),
+        ],
+        name="b2",
+    )
+    g.output(g.op("MatMul", [h, (rng.standard_normal((32, 10)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
+    return g.to_model(), {"x": rng.standard_normal((48, 12, 32)).astype(np.float32)}

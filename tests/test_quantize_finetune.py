@@ -16,7 +16,7 @@ import qlinear.quantize as qq  # noqa: E402
 from qlinear._errors import QuantizationError  # noqa: E402
 from qlinear.quantize._finetune import _float_prefix  # noqa: E402
 from qlinear.torch._from_onnx import QDQModule, UnsupportedOperator  # noqa: E402
-from quantize_models import GATES, audio_front_end, gated_convs, layernorm_attention  # noqa: E402
+from quantize_models import GATES, audio_front_end, dense_on_sequences, gated_convs, layernorm_attention  # noqa: E402
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL = str(DEMO / "digits_cnn.onnx")
@@ -60,6 +60,41 @@ def test_the_torch_module_is_a_quantized_model_with_gates(gate):
     assert "no torch form" not in (tuned.report["finetune"].get("note") or "")
     inits = {t.name: t.SerializeToString() for t in tuned.model.graph.initializer}
     assert gates and all(inits[name] == t.SerializeToString() for t in r.model.graph.initializer if (name := t.name) in gates)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_the_torch_module_reads_leading_dimensions_at_run_time(opset):
+    # Dense layers on (batch, length, width) inputs of open shape run as Gemms between Reshapes whose target is read
+    # with Shape (and Slice before opset 15): the torch module computes them, for any batch and length.
+    model, data = dense_on_sequences(("N", "T", 32), opset=opset)
+    r = qq.quantize_model(model, None, data, promote=False)
+    assert {"Shape", "Gemm"} <= {n.op_type for n in r.model.graph.node}
+    module = QDQModule(r.model, {})
+    for x in (data["x"][:4], data["x"][:3, :5]):
+        with torch.no_grad():
+            got = module({"x": torch.from_numpy(x)})[0].numpy()
+        want = qo.run(r.model, {"x": x}, backend="onnxruntime")["y"]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * float(np.abs(want).max()))
+    tuned = qq.quantize_model(model, None, data, promote=False, finetune=5)
+    assert "no torch form" not in (tuned.report["finetune"].get("note") or "")
+
+
+def test_slice_and_cast_have_torch_forms():
+    # What exporters write before a classifier's head: a Slice of a shape, and Casts.
+    g = qo.Graph("slice_cast", opset=13)
+    x = g.input("x", "float", ("N", 6, 4))
+    picked = g.op("Slice", [x, np.array([1, -1], np.int64), np.array([5, -5], np.int64), np.array([1, 2], np.int64),
+                            np.array([2, -1], np.int64)], name="pick")  # fmt: skip
+    g.output(
+        g.op("Cast", [g.op("Cast", [picked], name="to_int", to=onnx.TensorProto.INT32)], name="back", to=1, output_names=["y"])
+    )
+    model = g.to_model()
+    x = np.random.default_rng(0).standard_normal((2, 6, 4)).astype(np.float32) * 10
+    with torch.no_grad():
+        got = QDQModule(model, {})({"x": torch.from_numpy(x)})[0].numpy()
+    want = qo.run(model, {"x": x}, backend="onnxruntime")["y"]
+    np.testing.assert_array_equal(got, want)
 
 
 def test_finetune_beats_post_training_quantization_and_writes_standard_qdq(tmp_path):

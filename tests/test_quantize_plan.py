@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import qlinear.onnx as qo
 from qlinear.quantize import QuantizeOptions
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
 from qlinear.quantize._prepare import prepare
-from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, single_op, squeeze_excite
+from quantize_models import (
+    audio_front_end,
+    conv_batchnorm,
+    dense_on_sequences,
+    detection_head,
+    layernorm_attention,
+    single_op,
+    squeeze_excite,
+)
 
 
 def _plan(model, **options):
@@ -242,36 +251,11 @@ def test_prepare_asks_onnx_runtime_where_the_matmul_inputs_rank_is_open(monkeypa
     assert r["fusion"]["unfused"] == ["fc"]
 
 
-def _fixed_shape_mlp(shape=(4, 12, 32)):
-    """Two MatMul + bias layers on a 3-D input of fixed shape (a transformer exported at a fixed sequence length)."""
-    rng = np.random.default_rng(0)
-    g = qo.Graph("fixed_shape", opset=17)
-    x = g.input("x", "float", shape)
-    h = g.op(
-        "Add",
-        [
-            g.op("MatMul", [x, (rng.standard_normal((32, 64)) * 0.2).astype(np.float32)], name="fc1"),
-            (rng.standard_normal(64) * 0.1).astype(np.float32),
-        ],
-        name="b1",
-    )
-    h = g.op(
-        "Add",
-        [
-            g.op("MatMul", [g.op("Relu", [h]), (rng.standard_normal((64, 32)) * 0.2).astype(np.float32)], name="fc2"),
-            (rng.standard_normal(32) * 0.1).astype(np.float32),
-        ],
-        name="b2",
-    )
-    g.output(g.op("MatMul", [h, (rng.standard_normal((32, 10)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
-    return g.to_model(), {"x": rng.standard_normal((48, 12, 32)).astype(np.float32)}
-
-
 def test_prepare_puts_a_fixed_shape_matmul_with_bias_between_reshapes_as_onnx_runtime_does():
     import qlinear.quantize as qq
     from qlinear.quantize._calibrate import session
 
-    model, data = _fixed_shape_mlp()
+    model, data = dense_on_sequences()
     fm, _ = _plan(model)
     ops = [(n.op_type, n.name) for n in fm.graph.node if n.op_type in ("Reshape", "Gemm", "MatMul")]
     assert ops[:3] == [("Reshape", "fc1_rows"), ("Gemm", "fc1"), ("Reshape", "fc1_restore")]
@@ -281,8 +265,32 @@ def test_prepare_puts_a_fixed_shape_matmul_with_bias_between_reshapes_as_onnx_ru
     r = qq.quantize_model(model, None, data, promote=False).report
     assert r["fusion"]["unfused"] == []  # as a MatMul, fc1 became ONNX Runtime's own float Gemm
     assert {n["name"]: n["runs_as"] for n in r["nodes"]} == {"fc1": "QGemm", "fc2": "QGemm", "head": "MatMulIntegerToFloat"}
-    # A symbolic batch leaves the MatMul to the integer MatMul kernels.
-    fm, _ = _plan(_fixed_shape_mlp(("N", 12, 32))[0])
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_prepare_puts_a_matmul_with_bias_on_an_input_of_open_shape_between_reshapes(opset):
+    # A transformer exported with a dynamic batch and sequence length: the bias went to a float Add after the
+    # integer MatMul. The leading dimensions are read at run time (Shape with end=-1 from opset 15, Shape and Slice
+    # before), once for each input.
+    import qlinear.quantize as qq
+    from qlinear.quantize._calibrate import session
+
+    model, data = dense_on_sequences(("N", "T", 32), opset=opset)
+    fm, _ = _plan(model)
+    ops = [n.op_type for n in fm.graph.node]
+    leading = ["Shape"] if opset >= 15 else ["Shape", "Slice"]
+    assert ops[: len(leading) + 4] == [*leading, "Reshape", "Gemm", "Concat", "Reshape"]
+    assert ops.count("Gemm") == 2 and "Add" not in ops
+    for n, t in ((4, 12), (3, 5)):  # other batches and lengths than calibrated
+        feeds = {"x": data["x"][:n, :t]}
+        (want,), (got,) = session(model).run(None, feeds), session(fm.model).run(None, feeds)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    r = qq.quantize_model(model, None, data, promote=False).report
+    assert r["fusion"]["unfused"] == []
+    assert {n["name"]: n["runs_as"] for n in r["nodes"]} == {"fc1": "QGemm", "fc2": "QGemm", "head": "MatMulIntegerToFloat"}
+    # Weight-only: the MatMul stays (MatMulNBits and the float MatMul take any rank, and nothing is gained).
+    fm, _ = _plan(model, weights="int4", granularity="blocked", activations=None)
     assert fm.node("fc1").op_type == "MatMul"
 
 

@@ -11,7 +11,12 @@
   MatMul becomes a Gemm here where it becomes one there. Where ``A`` has a
   fixed shape of rank 3 or more (a transformer exported at a fixed batch
   and sequence length), ONNX Runtime's fusion puts the Gemm between two
-  Reshapes; so does this pass, and the Gemm takes its int32 bias.
+  Reshapes; so does this pass, and the Gemm takes its int32 bias. Where
+  ``A``'s leading dimensions are open (a dynamic batch or sequence
+  length) and the activations are quantized, the same, with the leading
+  dimensions read at run time: ONNX Runtime leaves that MatMul a MatMul,
+  which ran as MatMulIntegerToFloat with the bias a float Add over the
+  whole output.
 - For weight-only quantization, ``Gemm(A, B, transB=1)`` with a constant
   ``B`` stores ``B`` transposed with ``transB=0``: only then does a
   DequantizeLinear on ``B`` fuse into MatMulNBits.
@@ -63,7 +68,8 @@ def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
     """``fm`` with the rewrites applied (in place), re-indexed."""
     # In this order: constants are computed first, MatMul + Add becomes a Gemm, so a BatchNormalization after
     # it folds too, and a constant Add after a Conv folds into the bias the normalization may have given it.
-    rewrites = [_drop_identities, _fold_constant_reshapes, _matmul_add_to_gemm, _fold_batch_norms, _fold_conv_bias_adds]
+    to_gemm = functools.partial(_matmul_add_to_gemm, integer_activations=not weight_only)
+    rewrites = [_drop_identities, _fold_constant_reshapes, to_gemm, _fold_batch_norms, _fold_conv_bias_adds]
     rewrites += [_untranspose_gemm_weights] if weight_only else []
     for rewrite in rewrites:
         if rewrite(fm):
@@ -71,8 +77,9 @@ def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
     return fm
 
 
-def _matmul_add_to_gemm(fm: FloatModel) -> bool:
+def _matmul_add_to_gemm(fm: FloatModel, *, integer_activations: bool = True) -> bool:
     g = fm.graph
+    leading: dict[str, str] = {}  # an input of open leading dimensions -> the tensor holding them, for its Gemms
     outputs = set(fm.output_names)
     replace: dict[str, list[onnx.NodeProto]] = {}
     drop: set[str] = set()
@@ -87,7 +94,12 @@ def _matmul_add_to_gemm(fm: FloatModel) -> bool:
             continue
         a_shape = fm.shapes.get(a)
         static = a_shape is not None and len(a_shape) > 2 and all(isinstance(d, int) and d > 0 for d in a_shape)
-        if a_shape is not None and len(a_shape) != 2 and not static:
+        # Rank 3 or more with open leading dimensions (a batch, a sequence length) and a fixed last one.
+        open_leading = (
+            integer_activations and a_shape is not None and len(a_shape) > 2 and not static
+            and isinstance(a_shape[-1], int) and a_shape[-1] > 0
+        )  # fmt: skip
+        if a_shape is not None and len(a_shape) != 2 and not static and not open_leading:
             continue
         if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in outputs:
             continue
@@ -98,6 +110,11 @@ def _matmul_add_to_gemm(fm: FloatModel) -> bool:
             continue
         if static:
             replace[node.name] = _gemm_between_reshapes(g, node, add, bias, a_shape, n, taken)
+            drop.add(add.name)
+            continue
+        if open_leading:
+            k = fm.shapes[w][0]
+            replace[node.name] = _gemm_between_open_reshapes(g, node, add, bias, (k, n), fm.opset, taken, leading)
             drop.add(add.name)
             continue
         gemm = helper.make_node("Gemm", [a, w, bias], [add.output[0]], name=node.name)
@@ -145,6 +162,55 @@ def _gemm_between_reshapes(
         helper.make_node("Reshape", [matmul.input[0], shape_in], [a2], name=fresh(f"{matmul.name}_rows")),
         helper.make_node("Gemm", [a2, matmul.input[1], bias], [y2], name=matmul.name),
         helper.make_node("Reshape", [y2, shape_out], [add.output[0]], name=fresh(f"{matmul.name}_restore")),
+    ]
+
+
+def _gemm_between_open_reshapes(
+    g: onnx.GraphProto,
+    matmul: onnx.NodeProto,
+    add: onnx.NodeProto,
+    bias: str,
+    weight_shape: tuple[int, int],
+    opset: int,
+    taken: set[str],
+    leading: dict[str, str],
+) -> list[onnx.NodeProto]:
+    """``Reshape(A, (-1, K)) -> Gemm(W, bias) -> Reshape(..., (A's leading dimensions, N))`` for an ``A`` of open shape.
+
+    A transformer exported with a dynamic batch or sequence length: as a
+    MatMul, ONNX Runtime ran it as MatMulIntegerToFloat and the bias as a
+    float Add over the whole output; as a Gemm the int32 bias is added in
+    QGemm's accumulator. The leading dimensions are read at run time
+    (``Shape``, ``Slice``) once for every Gemm reading ``A``.
+    """
+    fresh = functools.partial(reserve_name, taken=taken)
+    a = matmul.input[0]
+    nodes = []
+    if a not in leading:
+        lead = fresh(f"{a}_leading")
+        if opset >= 15:  # Shape takes start and end from opset 15
+            nodes.append(helper.make_node("Shape", [a], [lead], name=fresh(f"{a}_leading"), end=-1))
+        else:
+            shape, start, end = fresh(f"{a}_shape"), fresh(f"{a}_leading_start"), fresh(f"{a}_leading_end")
+            g.initializer.extend([numpy_helper.from_array(np.array([v], np.int64), t) for v, t in ((0, start), (-1, end))])
+            nodes.append(helper.make_node("Shape", [a], [shape], name=fresh(f"{a}_shape")))
+            nodes.append(helper.make_node("Slice", [shape, start, end], [lead], name=fresh(f"{a}_leading")))
+        leading[a] = lead
+    rows_shape, width = fresh(f"{matmul.name}_rows_shape"), fresh(f"{matmul.name}_width")
+    k, n = weight_shape
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([-1, k], np.int64), rows_shape),
+            numpy_helper.from_array(np.array([n], np.int64), width),
+        ]
+    )
+    a2, y2, out_shape = fresh(f"{a}_rows"), fresh(f"{add.output[0]}_rows"), fresh(f"{matmul.name}_out_shape")
+    return [
+        *nodes,
+        helper.make_node("Reshape", [a, rows_shape], [a2], name=fresh(f"{matmul.name}_rows")),
+        helper.make_node("Gemm", [a2, matmul.input[1], bias], [y2], name=matmul.name),
+        helper.make_node("Concat", [leading[a], width], [out_shape], name=fresh(f"{matmul.name}_out_shape"), axis=0),
+        helper.make_node("Reshape", [y2, out_shape], [add.output[0]], name=fresh(f"{matmul.name}_restore")),
     ]
 
 
