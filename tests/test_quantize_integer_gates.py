@@ -212,8 +212,10 @@ def test_a_dequantized_input_a_subgraph_also_reads_is_kept():
 @pytest.mark.parametrize("paddle", [False, True], ids=["conv_biases", "paddle2onnx"])
 def test_a_squeeze_and_excitation_block_runs_on_integer_kernels(paddle):
     model, data = squeeze_excite(paddle=paddle)
-    # Without SmoothQuant, whose Mul on the head's pooled features would sit between the last pool and its Q.
-    r = qq.quantize_model(model, None, data, promote=False, smoothquant=False)
+    r = qq.quantize_model(model, None, data, promote=False)
+    # SmoothQuant evens out the head's pooled features: its division goes through the pool and the Relu into the
+    # last Conv, where a Mul would have kept the pool from fusing.
+    assert [(m["nodes"], m["alpha"] is not None) for m in r.report["smoothquant"]] == [(["fc"], True)]
     optimized = _ops(optimized_graph(r.model))
     # Both pools fuse; the HardSwish and the block's gate a * HardSigmoid(b) run as integer Add and Mul.
     assert optimized.count("QLinearGlobalAveragePool") == 2

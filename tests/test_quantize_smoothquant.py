@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 import qlinear.onnx as qo
@@ -72,3 +73,65 @@ def test_smoothquant_needs_data_it_can_read_twice():
     stream = ({"x": data["x"][i : i + 100]} for i in range(0, 800, 100))
     r = qq.quantize_model(model, None, stream, eval={"x": data["x"][800:]}, promote=False).report
     assert r["settings"]["smoothquant"] is False and r["smoothquant"] == []
+
+
+def _smoothed_graph(model, data, **options):
+    fm = load_float_model(model)
+    prepare(fm, weight_only=False)
+    done = smooth(fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), **options)
+    before, after = qo.run(model, data, backend="onnxruntime"), qo.run(fm.model, data, backend="onnxruntime")
+    for name, ref in before.items():
+        np.testing.assert_allclose(after[name], ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    return fm, done
+
+
+def test_the_division_goes_into_the_layer_that_computes_the_activation():
+    # The outlier channel is made by "up": dividing its output columns removes it at the source, with no Mul.
+    model, data = outlier_mlp()
+    fm, done = _smoothed_graph(model, data)
+    assert [m.nodes for m in done if m.alpha is not None] == [("down",)]
+    assert [n.op_type for n in fm.graph.node] == ["MatMul", "MatMul"]
+    columns = np.abs(fm.constant(fm.node("up").input[1])).max(axis=0)
+    assert columns[5] < 4 * np.median(columns)  # "up" no longer makes channel 5 a hundred times the others
+    # With one scale a weight, "up"'s columns scaled apart would share it: the Mul stays.
+    fm, _ = _smoothed_graph(model, data, weights_per_tensor=True)
+    assert [n.op_type for n in fm.graph.node] == ["MatMul", "Mul", "MatMul"]
+
+
+def _layernorm_then_dense(outlier: float = 60.0):
+    """A LayerNorm written out (its gamma with one channel ``outlier`` times the rest), a Relu, then a dense layer."""
+    rng = np.random.default_rng(4)
+    g = qo.Graph("ln_dense", opset=17)
+    x = g.input("x", "float", ("N", 24))
+    c = g.op("Sub", [x, g.op("ReduceMean", [x], axes=[-1], keepdims=1)])
+    var = g.op("ReduceMean", [g.op("Mul", [c, c])], axes=[-1], keepdims=1)
+    normed = g.op("Div", [c, g.op("Sqrt", [g.op("Add", [var, np.float32(1e-5)])])])
+    gamma = rng.uniform(0.5, 1.5, 24).astype(np.float32)
+    gamma[7] *= outlier
+    h = g.op(
+        "Add", [g.op("Mul", [normed, gamma], name="ln_gamma"), rng.uniform(-0.1, 0.1, 24).astype(np.float32)], name="ln_beta"
+    )
+    h = g.op("Relu", [h], name="act")
+    g.output(g.op("MatMul", [h, (rng.standard_normal((24, 8)) * 0.3).astype(np.float32)], name="dense", output_names=["y"]))
+    return g.to_model(), {"x": rng.standard_normal((400, 24)).astype(np.float32)}
+
+
+def test_the_division_goes_through_a_relu_into_a_layernorms_gamma_and_beta():
+    model, data = _layernorm_then_dense()
+    fm, done = _smoothed_graph(model, data)
+    assert [m.nodes for m in done if m.alpha is not None] == [("dense",)]
+    assert not any(n.op_type == "Mul" and "SmoothQuant" in n.name for n in fm.graph.node)
+    gamma = fm.constant(fm.node("ln_gamma").input[1])
+    assert gamma[7] < 10 * np.median(gamma)  # the outlier left gamma for the dense layer's weight rows
+    # The quantized model: the same function, no Mul between the LayerNorm and the layer, and a smaller error.
+    plain = qq.quantize_model(model, None, data, promote=False, smoothquant=False).report
+    smoothed = qq.quantize_model(model, None, data, promote=False, smoothquant=True).report
+    assert smoothed["output"]["sqnr_db"] > plain["output"]["sqnr_db"] + 6
+
+
+def test_a_tensor_another_node_reads_keeps_its_mul():
+    # The dense layer's input is also a graph output: divided at the source, that output would change.
+    model, data = _layernorm_then_dense()
+    model.graph.output.append(onnx.helper.make_tensor_value_info(model.graph.node[-2].output[0], onnx.TensorProto.FLOAT, None))
+    fm, _ = _smoothed_graph(model, data)
+    assert any(n.op_type == "Mul" and "SmoothQuant" in n.name for n in fm.graph.node)

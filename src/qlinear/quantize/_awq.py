@@ -30,12 +30,20 @@ SAMPLE_ROWS = 1024
 
 
 def scale_for_weights(
-    fm: FloatModel, data: Dataset, *, batch_size: int, excluded: set[str], weights: str, block_size: int
+    fm: FloatModel,
+    data: Dataset,
+    *,
+    batch_size: int,
+    excluded: set[str],
+    weights: str,
+    block_size: int,
+    weights_per_tensor: bool = False,
 ) -> list[Smoothed]:
     """Scale every MatMul/Gemm activation's channels for its layers' ``weights`` (``fm`` rewritten in place).
 
     ``block_size``: the weights' blocks along the input channels (0: one
-    scale per output channel).
+    scale per output channel). ``weights_per_tensor``: one scale a weight,
+    so the division goes into no layer's weight (see :func:`rewrite`).
     """
     wt = element_type(weights)
     if not wt.is_integer:
@@ -59,7 +67,7 @@ def scale_for_weights(
                 best_alpha, best = alpha, err
         done.append(Smoothed(tensor, tuple(n.name for n in nodes), best_alpha, plain, best))
         if best_alpha is not None:
-            rewrite(fm, tensor, nodes, _scales(absmean[tensor], best_alpha), "AWQ")
+            rewrite(fm, tensor, nodes, _scales(absmean[tensor], best_alpha), "AWQ", into_weights=not weights_per_tensor)
     index(fm)
     return done
 

@@ -177,7 +177,7 @@ def quantize_model(
         with bars.task("scaling weights (AWQ)", 1) as step:
             awq = scale_for_weights(
                 fm, cal_data, batch_size=options.batch_size, excluded=set(options.exclude), weights=options.weights,
-                block_size=options.block_size,
+                block_size=options.block_size, weights_per_tensor=options.granularity == "per-tensor",
             )  # fmt: skip
             step(1)
     if options.smoothquant:
@@ -195,6 +195,7 @@ def quantize_model(
             smoothed = smooth(
                 fm, cal_data, batch_size=options.batch_size, excluded=set(options.exclude),
                 weights=options.weights, activations=options.activations, symmetric=options.symmetric,
+                weights_per_tensor=options.granularity == "per-tensor",
             )  # fmt: skip
             step(cal_data.batch_count(options.batch_size) or 1)
     # The analysis and the search walk the eval data several times.

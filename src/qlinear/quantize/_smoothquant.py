@@ -64,8 +64,12 @@ def smooth(
     weights: str = "int8",
     activations: str = "uint8",
     symmetric: bool = False,
+    weights_per_tensor: bool = False,
 ) -> list[Smoothed]:
     """Smooth every activation read by MatMul/Gemm layers with constant weights (``fm`` rewritten in place).
+
+    ``weights_per_tensor``: the model's weights have one scale each, so the
+    division by ``s`` goes into no layer's weight (see :func:`rewrite`).
 
     ``weights``/``activations``: the types the search simulates (integer
     weights per output channel, the activation per tensor, signed ones
@@ -88,7 +92,9 @@ def smooth(
         best = _search(rows[tensor], absmax[tensor], weights, wt, at)
         done.append(Smoothed(tensor, tuple(n.name for n in nodes), *best))
         if best[0] is not None:
-            rewrite(fm, tensor, nodes, _scales(absmax[tensor], weights, best[0]), "SmoothQuant")
+            rewrite(
+                fm, tensor, nodes, _scales(absmax[tensor], weights, best[0]), "SmoothQuant", into_weights=not weights_per_tensor
+            )
     index(fm)
     return done
 
