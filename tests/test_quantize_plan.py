@@ -375,3 +375,20 @@ def test_a_pool_whose_output_is_quantized_takes_a_quantized_input():
     # A pool that only float nodes read keeps its input as it was.
     fm, p = _plan(model, exclude=["se1"])
     assert a not in p.activations
+
+
+def test_dense_layers_reading_one_input_of_open_shape_share_its_rows():
+    # As q, k and v read one LayerNorm: one Reshape to rows, one Shape, so one QuantizeLinear for the three Gemms.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("qkv", opset=17)
+    x = g.input("x", "float", ("N", "T", 16))
+    outs = [
+        g.op("Add", [g.op("MatMul", [x, rng.standard_normal((16, 16)).astype(np.float32)], name=name), np.ones(16, np.float32)])
+        for name in ("q", "k", "v")
+    ]
+    g.output(g.op("Add", [g.op("Add", [outs[0], outs[1]]), outs[2]], output_names=["y"]))
+    fm, p = _plan(g.to_model())
+    ops = [n.op_type for n in fm.graph.node]
+    assert (ops.count("Reshape"), ops.count("Shape"), ops.count("Gemm")) == (4, 1, 3)
+    rows = {fm.node(name).input[0] for name in ("q", "k", "v")}
+    assert len(rows) == 1 and p.calibrate == [*rows]

@@ -79,7 +79,8 @@ def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
 
 def _matmul_add_to_gemm(fm: FloatModel, *, integer_activations: bool = True) -> bool:
     g = fm.graph
-    leading: dict[str, str] = {}  # an input of open leading dimensions -> the tensor holding them, for its Gemms
+    # An input of open leading dimensions -> its rows (one Reshape, one Q for all its Gemms) and its leading dimensions.
+    leading: dict[str, tuple[str, str]] = {}
     outputs = set(fm.output_names)
     replace: dict[str, list[onnx.NodeProto]] = {}
     drop: set[str] = set()
@@ -173,21 +174,25 @@ def _gemm_between_open_reshapes(
     weight_shape: tuple[int, int],
     opset: int,
     taken: set[str],
-    leading: dict[str, str],
+    leading: dict[str, tuple[str, str]],
 ) -> list[onnx.NodeProto]:
     """``Reshape(A, (-1, K)) -> Gemm(W, bias) -> Reshape(..., (A's leading dimensions, N))`` for an ``A`` of open shape.
 
     A transformer exported with a dynamic batch or sequence length: as a
     MatMul, ONNX Runtime ran it as MatMulIntegerToFloat and the bias as a
     float Add over the whole output; as a Gemm the int32 bias is added in
-    QGemm's accumulator. The leading dimensions are read at run time
-    (``Shape``, ``Slice``) once for every Gemm reading ``A``.
+    QGemm's accumulator. The rows and the leading dimensions (``Shape``,
+    and ``Slice`` before opset 15) are made once for every Gemm reading
+    ``A``, as q, k and v read one LayerNorm: one Reshape, so one
+    QuantizeLinear, and SmoothQuant sees the three layers together.
     """
     fresh = functools.partial(reserve_name, taken=taken)
     a = matmul.input[0]
+    k, n = weight_shape
     nodes = []
     if a not in leading:
-        lead = fresh(f"{a}_leading")
+        rows, rows_shape, lead = fresh(f"{a}_rows"), fresh(f"{a}_rows_shape"), fresh(f"{a}_leading")
+        g.initializer.append(numpy_helper.from_array(np.array([-1, k], np.int64), rows_shape))
         if opset >= 15:  # Shape takes start and end from opset 15
             nodes.append(helper.make_node("Shape", [a], [lead], name=fresh(f"{a}_leading"), end=-1))
         else:
@@ -195,21 +200,16 @@ def _gemm_between_open_reshapes(
             g.initializer.extend([numpy_helper.from_array(np.array([v], np.int64), t) for v, t in ((0, start), (-1, end))])
             nodes.append(helper.make_node("Shape", [a], [shape], name=fresh(f"{a}_shape")))
             nodes.append(helper.make_node("Slice", [shape, start, end], [lead], name=fresh(f"{a}_leading")))
-        leading[a] = lead
-    rows_shape, width = fresh(f"{matmul.name}_rows_shape"), fresh(f"{matmul.name}_width")
-    k, n = weight_shape
-    g.initializer.extend(
-        [
-            numpy_helper.from_array(np.array([-1, k], np.int64), rows_shape),
-            numpy_helper.from_array(np.array([n], np.int64), width),
-        ]
-    )
-    a2, y2, out_shape = fresh(f"{a}_rows"), fresh(f"{add.output[0]}_rows"), fresh(f"{matmul.name}_out_shape")
+        # The Reshape reads A last: ONNX Runtime then lets its output alias A's buffer instead of copying it.
+        nodes.append(helper.make_node("Reshape", [a, rows_shape], [rows], name=fresh(f"{a}_rows")))
+        leading[a] = (rows, lead)
+    rows, lead = leading[a]
+    width, y2, out_shape = fresh(f"{matmul.name}_width"), fresh(f"{add.output[0]}_rows"), fresh(f"{matmul.name}_out_shape")
+    g.initializer.append(numpy_helper.from_array(np.array([n], np.int64), width))
     return [
         *nodes,
-        helper.make_node("Reshape", [a, rows_shape], [a2], name=fresh(f"{matmul.name}_rows")),
-        helper.make_node("Gemm", [a2, matmul.input[1], bias], [y2], name=matmul.name),
-        helper.make_node("Concat", [leading[a], width], [out_shape], name=fresh(f"{matmul.name}_out_shape"), axis=0),
+        helper.make_node("Gemm", [rows, matmul.input[1], bias], [y2], name=matmul.name),
+        helper.make_node("Concat", [lead, width], [out_shape], name=fresh(f"{matmul.name}_out_shape"), axis=0),
         helper.make_node("Reshape", [y2, out_shape], [add.output[0]], name=fresh(f"{matmul.name}_restore")),
     ]
 
