@@ -136,7 +136,7 @@ def _fold_into_producer(
         op = node.op_type
         source = node.input[0]
         if op in _SCALE_COMMUTING:
-            if op != "Relu" and axis % rank != 1:
+            if op not in ("Relu", "LeakyRelu") and axis % rank != 1:
                 return False  # pools keep the channels on axis 1
             t = source
             continue
@@ -157,6 +157,8 @@ def _fold_into_producer(
             held = [i for i in node.input if i in fm.initializers]
             if len(held) != 1 or len(fm.consumers.get(held[0], [])) != 1:
                 return False
+            if fm.shapes.get(next(i for i in node.input if i != held[0])) != shape:
+                return False  # the tensor itself broadcast along the channels: it has none to scale
             scaled = _scaled_constant(fm.constant(held[0]), inverse, axis, rank)
             if scaled is None:
                 return False
