@@ -290,12 +290,7 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
                 layer.input.append(bias)
         layer.output[0] = bn.output[0]
         folded.add(bn.name)
-    if not folded:
-        return False
-    nodes = [n for n in g.node if n.name not in folded]
-    del g.node[:]
-    g.node.extend(nodes)
-    return True
+    return _remove_nodes(g, folded)
 
 
 def _drop_identities(fm: FloatModel) -> bool:
@@ -303,20 +298,17 @@ def _drop_identities(fm: FloatModel) -> bool:
     g = fm.graph
     kept_names = set(fm.output_names) | fm.read_in_subgraphs
     renamed: dict[str, str] = {}
+    dropped: set[str] = set()
     for node in g.node:
         if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.output[0] not in kept_names:
             renamed[node.output[0]] = node.input[0]
-    if not renamed:
-        return False
-    nodes = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in renamed)]
-    for node in nodes:
+            dropped.add(node.name)
+    for node in g.node:
         for k, name in enumerate(node.input):
             while name in renamed:  # an Identity of an Identity
                 name = renamed[name]
             node.input[k] = name
-    del g.node[:]
-    g.node.extend(nodes)
-    return True
+    return _remove_nodes(g, dropped)
 
 
 # Constants a reshape is folded into at most (elements): bias vectors and small tables; a weight reshaped at
@@ -344,12 +336,7 @@ def _fold_constant_reshapes(fm: FloatModel) -> bool:
         g.initializer.append(numpy_helper.from_array(value, node.output[0]))
         fm.initializers[node.output[0]] = g.initializer[-1]
         folded.add(node.name)
-    if not folded:
-        return False
-    nodes = [n for n in g.node if n.name not in folded]
-    del g.node[:]
-    g.node.extend(nodes)
-    return True
+    return _remove_nodes(g, folded)
 
 
 def _reshaped(node: onnx.NodeProto, data: np.ndarray, second: np.ndarray | None) -> np.ndarray | None:
@@ -377,13 +364,14 @@ def _fold_conv_bias_adds(fm: FloatModel) -> bool:
     """Fold each constant Add of one value per output channel after a Conv into the Conv's bias."""
     g = fm.graph
     outputs = set(fm.output_names)
-    folded: set[str] = set()
+    folded: set[str] = set()  # the Adds
+    convs: set[str] = set()  # their Convs, each folded into once
     for add in g.node:
         if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
             continue
         found = [(fm.producer.get(x), c) for x, c in (add.input, add.input[::-1]) if c in fm.initializers]
         conv, shift_name = found[0] if found else (None, None)
-        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or conv.name in folded:
+        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or conv.name in convs:
             continue
         x = conv.output[0]
         if x in outputs or x in fm.read_in_subgraphs or len(fm.consumers.get(x, [])) != 1:
@@ -410,12 +398,18 @@ def _fold_conv_bias_adds(fm: FloatModel) -> bool:
             fm.initializers[bias] = g.initializer[-1]
             conv.input.append(bias)
         conv.output[0] = add.output[0]
-        folded.update((add.name, conv.name))
-    if not folded:
+        folded.add(add.name)
+        convs.add(conv.name)
+    return _remove_nodes(g, folded)
+
+
+def _remove_nodes(g: onnx.GraphProto, names: set[str]) -> bool:
+    """Remove the nodes named ``names`` from ``g``; whether there were any."""
+    if not names:
         return False
-    nodes = [n for n in g.node if not (n.op_type == "Add" and n.name in folded)]
+    kept = [n for n in g.node if n.name not in names]
     del g.node[:]
-    g.node.extend(nodes)
+    g.node.extend(kept)
     return True
 
 
