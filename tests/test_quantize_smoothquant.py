@@ -135,3 +135,21 @@ def test_a_tensor_another_node_reads_keeps_its_mul():
     model.graph.output.append(onnx.helper.make_tensor_value_info(model.graph.node[-2].output[0], onnx.TensorProto.FLOAT, None))
     fm, _ = _smoothed_graph(model, data)
     assert any(n.op_type == "Mul" and "SmoothQuant" in n.name for n in fm.graph.node)
+
+
+def test_the_division_goes_into_a_layernormalization_before_dense_layers_of_open_shape():
+    # LayerNormalization (the operator) before a dense layer on (batch, length, width): the Gemm reads the rows of the
+    # normalized tensor, whose leading dimensions a Shape reads too; the Shape reads no values and does not count.
+    rng = np.random.default_rng(4)
+    g = qo.Graph("ln_op", opset=17)
+    x = g.input("x", "float", ("N", "T", 24))
+    gamma = rng.uniform(0.5, 1.5, 24).astype(np.float32)
+    gamma[7] *= 60
+    h = g.op("LayerNormalization", [x, gamma, rng.uniform(-0.1, 0.1, 24).astype(np.float32)], name="ln", axis=-1)
+    dense = g.op("MatMul", [h, (rng.standard_normal((24, 8)) * 0.3).astype(np.float32)], name="dense")
+    g.output(g.op("Relu", [g.op("Add", [dense, np.ones(8, np.float32)])], output_names=["y"]))
+    fm, done = _smoothed_graph(g.to_model(), {"x": rng.standard_normal((64, 5, 24)).astype(np.float32)})
+    assert [m.nodes for m in done if m.alpha is not None] == [("dense",)]
+    assert "Mul" not in [n.op_type for n in fm.graph.node] and fm.node("dense").op_type == "Gemm"
+    scale = fm.constant(fm.node("ln").input[1])
+    assert scale[7] < 10 * np.median(scale)

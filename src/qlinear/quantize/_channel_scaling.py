@@ -130,7 +130,8 @@ def _fold_into_producer(
         shape = fm.shapes.get(t)
         if node is None or node.domain not in ("", "ai.onnx") or shape is None or fm.elem_types.get(t) != onnx.TensorProto.FLOAT:
             return False
-        if t != tensor and (len(fm.consumers.get(t, [])) != 1 or t in kept):
+        # A Shape reads no values (the Gemms of an input of open shape read its leading dimensions with one).
+        if t != tensor and (len([c for c in fm.consumers.get(t, []) if c.op_type != "Shape"]) != 1 or t in kept):
             return False
         rank = len(shape)
         op = node.op_type
