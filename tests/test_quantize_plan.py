@@ -392,3 +392,27 @@ def test_dense_layers_reading_one_input_of_open_shape_share_its_rows():
     assert (ops.count("Reshape"), ops.count("Shape"), ops.count("Gemm")) == (4, 1, 3)
     rows = {fm.node(name).input[0] for name in ("q", "k", "v")}
     assert len(rows) == 1 and p.calibrate == [*rows]
+
+
+def test_a_bias_add_after_a_conv_with_an_omitted_bias_fills_input_2():
+    # A Conv may name its optional bias as "" (left out): the folded bias goes there, not in a fourth input.
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")
+    c = numpy_helper.from_array(rng.standard_normal((1, 8, 1, 1)).astype(np.float32), "c")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", ""], ["y0"], name="conv"), helper.make_node("Add", ["y0", "c"], ["y"], name="add")],
+        "omitted_bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w, c],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    fm, _ = _plan(model)
+    assert [n.op_type for n in fm.graph.node] == ["Conv"] and len(fm.node("conv").input) == 3
+    x = {"x": rng.standard_normal((2, 4, 6, 6)).astype(np.float32)}
+    np.testing.assert_allclose(
+        qo.run(fm.model, x, backend="onnxruntime")["y"], qo.run(model, x, backend="onnxruntime")["y"], rtol=1e-5, atol=1e-5
+    )

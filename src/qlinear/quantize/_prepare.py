@@ -59,7 +59,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.quantize._calibrate import optimized_graph
-from qlinear.quantize._model import FloatModel, attribute, fresh_name, index, reserve_name
+from qlinear.quantize._model import FloatModel, attribute, index, reserve_name
 
 __all__ = ["prepare"]
 
@@ -278,16 +278,7 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
         shape[axis] = channels
         fm.set_constant(w, (weight.astype(np.float64) * k.reshape(shape)).astype(np.float32))
         new_bias = ((old_bias - params[2].astype(np.float64)) * k + params[1].astype(np.float64)).astype(np.float32)
-        if bias is not None:  # its only reader is this layer: it may take the per-channel shape
-            fm.set_constant(bias, new_bias)
-        else:
-            bias = fresh_name(f"{layer.name}_bias", {*fm.initializers, *fm.producer, *fm.consumers})
-            g.initializer.append(numpy_helper.from_array(new_bias, bias))
-            fm.initializers[bias] = g.initializer[-1]
-            if len(layer.input) > 2:
-                layer.input[2] = bias
-            else:
-                layer.input.append(bias)
+        _store_bias(fm, layer, bias, new_bias)
         layer.output[0] = bn.output[0]
         folded.add(bn.name)
     return _remove_nodes(g, folded)
@@ -390,17 +381,28 @@ def _fold_conv_bias_adds(fm: FloatModel) -> bool:
         if old_bias is None or (bias is not None and len(fm.consumers.get(bias, [])) != 1):
             continue
         new_bias = old_bias.astype(np.float64) + np.broadcast_to(shift.astype(np.float64).reshape(-1), (channels,))
-        if bias is not None:
-            fm.set_constant(bias, new_bias.astype(np.float32))
-        else:
-            bias = reserve_name(f"{conv.name}_bias", {*fm.initializers, *fm.producer, *fm.consumers})
-            g.initializer.append(numpy_helper.from_array(new_bias.astype(np.float32), bias))
-            fm.initializers[bias] = g.initializer[-1]
-            conv.input.append(bias)
+        _store_bias(fm, conv, bias, new_bias.astype(np.float32))
         conv.output[0] = add.output[0]
         folded.add(add.name)
         convs.add(conv.name)
     return _remove_nodes(g, folded)
+
+
+def _store_bias(fm: FloatModel, layer: onnx.NodeProto, bias: str | None, value: np.ndarray) -> None:
+    """Give ``layer`` the bias ``value``: into ``bias``, its own initializer (which may take the per-channel shape), or a new one.
+
+    A new one goes in as input 2, also where the layer holds an empty name there (an omitted optional input).
+    """
+    if bias is not None:
+        fm.set_constant(bias, value)
+        return
+    bias = reserve_name(f"{layer.name}_bias", {*fm.initializers, *fm.producer, *fm.consumers})
+    fm.graph.initializer.append(numpy_helper.from_array(value, bias))
+    fm.initializers[bias] = fm.graph.initializer[-1]
+    if len(layer.input) > 2:
+        layer.input[2] = bias
+    else:
+        layer.input.append(bias)
 
 
 def _remove_nodes(g: onnx.GraphProto, names: set[str]) -> bool:
