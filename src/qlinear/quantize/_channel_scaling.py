@@ -168,31 +168,35 @@ def _fold_into_producer(
                 break
             t = next(i for i in node.input if i != held[0])
             continue
-        constants = [i for i in node.input[1:] if i]
-        if any(fm.constant(c) is None or len(fm.consumers.get(c, [])) != 1 for c in constants):
+        if op not in ("LayerNormalization", "Conv", "MatMul", "Gemm"):
             return False
-        if op == "LayerNormalization" and axis % rank == rank - 1 and attribute(node, "axis", -1) % rank == rank - 1:
-            edits += [(c, fm.constant(c) * inverse) for c in constants]
-            break
-        if op in ("Conv", "MatMul", "Gemm") and not into_weights:
+        if op != "LayerNormalization" and not into_weights:
             return False  # per-tensor weights: output channels scaled apart would share one weight scale
-        if op == "Conv" and axis % rank == 1 and len(constants) >= 1 and fm.constant(constants[0]).shape[0] == len(inverse):
-            w = fm.constant(constants[0])
-            edits.append((constants[0], w * inverse.reshape(-1, *([1] * (w.ndim - 1)))))
-            edits += [(c, fm.constant(c) * inverse) for c in constants[1:]]
+        # Each constant read once (a weight may be mapped from a large model's file).
+        constants = {c: fm.constant(c) for c in node.input[1:] if c}
+        if any(v is None or len(fm.consumers.get(c, [])) != 1 for c, v in constants.items()):
+            return False
+        held = list(constants.items())
+        if op == "LayerNormalization" and axis % rank == rank - 1 and attribute(node, "axis", -1) % rank == rank - 1:
+            edits += [(c, v * inverse) for c, v in held]
             break
-        if op in ("MatMul", "Gemm") and axis % rank == rank - 1 and node.input[1] in fm.initializers:
-            w = fm.constant(node.input[1])
+        if op == "Conv" and axis % rank == 1 and held and held[0][1].shape[0] == len(inverse):
+            (name, w), *rest = held
+            edits.append((name, w * inverse.reshape(-1, *([1] * (w.ndim - 1)))))
+            edits += [(c, v * inverse) for c, v in rest]
+            break
+        if op in ("MatMul", "Gemm") and axis % rank == rank - 1 and node.input[1] in constants:
+            w = constants[node.input[1]]
             trans = op == "Gemm" and attribute(node, "transB", 0)
             if w.ndim != 2 or w.shape[0 if trans else 1] != len(inverse) or (op == "Gemm" and attribute(node, "transA", 0)):
                 return False
             edits.append((node.input[1], w * (inverse[:, None] if trans else inverse[None, :])))
-            if op == "Gemm" and len(constants) > 1:
-                c = fm.constant(constants[1])
+            if op == "Gemm" and len(held) > 1:
+                c = held[1][1]
                 if c.ndim and c.shape[-1] not in (1, len(inverse)):
                     return False
                 edits.append(
-                    (constants[1], np.broadcast_to(c, (*c.shape[:-1], len(inverse)) if c.ndim else (len(inverse),)) * inverse)
+                    (held[1][0], np.broadcast_to(c, (*c.shape[:-1], len(inverse)) if c.ndim else (len(inverse),)) * inverse)
                 )
             break
         return False
