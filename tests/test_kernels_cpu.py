@@ -403,7 +403,7 @@ def test_kernel_calls_hand_tasks_out_dynamically_and_restore_the_callers_setting
     seen = []
     before = numba.set_parallel_chunksize(5)  # a user's own setting
     try:
-        with _schedule.dynamic_tasks():
+        with _schedule.dynamic_tasks(parallel=False):
             seen.append(numba.get_parallel_chunksize())
         x = np.ones(1 << 16, np.float32)
         qlinear.quantize_linear(x, np.float32(0.5), backend="cpu")

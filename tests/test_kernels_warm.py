@@ -38,15 +38,20 @@ def _run(code: str, cache: str) -> dict:
 
 def test_first_call_runs_on_the_reference_while_the_kernel_compiles(tmp_path):
     first = _run(_FIRST, str(tmp_path))
-    assert first["same"] and first["compiling"] == ["quantize_kernel"]
+    # The kernel that finds numba's workers (kernels/cpu/_placement.py) compiles beside it.
+    assert first["same"] and first["compiling"] == ["quantize_kernel", "thread_ids"]
     assert first["seconds"] < 5.0  # a 1 s wait for a cache that is not there, then numpy (a compile takes 10-16 s)
-    assert _run(_LATER, str(tmp_path))["compiling"] == []
+    # Both were written to the disk cache at exit; the next process loads the kernel from there (the
+    # finder loads in the background, as no call waits for it).
+    cached = {path.name.split("-")[0] for path in tmp_path.rglob("*.nbi")}
+    assert {"_quantize_kernel.quantize_kernel", "_worker_ids.thread_ids"} <= cached
+    assert _run(_LATER, str(tmp_path))["compiling"] in ([], ["thread_ids"])
 
 
 def test_warmup_command_loads_every_kernel(capsys):
     assert main(["warmup"]) == 0
     err = capsys.readouterr().err
-    assert "cpu kernels ready" in err and "DequantizeLinear" in err and "int4 (packed)" in err
+    assert "cpu kernels ready" in err and "DequantizeLinear" in err and "int4 (packed)" in err and "worker threads" in err
 
 
 # torch.export rebinds builtins.min and builtins.max to Python wrappers while it

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 from rich.console import Console
 
+from qlinear.kernels.cpu import _placement
 from qlinear.ops import dequantize_linear, quantize_linear
 
 # One call per specialization of the kernels' argument types: x as float32,
@@ -39,6 +40,13 @@ def _calls():
                 lambda x=x, s=scale: quantize_linear(x, s, output_dtype="int4", packed=True, backend="cpu"),
             )
     yield "DequantizeLinear", lambda: dequantize_linear(np.arange(16, dtype=np.uint8), np.float32(1), backend="cpu")
+    yield "the finder of numba's worker threads", _find_workers
+
+
+def _find_workers() -> None:
+    # The kernel that finds numba's workers, to keep them off the caller's CPU.
+    kernel, args = _placement._finder()
+    kernel(*args)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,8 @@ import numpy as np
 
 from qlinear._builtins import import_numba
 from qlinear.dtypes import ElementType
-from qlinear.kernels.cpu._params import PREC_BF16, PREC_F16, decode_table, layout, scale_period, step_lines_fit
+from qlinear.kernels.cpu._params import L_CHUNK, L_N, PREC_BF16, PREC_F16, decode_table, layout, scale_period, step_lines_fit
+from qlinear.kernels.cpu._placement import prepare as prepare_placement
 from qlinear.kernels.cpu._pool import empty
 from qlinear.kernels.cpu._schedule import dynamic_tasks
 from qlinear.kernels.cpu._warm import ready
@@ -133,7 +134,8 @@ def dequantize(
     p[kernel.P_STEP_LINES] = p[kernel.P_PERIOD] == 0 and step_lines_fit(lay, values, wide_codes, LINE)
     args = (*xs, table, scale_f, zp_f, *outs, lay, p)
     if not wait and not ready(kernel.dequantize_kernel, args):
+        prepare_placement()  # its kernel compiles beside this one, and is cached with it
         return None
-    with dynamic_tasks():
+    with dynamic_tasks(parallel=lay[L_CHUNK] < lay[L_N]):
         kernel.dequantize_kernel(*args)
     return out

@@ -12,6 +12,8 @@ import numpy as np
 from qlinear._builtins import import_numba
 from qlinear.dtypes import ElementType, packed_size, round_to
 from qlinear.kernels.cpu._params import (
+    L_CHUNK,
+    L_N,
     PREC_BF16,
     PREC_F16,
     PREC_F32,
@@ -22,6 +24,7 @@ from qlinear.kernels.cpu._params import (
     precision_code,
     scale_period,
 )
+from qlinear.kernels.cpu._placement import prepare as prepare_placement
 from qlinear.kernels.cpu._pool import empty
 from qlinear.kernels.cpu._schedule import dynamic_tasks
 from qlinear.kernels.cpu._warm import ready
@@ -153,7 +156,8 @@ def quantize(
     run = kernel.quantize_packed_kernel if packed else kernel.quantize_kernel
     args = (flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk)
     if not wait and not ready(run, args):
+        prepare_placement()  # its kernel compiles beside this one, and is cached with it
         return None
-    with dynamic_tasks():
+    with dynamic_tasks(parallel=lay[L_CHUNK] < lay[L_N]):
         run(*args)
     return out

@@ -32,6 +32,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from qlinear.kernels.cpu._placement import keep_workers_off_caller
+
 __all__ = ["dynamic_tasks", "make_tbb_loadable"]
 
 # TBB's runtime as the tbb package installs it (soname 12: TBB 2021 and later).
@@ -57,10 +59,16 @@ def make_tbb_loadable() -> bool:
 
 
 @contextlib.contextmanager
-def dynamic_tasks() -> Iterator[None]:
-    """Run the ``prange`` loops inside with tasks handed out one at a time."""
+def dynamic_tasks(*, parallel: bool) -> Iterator[None]:
+    """Run the ``prange`` loops inside with tasks handed out one at a time.
+
+    ``parallel``: the call has more than one task, so it wakes numba's
+    workers, which are first kept off the caller's CPU (:mod:`._placement`).
+    """
     import numba
 
+    if parallel and numba.get_num_threads() > 1:
+        keep_workers_off_caller()
     before = numba.set_parallel_chunksize(1)
     try:
         yield

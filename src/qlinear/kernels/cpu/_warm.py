@@ -37,8 +37,11 @@ def _key(kernel: Any, args: Sequence[Any]) -> tuple:
     return (kernel.__name__, *((a.dtype.str, a.flags.writeable) if isinstance(a, np.ndarray) else type(a) for a in args))
 
 
-def ready(kernel: Any, args: Sequence[Any]) -> bool:
-    """Whether ``kernel`` can run on ``args`` now; if not, it is being compiled in the background."""
+def ready(kernel: Any, args: Sequence[Any], wait_s: float = LOAD_WAIT_S) -> bool:
+    """Whether ``kernel`` can run on ``args`` now; if not, it is being compiled in the background.
+
+    The call that starts the compile waits up to ``wait_s`` for it.
+    """
     key = _key(kernel, args)
     if key in _done:
         return True
@@ -49,7 +52,7 @@ def ready(kernel: Any, args: Sequence[Any]) -> bool:
         _running[key] = thread
         thread.start()
     # The call that starts it waits as long as a load from the disk cache takes.
-    thread.join(LOAD_WAIT_S)
+    thread.join(wait_s)
     return key in _done
 
 
