@@ -7,9 +7,10 @@ state), then makes four calls back to back, and
 records each call's time and the process's CPU time over the four calls
 divided by their wall time (2.0: both threads busy throughout, 1.0: one;
 ONNX Runtime's count includes its threads' spinning). Rounds alternate
-between qlinear and ONNX Runtime; each figure is the median over the
-rounds. uint8 QuantizeLinear per tensor, 16M float32
-elements, 2 threads (both libraries). Prints a Markdown table.
+between qlinear, qlinear with its workers left where Linux wakes them
+(``QLINEAR_PLACE_WORKERS=0``, kernels/cpu/_placement.py) and ONNX Runtime;
+each figure is the median over the rounds. uint8 QuantizeLinear per tensor,
+16M float32 elements, 2 threads (both libraries). Prints a Markdown table.
 
     pip install -e '.[examples]'
     python benchmarks/after_idle.py [--rounds 15]
@@ -18,6 +19,7 @@ elements, 2 threads (both libraries). Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import time
@@ -29,6 +31,7 @@ import qlinear
 from qlinear.bench._cases import Case
 from qlinear.bench._measure import SETTLE_S
 from qlinear.bench._others import ort_runner
+from qlinear.kernels.cpu._placement import PLACE_ENV
 
 PAUSES_S = (None, 0.0, 0.003, 0.02, 0.15)  # None: after 0.3 s of calls back to back, for the steady state
 WARM_S = 0.3
@@ -70,7 +73,15 @@ def main() -> None:
     scale, zero_point = np.array(0.02, np.float32), np.array(128, np.uint8)
     q = qlinear.quantize_linear(x, scale, zero_point)
     ort_call, _ = ort_runner(Case("Q", "uint8", "per-tensor"), x, q, scale, zero_point, THREADS)
-    sides = {"qlinear": lambda: qlinear.quantize_linear(x, scale, zero_point), "ONNX Runtime": ort_call}
+
+    def placed(on: bool):
+        def call():
+            os.environ[PLACE_ENV] = "1" if on else "0"
+            return qlinear.quantize_linear(x, scale, zero_point)
+
+        return call
+
+    sides = {"qlinear": placed(True), "qlinear, workers not placed": placed(False), "ONNX Runtime": ort_call}
     for fn in sides.values():
         fn()
     print(f"numba threading layer: {numba.threading_layer()}\n")
@@ -79,7 +90,8 @@ def main() -> None:
     for pause_s in PAUSES_S:
         got: dict[str, tuple[list[list[float]], list[float]]] = {name: ([], []) for name in sides}
         for r in range(args.rounds):
-            for name in sides if r % 2 == 0 else reversed(list(sides)):
+            names = list(sides)
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # each side first in turn
                 times, cores = round_of_calls(sides[name], pause_s)
                 got[name][0].append(times)
                 got[name][1].append(cores)

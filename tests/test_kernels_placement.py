@@ -84,15 +84,16 @@ def test_other_threads_keep_their_cpus():
     assert {tid: os.sched_getaffinity(tid) for tid in others} == before
 
 
-def test_turned_off_the_workers_stay_where_they_are(monkeypatch):
+def test_turned_off_the_workers_get_their_own_cpus_back(monkeypatch):
+    _placement._state["cpu"] = None
     _parallel_call()
     found = _placement.workers()
-    for tid, cpus in found.items():
-        os.sched_setaffinity(tid, cpus)
-    _placement._state["cpu"] = None
+    assert _placement.placed_cpu() is not None
     monkeypatch.setenv(_placement.PLACE_ENV, "0")
     _parallel_call()
     assert _placement.placed_cpu() is None
+    assert {tid: os.sched_getaffinity(tid) for tid in found} == found
+    _parallel_call()  # and they stay there
     assert {tid: os.sched_getaffinity(tid) for tid in found} == found
 
 

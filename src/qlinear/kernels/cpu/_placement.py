@@ -117,9 +117,24 @@ def placed_cpu() -> int | None:
     return _state["cpu"]
 
 
+def _release() -> None:
+    with _lock:
+        for tid, cpus in _state["workers"].items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:  # ended: found again when placement is back on
+                continue
+        _state["cpu"] = None
+
+
 def keep_workers_off_caller() -> None:
-    """Keep numba's workers off the calling thread's CPU, before a parallel call. Cheap when nothing changed."""
+    """Keep numba's workers off the calling thread's CPU, before a parallel call. Cheap when nothing changed.
+
+    Turned off (:data:`PLACE_ENV`) after workers were placed, gives them their own CPUs back.
+    """
     if not enabled():
+        if _state["cpu"] is not None:
+            _release()
         return
     cpu = _GETCPU()
     state = _state
