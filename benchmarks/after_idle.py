@@ -8,7 +8,7 @@ records each call's time and the process's CPU time over the four calls
 divided by their wall time (2.0: both threads busy throughout, 1.0: one;
 ONNX Runtime's count includes its threads' spinning). Rounds alternate
 between qlinear, qlinear with its workers left where Linux wakes them
-(``QLINEAR_PLACE_WORKERS=0``, kernels/cpu/_placement.py) and ONNX Runtime;
+(placement turned off, kernels/cpu/_placement.py) and ONNX Runtime;
 each figure is the median over the rounds. uint8 QuantizeLinear per tensor,
 16M float32 elements, 2 threads (both libraries). Prints a Markdown table.
 
@@ -19,7 +19,6 @@ each figure is the median over the rounds. uint8 QuantizeLinear per tensor,
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import time
@@ -31,7 +30,7 @@ import qlinear
 from qlinear.bench._cases import Case
 from qlinear.bench._measure import SETTLE_S
 from qlinear.bench._others import ort_runner
-from qlinear.kernels.cpu._placement import PLACE_ENV
+from qlinear.kernels.cpu._placement import set_enabled
 
 PAUSES_S = (None, 0.0, 0.003, 0.02, 0.15)  # None: after 0.3 s of calls back to back, for the steady state
 WARM_S = 0.3
@@ -76,7 +75,7 @@ def main() -> None:
 
     def placed(on: bool):
         def call():
-            os.environ[PLACE_ENV] = "1" if on else "0"
+            set_enabled(on)
             return qlinear.quantize_linear(x, scale, zero_point)
 
         return call

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -84,17 +87,47 @@ def test_other_threads_keep_their_cpus():
     assert {tid: os.sched_getaffinity(tid) for tid in others} == before
 
 
-def test_turned_off_the_workers_get_their_own_cpus_back(monkeypatch):
+def test_turned_off_the_workers_get_their_own_cpus_back():
     _placement._state["cpu"] = None
     _parallel_call()
     found = _placement.workers()
     assert _placement.placed_cpu() is not None
-    monkeypatch.setenv(_placement.PLACE_ENV, "0")
+    before = _placement.set_enabled(False)
+    try:
+        _parallel_call()
+        assert _placement.placed_cpu() is None
+        assert {tid: os.sched_getaffinity(tid) for tid in found} == found
+        _parallel_call()  # and they stay there
+        assert {tid: os.sched_getaffinity(tid) for tid in found} == found
+    finally:
+        _placement.set_enabled(before)
+
+
+def test_the_environment_turns_it_off_at_import():
+    code = (
+        "from qlinear.kernels.cpu import _placement as p; "
+        "import numpy as np, qlinear; qlinear.quantize_linear(np.ones(1 << 20, np.float32), np.float32(1), backend='cpu'); "
+        "print(p.enabled(), p.placed_cpu(), p.workers())"
+    )
+    env = {**os.environ, _placement.PLACE_ENV: "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["False", "None", "{}"]
+
+
+def test_a_forked_child_looks_for_its_own_workers():
     _parallel_call()
-    assert _placement.placed_cpu() is None
-    assert {tid: os.sched_getaffinity(tid) for tid in found} == found
-    _parallel_call()  # and they stay there
-    assert {tid: os.sched_getaffinity(tid) for tid in found} == found
+    assert _placement.workers()
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12 warns that forking a process with threads may deadlock the child
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: only the forking thread survives a fork, so nothing is known of workers
+        os.write(write, repr((_placement.workers(), _placement.placed_cpu())).encode())
+        os._exit(0)
+    os.close(write)
+    got = os.read(read, 1000).decode()
+    os.waitpid(pid, 0)
+    assert got == "({}, None)"
 
 
 def test_a_worker_that_ended_is_forgotten_without_an_error():

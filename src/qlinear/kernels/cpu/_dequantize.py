@@ -126,7 +126,8 @@ def dequantize(
     xs[width] = codes.view(xs[width].dtype)
     values = out.reshape(-1)
     outs = (_EMPTY_F32, values.view(np.uint16)) if wide is not None else (values, _EMPTY16)
-    lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
+    threads = numba.get_num_threads()
+    lay = layout(plan.granularity, plan.x_shape, scale.shape, threads)
     p[kernel.P_STREAM] = streams(codes.nbytes + values.nbytes, values)
     lanes = LINE // values.itemsize
     p[kernel.P_PERIOD], p[kernel.P_COUNT] = scale_period(plan.granularity, plan.x_shape, scale.shape, lanes)
@@ -136,6 +137,6 @@ def dequantize(
     if not wait and not ready(kernel.dequantize_kernel, args):
         prepare_placement()  # its kernel compiles beside this one, and is cached with it
         return None
-    with dynamic_tasks(parallel=lay[L_CHUNK] < lay[L_N]):
+    with dynamic_tasks(parallel=threads > 1 and lay[L_CHUNK] < lay[L_N]):
         kernel.dequantize_kernel(*args)
     return out

@@ -152,12 +152,13 @@ def quantize(
         # own); other short runs measured slower so than through pieces.
         per_byte = 8 // t.bits
         p[kernel.P_BYTE_RUNS] = packed_runs_fit(plan.granularity, plan.x_shape, per_byte, LINE * per_byte, BLOCK_CODES)
-    lay = layout(plan.granularity, plan.x_shape, scale.shape, numba.get_num_threads())
+    threads = numba.get_num_threads()
+    lay = layout(plan.granularity, plan.x_shape, scale.shape, threads)
     run = kernel.quantize_packed_kernel if packed else kernel.quantize_kernel
     args = (flat_x, scale_f, zp_codes, ztab, codes, lay, p, f, fk)
     if not wait and not ready(run, args):
         prepare_placement()  # its kernel compiles beside this one, and is cached with it
         return None
-    with dynamic_tasks(parallel=lay[L_CHUNK] < lay[L_N]):
+    with dynamic_tasks(parallel=threads > 1 and lay[L_CHUNK] < lay[L_N]):
         run(*args)
     return out

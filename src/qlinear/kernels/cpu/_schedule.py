@@ -62,12 +62,13 @@ def make_tbb_loadable() -> bool:
 def dynamic_tasks(*, parallel: bool) -> Iterator[None]:
     """Run the ``prange`` loops inside with tasks handed out one at a time.
 
-    ``parallel``: the call has more than one task, so it wakes numba's
-    workers, which are first kept off the caller's CPU (:mod:`._placement`).
+    ``parallel``: the call has more than one task and more than one thread,
+    so it wakes numba's workers, which are first kept off the caller's CPU
+    (:mod:`._placement`).
     """
     import numba
 
-    if parallel and numba.get_num_threads() > 1:
+    if parallel:
         keep_workers_off_caller()
     before = numba.set_parallel_chunksize(1)
     try:
