@@ -114,7 +114,7 @@ def test_the_environment_turns_it_off_at_import():
     assert out.split() == ["False", "None", "{}"]
 
 
-def test_a_forked_child_looks_for_its_own_workers():
+def test_after_a_fork_parent_and_child_look_for_their_workers_again():
     _parallel_call()
     assert _placement.workers()
     read, write = os.pipe()
@@ -128,6 +128,12 @@ def test_a_forked_child_looks_for_its_own_workers():
     got = os.read(read, 1000).decode()
     os.waitpid(pid, 0)
     assert got == "({}, None)"
+    # numba's TBB layer ended the parent's workers before the fork and starts new ones: found at the next call.
+    assert _placement.workers() == {}
+    _parallel_call()
+    threads = {int(t) for t in os.listdir("/proc/self/task")}
+    assert _placement.workers() and set(_placement.workers()) <= threads
+    _assert_kept_off(_placement.placed_cpu())
 
 
 def test_a_worker_that_ended_is_forgotten_without_an_error():

@@ -45,8 +45,9 @@ _lock = threading.Lock()
 _state: dict = {"on": os.environ.get(PLACE_ENV, "1") != "0", "workers": {}, "tries": 0, "cpu": None}
 
 
-def _forget_after_fork() -> None:
-    # A forked child has only the thread that forked: numba's workers, if it starts any, are new.
+def _forget_workers() -> None:
+    # Around a fork numba's TBB layer ends its workers and starts new ones, in the parent as in the
+    # child (which has only the thread that forked): the next parallel call finds them again.
     _state.update(workers={}, tries=0, cpu=None)
 
 
@@ -61,7 +62,7 @@ def _getcpu():
 
 _GETCPU = _getcpu() if hasattr(os, "sched_setaffinity") else None
 if _GETCPU is not None:
-    os.register_at_fork(after_in_child=_forget_after_fork)
+    os.register_at_fork(after_in_parent=_forget_workers, after_in_child=_forget_workers)
 
 
 def enabled() -> bool:
