@@ -146,3 +146,17 @@ def test_a_worker_that_ended_is_forgotten_without_an_error():
     _placement._state["cpu"] = None
     _parallel_call()
     assert gone not in _placement.workers() and _placement.workers()
+
+
+def test_a_finder_that_fails_leaves_the_workers_alone_and_the_call_runs(monkeypatch):
+    def broken():
+        raise OSError("no gettid in this C library")
+
+    monkeypatch.setattr(_placement, "_finder", broken)
+    monkeypatch.setitem(_placement._state, "workers", {})
+    monkeypatch.setitem(_placement._state, "tries", 0)
+    _placement._state["cpu"] = None
+    _parallel_call()  # bit-exact all the same
+    assert _placement.workers() == {} and _placement._state["tries"] == _placement._TRIES
+    _parallel_call()  # and it is not tried again
+    assert _placement.workers() == {}

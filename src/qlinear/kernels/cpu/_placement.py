@@ -162,10 +162,13 @@ def keep_workers_off_caller() -> None:
         numba = import_numba()
         pending = False
         if len(state["workers"]) < numba.config.NUMBA_NUM_THREADS - 1 and state["tries"] < _TRIES:
-            found = _discover()
+            try:
+                found, failed = _discover(), False
+            except Exception:  # placement is an optimization: a finder that fails leaves the workers alone
+                found, failed = {}, True
             pending = found is None
             if found is not None:
-                state["tries"] += 1
+                state["tries"] = _TRIES if failed else state["tries"] + 1
                 state["workers"] = {**found, **state["workers"]}
         for tid, cpus in list(state["workers"].items()):
             wanted = cpus - {cpu} or cpus
