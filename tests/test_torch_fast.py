@@ -89,3 +89,22 @@ def test_training_forward_and_its_gradients_match_the_torch_path(t, layout, monk
             assert fast is None
             continue
         assert fast.numpy().tobytes() == slow.numpy().tobytes(), (t, layout)
+
+
+def test_training_kernels_keep_numbas_workers_off_the_callers_cpu(monkeypatch):
+    import numba
+
+    from qlinear.kernels.cpu import _placement
+
+    if not _placement.enabled() or numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("worker placement is Linux's, and needs numba threads")
+    placed = []
+    monkeypatch.setattr(_fast, "keep_workers_off_caller", lambda: placed.append(True))
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        grad = torch.ones(1 << 16)
+        out = _fast.straight_through(grad, torch.ones(1 << 16, dtype=torch.bool), 0.5)
+    finally:
+        numba.set_num_threads(before)
+    assert placed == [True] and bool((out == 0.5).all())

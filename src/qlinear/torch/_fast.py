@@ -19,6 +19,7 @@ import torch
 import qlinear
 from qlinear._builtins import import_numba, max, min
 from qlinear.kernels.cpu import _pool as pool
+from qlinear.kernels.cpu._placement import keep_workers_off_caller
 from qlinear.spec import QuantizePlan
 
 __all__ = ["ENABLED", "applies", "fake_quantize", "quantize"]
@@ -236,5 +237,16 @@ def _kernels() -> dict:
                 for j in range(r * length, min(total, (r + 1) * length)):
                     out[j] = (g[j] if inside[j] else zero) * scale
 
-        _KERNELS.update(mask=mask, lsq=lsq, ste=ste)
+        _KERNELS.update({name: _placed(kernel) for name, kernel in (("mask", mask), ("lsq", lsq), ("ste", ste))})
     return _KERNELS
+
+
+def _placed(kernel):
+    """``kernel``, launched with numba's workers kept off the caller's CPU, as qlinear's own kernels are."""
+
+    def launch(*args):
+        if import_numba().get_num_threads() > 1:
+            keep_workers_off_caller()
+        return kernel(*args)
+
+    return launch
