@@ -1,0 +1,128 @@
+"""The byte-for-byte check of a change that must not change what the quantizer writes.
+
+Digests every model qlinear quantizes in ``benchmarks/quantizers.py``'s
+qlinear runs on the ``digits`` and ``text`` models, and (with ``--tests``)
+every model the test suite quantizes, then compares two such records.
+The float models and data are made once and kept in the work folder, so
+two commits quantize the same inputs:
+
+    python benchmarks/same_models.py write WORK --tests        # on the commit before the change
+    git checkout <change>
+    python benchmarks/same_models.py write WORK --tests --name after
+    python benchmarks/same_models.py compare WORK/before.json WORK/after.json
+
+``compare`` exits 1 if any model differs or is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+MODELS = ("digits", "text")
+
+
+def _inputs(work: Path, name: str) -> dict:
+    """The float model and its data, made once (the text model is trained) and then read back."""
+    import quantizers
+
+    folder = work / "inputs" / name
+    meta = folder / "meta.json"
+    if not meta.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        d = quantizers.datasets(folder, (name,))[name]
+        model = folder / "float.onnx"
+        onnx.save(onnx.load(d["model"]), model)
+        np.savez(folder / "cal.npz", **d["cal"])
+        np.savez(folder / "eval.npz", **d["eval"])
+        meta.write_text(json.dumps({"model": str(model)}))
+    return {
+        "model": json.loads(meta.read_text())["model"],
+        "cal": dict(np.load(folder / "cal.npz")),
+        "eval": dict(np.load(folder / "eval.npz")),
+    }
+
+
+def write(work: Path, name: str, tests: bool) -> Path:
+    import quantizers
+
+    import qlinear.quantize as qq
+
+    digests: dict[str, dict] = {}
+    for model_name in MODELS:
+        d = _inputs(work, model_name)
+        for label, quantizer, settings in quantizers.RUNS:
+            if quantizer != "qlinear":
+                continue
+            key = f"{model_name}: {label}"
+            out = work / "out.onnx"
+            try:
+                r = qq.quantize_model(d["model"], out, d["cal"], **settings)
+                digests[key] = {
+                    "sha256": hashlib.sha256(r.model.SerializeToString(deterministic=True)).hexdigest(),
+                    "file_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
+                }
+            except Exception as e:  # a run that fails must fail the same way after the change
+                digests[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+            print(key, digests[key], flush=True)
+    if tests:
+        lines = work / f"{name}.tests.jsonl"
+        lines.unlink(missing_ok=True)
+        env = {**os.environ, "QLINEAR_MODEL_DIGESTS": str(lines)}
+        subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", "tests"], env=env, check=True)
+        for line in lines.read_text().splitlines():
+            r = json.loads(line)
+            digests[f"test {r['test']} #{r['call']}"] = {k: v for k, v in r.items() if k.endswith("sha256")}
+    path = work / f"{name}.json"
+    path.write_text(json.dumps(digests, indent=1, sort_keys=True))
+    print(f"{len(digests)} digests in {path}")
+    return path
+
+
+def compare(before: Path, after: Path) -> int:
+    a, b = json.loads(before.read_text()), json.loads(after.read_text())
+    missing = sorted(set(a) - set(b))
+    new = sorted(set(b) - set(a))
+    differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+    for k in differ:
+        print(f"differs: {k}: {a[k]} -> {b[k]}")
+    for k in missing:
+        print(f"missing after: {k}")
+    for k in new:
+        print(f"new after (not compared): {k}")
+    same = len(set(a) & set(b)) - len(differ)
+    print(f"{same} of {len(a)} models the same byte for byte; {len(differ)} differ, {len(missing)} missing")
+    return 1 if differ or missing else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write", help="quantize the models and write their digests to WORK/NAME.json")
+    w.add_argument("work", type=Path)
+    w.add_argument("--name", default="before")
+    w.add_argument("--tests", action="store_true", help="also every model the test suite quantizes (runs the suite)")
+    c = sub.add_parser("compare", help="compare two digest files; exit 1 if any model differs or is missing")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    args = parser.parse_args()
+    if args.command == "write":
+        args.work.mkdir(parents=True, exist_ok=True)
+        write(args.work, args.name, args.tests)
+    else:
+        sys.exit(compare(args.before, args.after))
+
+
+if __name__ == "__main__":
+    main()
