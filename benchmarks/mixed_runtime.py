@@ -32,8 +32,8 @@ import onnx
 
 import qlinear.quantize as qq
 from qlinear.onnx import run
-from qlinear.onnx._mixed import MixedRunner
-from qlinear.quantize._calibrate import session
+from qlinear.onnx._ort_with_qlinear import MixedRunner
+from qlinear.quantize._session import session
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

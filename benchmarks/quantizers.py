@@ -155,7 +155,7 @@ _DATASETS = {"digits": _digits, "digits32": _digits32, "text": _text, "speech": 
 
 
 def peak_rss_bytes() -> int:
-    from qlinear.quantize._calibrate import peak_rss_bytes as peak
+    from qlinear.quantize._memory import peak_rss_bytes as peak
 
     return peak()
 
@@ -213,7 +213,7 @@ def ort_static(model: str, out: str, batches: list[dict], *, activations: str = 
 
 def _plain_inference(model: str, cal: dict) -> float:
     """Seconds ONNX Runtime takes to run the float model over the calibration inputs (80%, as calibrated), batches of 16."""
-    from qlinear.quantize._calibrate import session
+    from qlinear.quantize._session import session
 
     s = session(onnx.load(model))
     n = next(iter(cal.values())).shape[0]

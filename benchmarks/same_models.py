@@ -54,13 +54,13 @@ def _inputs(work: Path, name: str) -> dict:
     }
 
 
-def write(work: Path, name: str, tests: bool) -> Path:
+def write(work: Path, name: str, tests: bool, models: tuple[str, ...] = MODELS) -> Path:
     import quantizers
 
     import qlinear.quantize as qq
 
     digests: dict[str, dict] = {}
-    for model_name in MODELS:
+    for model_name in models:
         d = _inputs(work, model_name)
         for label, quantizer, settings in quantizers.RUNS:
             if quantizer != "qlinear":
@@ -90,11 +90,18 @@ def write(work: Path, name: str, tests: bool) -> Path:
     return path
 
 
-def compare(before: Path, after: Path) -> int:
+def compare(before: Path, after: Path, renamed: dict[str, str] | None = None) -> int:
+    """Exit status 1 where a model differs or is missing; a test file renamed between the two is followed."""
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
+    for old, new_name in (renamed or {}).items():
+        a = {k.replace(f"test {old}::", f"test {new_name}::"): v for k, v in a.items()}
     missing = sorted(set(a) - set(b))
     new = sorted(set(b) - set(a))
-    differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+    # A model quantized from a different input (an exporter that writes source paths into metadata) compares nothing.
+    other_input = sorted(k for k in set(a) & set(b) if a[k].get("input_sha256", 0) != b[k].get("input_sha256", 0))
+    differ = sorted(k for k in set(a) & set(b) if a[k] != b[k] and k not in other_input)
+    for k in other_input:
+        print(f"input differs (not compared): {k}")
     for k in differ:
         print(f"differs: {k}: {a[k]} -> {b[k]}")
     for k in missing:
@@ -102,7 +109,11 @@ def compare(before: Path, after: Path) -> int:
     for k in new:
         print(f"new after (not compared): {k}")
     same = len(set(a) & set(b)) - len(differ)
-    print(f"{same} of {len(a)} models the same byte for byte; {len(differ)} differ, {len(missing)} missing")
+    same -= len(other_input)
+    print(
+        f"{same} of {len(a)} models the same byte for byte; {len(differ)} differ, {len(missing)} missing, "
+        f"{len(other_input)} from a different input"
+    )
     return 1 if differ or missing else 0
 
 
@@ -113,15 +124,17 @@ def main() -> None:
     w.add_argument("work", type=Path)
     w.add_argument("--name", default="before")
     w.add_argument("--tests", action="store_true", help="also every model the test suite quantizes (runs the suite)")
+    w.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)} (default: both)")
     c = sub.add_parser("compare", help="compare two digest files; exit 1 if any model differs or is missing")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
+    c.add_argument("--renamed", nargs="*", default=[], metavar="OLD=NEW", help="test files renamed between the two")
     args = parser.parse_args()
     if args.command == "write":
         args.work.mkdir(parents=True, exist_ok=True)
-        write(args.work, args.name, args.tests)
+        write(args.work, args.name, args.tests, tuple(m for m in args.models.split(",") if m))
     else:
-        sys.exit(compare(args.before, args.after))
+        sys.exit(compare(args.before, args.after, dict(r.split("=", 1) for r in args.renamed)))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,16 @@ from pathlib import Path
 _calls: Counter = Counter()
 
 
+def _input_digest(model) -> str | None:
+    """The float model's digest: a test whose input differs between two runs (an exporter that writes source paths
+    into the model's metadata) is not a comparison of the quantizer."""
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
+        return hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    if hasattr(model, "SerializeToString"):
+        return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    return None
+
+
 def _digest_of(result, output) -> dict:
     out = {}
     model = getattr(result, "model", None)
@@ -39,6 +49,8 @@ def _recorded(fn, path: Path):
         _calls[test] += 1
         output = args[1] if len(args) > 1 else kwargs.get("output")
         line = {"test": test, "call": _calls[test], "function": fn.__name__, **_digest_of(result, output)}
+        if args and (source := _input_digest(args[0])) is not None:
+            line["input_sha256"] = source
         with path.open("a") as f:
             f.write(json.dumps(line) + "\n")
         return result

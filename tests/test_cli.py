@@ -91,7 +91,7 @@ def test_tables_at_80_columns_fold_rather_than_cut(tmp_path):
     from qlinear.onnx import load
     from qlinear.onnx._inspect import inspect_model
     from qlinear.quantize import quantize_model
-    from qlinear.quantize._report import print_report
+    from qlinear.quantize._report_print import print_report
 
     result = quantize_model(str(DEMO / "digits_cnn.onnx"), tmp_path / "q.onnx", str(DEMO / "digits_calibration.npz"))
     for show in (
@@ -112,7 +112,7 @@ def test_degraded_nodes_table_keeps_node_names_beside_long_kernel_names(tmp_path
     from rich.console import Console
 
     from qlinear.quantize import quantize_model
-    from qlinear.quantize._report import print_report
+    from qlinear.quantize._report_print import print_report
 
     result = quantize_model(str(DEMO / "digits_cnn.onnx"), tmp_path / "q.onnx", str(DEMO / "digits_calibration.npz"))
     report = copy.deepcopy(result.report)

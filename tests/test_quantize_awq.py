@@ -6,10 +6,10 @@ import numpy as np
 
 import qlinear.onnx as qo
 import qlinear.quantize as qq
-from qlinear.quantize._awq import scale_for_weights
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
-from qlinear.quantize._prepare import prepare
+from qlinear.quantize.algorithms.awq import scale_for_weights
+from qlinear.quantize.targets.ort_cpu import prepare
 
 
 def _salient_layer():

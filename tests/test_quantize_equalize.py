@@ -6,8 +6,8 @@ import numpy as np
 
 import qlinear.onnx as qo
 import qlinear.quantize as qq
-from qlinear.quantize._equalize import equalize
 from qlinear.quantize._model import load_float_model
+from qlinear.quantize.algorithms.equalize import equalize
 
 
 def _unbalanced_convs():

@@ -14,7 +14,7 @@ import qlinear  # noqa: E402
 import qlinear.onnx as qo  # noqa: E402
 import qlinear.quantize as qq  # noqa: E402
 from qlinear._errors import QuantizationError  # noqa: E402
-from qlinear.quantize._finetune import _float_prefix  # noqa: E402
+from qlinear.quantize.algorithms.finetune import _float_prefix  # noqa: E402
 from qlinear.torch._from_onnx import QDQModule, UnsupportedOperator  # noqa: E402
 from quantize_models import GATES, audio_front_end, dense_on_sequences, gated_convs, layernorm_attention  # noqa: E402
 
@@ -127,7 +127,7 @@ def test_finetune_lowers_the_loss_and_keeps_the_better_model(tmp_path):
 
 def test_the_tuned_model_is_the_same_qdq_graph_with_new_values(tmp_path):
     # Written back after training, kept or not: the same nodes, initializer names and types, a valid model.
-    from qlinear.quantize._finetune import _written_back
+    from qlinear.quantize.algorithms.finetune import _written_back
 
     cal, ev = _data()
     ptq = qq.quantize_model(MODEL, None, cal, eval=ev, **W4A8).model
@@ -152,7 +152,7 @@ def test_the_tuned_model_is_the_same_qdq_graph_with_new_values(tmp_path):
 def test_int32_biases_follow_the_new_scales():
     # Written back with every scale 10% larger: each int32 bias takes the product of its layer's new input and
     # weight scales, and its codes hold the same float bias at that scale.
-    from qlinear.quantize._finetune import _written_back
+    from qlinear.quantize.algorithms.finetune import _written_back
 
     cal, ev = _data()
     ptq = qq.quantize_model(MODEL, None, cal, eval=ev, promote=False).model  # int8 weights: int32 biases

@@ -10,9 +10,10 @@ from rich.console import Console
 
 import qlinear.onnx as qo
 import qlinear.quantize as qq
-import qlinear.quantize._pipeline as pipeline
 from qlinear.quantize._fusion import float_by_design
-from qlinear.quantize._report import print_report
+from qlinear.quantize._report_print import print_report
+from qlinear.quantize.targets import TARGETS
+from qlinear.quantize.targets.ort_cpu import ORT_CPU
 from quantize_models import conv_batchnorm, layernorm_attention
 
 
@@ -51,13 +52,13 @@ def test_16_bit_nodes_run_in_float_without_a_warning():
 
 
 def test_a_node_onnx_runtime_should_fuse_but_did_not_is_a_warning(monkeypatch):
-    check = pipeline.check_fusion
+    check = ORT_CPU.check_fusion
 
     def missed(model, nodes):  # ONNX Runtime's verdict with the q projection's fusion lost
         found = check(model, nodes)
         return dataclasses.replace(found, runs_as={**found.runs_as, "q_proj": "MatMul"}, fused={**found.fused, "q_proj": False})
 
-    monkeypatch.setattr(pipeline, "check_fusion", missed)
+    monkeypatch.setitem(TARGETS, "ort-cpu", dataclasses.replace(ORT_CPU, check_fusion=missed))
     model, data = layernorm_attention()
     r = qq.quantize_model(model, None, data, promote=False).report
     assert "q_proj" in r["fusion"]["unfused"] and "q_proj" not in r["fusion"]["float_by_design"]

@@ -17,7 +17,7 @@ import qlinear
 import qlinear.onnx as qo
 import qlinear.quantize as qq
 from qlinear.quantize._fusion import GATHER_CODES
-from qlinear.quantize._report import print_report
+from qlinear.quantize._report_print import print_report
 
 VOCAB, WIDTH, CONTEXT = 96, 48, 24
 

@@ -10,7 +10,7 @@ import qlinear.onnx as qo
 import qlinear.quantize as qq
 from qlinear.dtypes import element_type
 from qlinear.quantize._choose import weight_params
-from qlinear.quantize._gptq import gptq_weight
+from qlinear.quantize.algorithms.gptq import gptq_weight
 
 RNG = np.random.default_rng(5)
 

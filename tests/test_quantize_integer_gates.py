@@ -12,9 +12,9 @@ from rich.console import Console
 
 import qlinear.quantize as qq
 import qlinear.quantize._build as build
-from qlinear.quantize._calibrate import optimized_graph, session
 from qlinear.quantize._html import render_html
 from qlinear.quantize._integer_gates import integer_gates
+from qlinear.quantize._session import optimized_graph, session
 from quantize_models import GATES, gated_convs, squeeze_excite
 
 # What each gate is made of in float: none of it may be left once the gate runs on integer kernels.

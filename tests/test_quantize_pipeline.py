@@ -19,11 +19,12 @@ import qlinear.quantize as qq
 import qlinear.quantize._calibrate as calibration
 from qlinear._errors import QuantizationError
 from qlinear.kernels.cpu import compiling
-from qlinear.quantize._calibrate import calibrate, session, with_outputs
+from qlinear.quantize._calibrate import calibrate
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
-from qlinear.quantize._prepare import prepare
+from qlinear.quantize._session import session, with_outputs
+from qlinear.quantize.targets.ort_cpu import prepare
 from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, outlier_mlp
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
@@ -458,7 +459,7 @@ def test_a_concatenated_output_is_judged_by_its_worst_part():
     out = r.report["output"]
     assert len(out["sqnr_db_parts"]) == 2 and out["sqnr_db"] == min(out["sqnr_db_parts"])
     # The parts' figures, by hand: the first four columns are the boxes, the last three the scores.
-    from qlinear.quantize._calibrate import session
+    from qlinear.quantize._session import session
 
     feeds = {"image": data["image"][26:]}  # the held-out fifth (6 of 32), as the report's figures
     want, got = session(model).run(None, feeds)[0], session(r.model).run(None, feeds)[0]
@@ -469,7 +470,7 @@ def test_a_concatenated_output_is_judged_by_its_worst_part():
     np.testing.assert_allclose(out["sqnr_db_parts"], [db(want[:, :4], got[:, :4]), db(want[:, 4:], got[:, 4:])], atol=1e-6)
     whole = db(want, got)
     assert abs(whole - out["sqnr_db_parts"][0]) < 0.1  # the whole is the boxes' figure
-    from qlinear.quantize._report import print_report
+    from qlinear.quantize._report_print import print_report
 
     printed = io.StringIO()
     print_report(r.report, Console(file=printed, width=200, color_system=None))

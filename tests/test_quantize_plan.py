@@ -9,7 +9,7 @@ import qlinear.onnx as qo
 from qlinear.quantize import QuantizeOptions
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._plan import plan
-from qlinear.quantize._prepare import prepare
+from qlinear.quantize.targets.ort_cpu import prepare
 from quantize_models import (
     audio_front_end,
     conv_batchnorm,
@@ -253,7 +253,7 @@ def test_prepare_asks_onnx_runtime_where_the_matmul_inputs_rank_is_open(monkeypa
 
 def test_prepare_puts_a_fixed_shape_matmul_with_bias_between_reshapes_as_onnx_runtime_does():
     import qlinear.quantize as qq
-    from qlinear.quantize._calibrate import session
+    from qlinear.quantize._session import session
 
     model, data = dense_on_sequences()
     fm, _ = _plan(model)
@@ -273,7 +273,7 @@ def test_prepare_puts_a_matmul_with_bias_on_an_input_of_open_shape_between_resha
     # integer MatMul. The leading dimensions are read at run time (Shape with end=-1 from opset 15, Shape and Slice
     # before), once for each input.
     import qlinear.quantize as qq
-    from qlinear.quantize._calibrate import session
+    from qlinear.quantize._session import session
 
     model, data = dense_on_sequences(("N", "T", 32), opset=opset)
     fm, _ = _plan(model)

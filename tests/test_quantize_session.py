@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 import qlinear.quantize as qq
-from qlinear.quantize._calibrate import session
+from qlinear.quantize._session import session
 from quantize_models import single_op
 
 pytest.importorskip("onnxruntime")

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 
 import qlinear.quantize as qq
-import qlinear.quantize._pipeline as pipeline
-from qlinear.quantize._calibrate import session
+from qlinear.onnx._passes import Sequential
 from qlinear.quantize._fusion import check_fusion
+from qlinear.quantize._session import session
 from qlinear.quantize._signed_layout import lay_out_signed
+from qlinear.quantize.targets import TARGETS
+from qlinear.quantize.targets.ort_cpu import ORT_CPU
 from quantize_models import conv_batchnorm, layernorm_attention
 
 
 def _as_written(monkeypatch, model, data, **kw) -> tuple[onnx.ModelProto, onnx.ModelProto, list[str]]:
     """The QDQ model before and after the rewrite, and the quantized nodes' names."""
-    monkeypatch.setattr(pipeline, "lay_out_signed", lambda m: [])
+    # The target's layout rewrites less this one.
+    kept = [p for p in ORT_CPU.finalize.passes if p.name != "lay_out_signed"]
+    assert len(kept) == len(ORT_CPU.finalize.passes) - 1
+    monkeypatch.setitem(TARGETS, "ort-cpu", dataclasses.replace(ORT_CPU, finalize=Sequential(*kept)))
     r = qq.quantize_model(model, None, data, activations="int8", promote=False, **kw)
     monkeypatch.undo()
     after = onnx.ModelProto()

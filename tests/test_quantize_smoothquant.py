@@ -11,8 +11,8 @@ import qlinear.quantize as qq
 from qlinear._errors import QuantizationError
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
-from qlinear.quantize._prepare import prepare
-from qlinear.quantize._smoothquant import smooth
+from qlinear.quantize.algorithms.smoothquant import smooth
+from qlinear.quantize.targets.ort_cpu import prepare
 from quantize_models import layernorm_attention, outlier_mlp
 
 

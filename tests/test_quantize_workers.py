@@ -7,6 +7,9 @@ import pytest
 import qlinear.quantize as qq
 from qlinear._errors import QuantizationError
 from qlinear.quantize import _calibrate
+from qlinear.quantize._calibration_executors import Here, executor
+from qlinear.quantize._ray import OnRay
+from qlinear.quantize._workers import InProcesses
 from quantize_models import layernorm_attention, outlier_mlp
 
 
@@ -70,3 +73,12 @@ def test_calibration_on_ray_gives_the_one_process_model():
     finally:
         ray.shutdown()
     assert _bytes(on_ray) == _bytes(one) and on_ray.report["calibration"]["batches"] == 50
+
+
+def test_calibration_executor_from_workers_and_ray():
+    sess = object()  # stands for this process's session, which the executor only holds
+    assert executor(sess, workers=1, ray_address=None, first=2) == Here(sess, 2)
+    assert executor(sess, workers=3, ray_address=None, first=0) == InProcesses(3)
+    assert executor(sess, workers=3, ray_address="auto", first=0) == OnRay("auto")
+    # Nothing observed: every batch is only counted, here.
+    assert executor(None, workers=3, ray_address="auto", first=5) == Here(None, 5)

@@ -6,7 +6,7 @@ import pytest
 from onnx import defs
 
 import qlinear
-from qlinear.spec import OPERATOR_VERSIONS, operator_version
+from qlinear.spec import OPERATOR_VERSIONS, operator_version, type_opset
 
 AI_ONNX = [r for r in OPERATOR_VERSIONS if r.domain == ""]
 
@@ -103,3 +103,27 @@ def test_operator_version_in_force_at_opset(opset, version):
 def test_operator_version_rejects_opset_before_operator_existed():
     with pytest.raises(qlinear.QuantizationError, match="exists from opset 10"):
         operator_version("QuantizeLinear", 9, caller="t")
+
+
+# The first opset of each type as the quantizer and the benchmark wrote it before reading it from the table.
+TYPE_OPSETS = {
+    "uint8": 10, "int8": 10, "int32": 10, "float8e4m3fn": 19, "float8e5m2": 19, "float8e4m3fnuz": 19,
+    "float8e5m2fnuz": 19, "uint16": 21, "int16": 21, "uint4": 21, "int4": 21, "float4e2m1": 23, "uint2": 25,
+    "int2": 25, "float6e2m3": 28, "float6e3m2": 28,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("type_name", sorted(TYPE_OPSETS))
+def test_type_opset_first_version(type_name):
+    assert type_opset(type_name) == TYPE_OPSETS[type_name]
+    # Both operators take the type from that opset, but int32, which only DequantizeLinear reads.
+    for op in ("QuantizeLinear", "DequantizeLinear"):
+        takes = type_name in operator_version(op, TYPE_OPSETS[type_name], caller="t").quantized_types
+        assert takes == (op == "DequantizeLinear" or type_name != "int32")
+        if TYPE_OPSETS[type_name] > 10:
+            assert type_name not in operator_version(op, TYPE_OPSETS[type_name] - 1, caller="t").quantized_types
+
+
+def test_type_opset_rejects_unquantized_type():
+    with pytest.raises(qlinear.QuantizationError, match="type_opset: type_name must be"):
+        type_opset("float8e8m0")

@@ -12,6 +12,7 @@ import numpy as np
 
 from qlinear.dtypes import ElementType, element_type
 from qlinear.ops import dequantize_linear, quantize_linear
+from qlinear.spec import type_opset
 
 __all__ = ["Case", "GRANULARITIES", "MORE_TYPES", "TYPES", "X_DTYPES", "cases", "inputs", "qlinear_calls"]
 
@@ -56,10 +57,11 @@ class Case:
         return self.element.bits < 8
 
     def opset(self) -> int:
-        """The oldest opset whose operators accept this type and granularity."""
-        by_type = {"int16": 21, "uint16": 21, "uint4": 21, "int4": 21, "float4e2m1": 23, "int2": 25, "uint2": 25}
-        by_type.update(float6e2m3=28, float6e3m2=28)
-        return max(by_type.get(self.type_name, 19), 21 if self.block_size else 13)
+        """The oldest opset whose operators accept this type and granularity, and x of every :data:`X_DTYPES` type.
+
+        19: QuantizeLinear takes float16 and bfloat16 x from version 19; 21: ``block_size``.
+        """
+        return max(type_opset(self.type_name), 19, 21 if self.block_size else 0)
 
 
 def cases(types: tuple[str, ...] = TYPES, granularities: tuple[str, ...] = tuple(GRANULARITIES)) -> list[Case]:

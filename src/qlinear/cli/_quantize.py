@@ -25,17 +25,10 @@ from rich.markup import escape
 
 from qlinear._errors import QuantizationError
 from qlinear.cli._args import add_json, write_json
-from qlinear.quantize import (
-    ACTIVATION_TYPES,
-    GRANULARITIES,
-    METHODS,
-    WEIGHT_TYPES,
-    QuantizeOptions,
-    print_report,
-    quantize_model,
-    report_json,
-)
+from qlinear.quantize import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions, print_report, quantize_model, report_json
 from qlinear.quantize._html import render_html
+from qlinear.quantize._option_fields import add_arguments as add_option_arguments
+from qlinear.quantize._option_fields import values_from_args
 from qlinear.quantize._plan import WIDENED_TABLE
 from qlinear.quantize._stream import quantize_weights_streaming
 
@@ -62,13 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--labels", metavar="ARRAY", help="the array of --eval holding labels, for accuracy")
     data.add_argument(
-        "--batch-size",
-        type=int,
-        default=16,
-        metavar="N",
-        help="samples a batch (default 16; a model with a fixed batch runs at it); the model does not depend on it",
-    )
-    data.add_argument(
         "--save-stats", metavar="STATS.npz", help="write the calibration statistics, as batches complete (see --resume)"
     )
     data.add_argument(
@@ -86,99 +72,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--stats", metavar="STATS.npz", help="quantize from saved statistics instead of calibrating")
     types = parser.add_argument_group("types")
-    types.add_argument("--weights", default="int8", metavar="TYPE", help=f"weight type: {', '.join(WEIGHT_TYPES)} (default int8)")
-    types.add_argument(
-        "--activations",
-        default="uint8",
-        metavar="TYPE",
-        help=f"activation type: {', '.join(ACTIVATION_TYPES)}, or none for weight-only (default uint8)",
-    )
-    types.add_argument(
-        "--granularity", default="per-channel", metavar="G", help=f"weights: {', '.join(GRANULARITIES)} (default per-channel)"
-    )
-    types.add_argument(
-        "--block-size", type=int, default=0, metavar="N", help="elements a block with --granularity blocked (default 32)"
-    )
-    types.add_argument("--symmetric", action="store_true", help="signed, symmetric activations (zero point 0)")
-    types.add_argument("--method", default="mse", metavar="M", help=f"activation ranges: {', '.join(METHODS)} (default mse)")
-    types.add_argument(
-        "--percentile",
-        type=float,
-        default=99.999,
-        metavar="P",
-        help="share of values kept by --method percentile (default 99.999)",
-    )
-    types.add_argument(
-        "--weight-clip",
-        default="minmax",
-        metavar="C",
-        help="weight ranges: minmax, or mse (least-error clipping per channel or block)",
-    )
-    types.add_argument(
-        "--bias-correction",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="take each quantized weight's mean output error back out through the layer's bias "
-        "(default: on with calibration data)",
-    )
-    types.add_argument(
-        "--gptq",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="round MatMul/Gemm weights by GPTQ instead of to nearest (default: on for 2/4-bit integer weights "
-        "with calibration data)",
-    )
-    types.add_argument(
-        "--smoothquant",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="move outlier input channels of MatMul/Gemm layers into their weights (default: on for 8-bit activations "
-        "with calibration arrays)",
-    )
-    types.add_argument(
-        "--awq",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="scale up weight rows that meet large inputs before rounding (default: on for 2/4-bit weight-only "
-        "with calibration arrays)",
-    )
-    types.add_argument(
-        "--equalize",
-        action="store_true",
-        help="cross-layer equalization of Conv -> Relu -> Conv pairs (off by default: it did not help the CNNs measured)",
-    )
-    types.add_argument(
-        "--finetune",
-        type=int,
-        default=0,
-        metavar="STEPS",
-        help="train the quantized model's scales and weights STEPS steps against the float model on the calibration "
-        "data (needs torch); kept only if it beats the post-training model on the held-out data",
-    )
-    types.add_argument(
-        "--finetune-scales-only", action="store_true", help="with --finetune, train the scales and leave the weights' codes"
-    )
-    types.add_argument(
-        "--exclude", nargs="+", action="extend", default=[], metavar="NAME_OR_OP", help="node names or op types to leave in float"
-    )
-    types.add_argument(
-        "--opset", type=int, metavar="N", help="the output's opset (default: the model's, raised as far as the types need)"
+    algorithms = parser.add_argument_group(
+        "algorithms", "each on by default where it helps the types and data given (docs/reference/options.md)"
     )
     target = parser.add_argument_group(
         "accuracy target",
         "qlinear promotes the most sensitive nodes (wider weights, 16-bit activations, then float) until the target holds; "
-        "default: 99% top-1 agreement with the float model, or 30 dB output SQNR for an output that does not classify",
+        f"default: {DEFAULT_AGREEMENT:.0%} top-1 agreement with the float model, or {DEFAULT_SQNR_DB:g} dB output SQNR for an "
+        "output that does not classify",
     )
-    target.add_argument("--target-agreement", type=float, metavar="SHARE", help="top-1 agreement to reach, e.g. 0.995")
-    target.add_argument("--target-sqnr", type=float, metavar="DB", help="output SQNR to reach, in dB")
-    target.add_argument("--no-promote", action="store_true", help="keep the types asked for everywhere (no target)")
-    target.add_argument(
-        "--max-float",
-        type=float,
-        default=0.25,
-        metavar="SHARE",
-        help="share of the quantized nodes promotions may leave float (default 0.25)",
-    )
+    runtime = parser.add_argument_group("target runtime")
+    groups = {"data": data, "types": types, "algorithms": algorithms, "accuracy target": target, "target runtime": runtime}
+    add_option_arguments(groups, QuantizeOptions)
     target.add_argument(
         "--analyze", action="store_true", help="print every node's sensitivity (output SQNR with only that node quantized)"
     )
@@ -243,31 +148,7 @@ def _quantize(args: argparse.Namespace, err: Console):
         raise QuantizationError("give MODEL.onnx, or --demo")
     if output is None:
         raise QuantizationError("give the output path with -o OUT.onnx")
-    activations = None if args.activations == "none" else args.activations
-    options = QuantizeOptions(
-        weights=args.weights,
-        activations=activations,
-        method=args.method,
-        granularity=args.granularity,
-        block_size=args.block_size,
-        symmetric=args.symmetric,
-        weight_clip=args.weight_clip,
-        exclude=tuple(args.exclude),
-        percentile=args.percentile,
-        opset=args.opset,
-        batch_size=args.batch_size,
-        target_agreement=args.target_agreement,
-        target_sqnr_db=args.target_sqnr,
-        promote=not args.no_promote,
-        max_float=args.max_float,
-        bias_correction=args.bias_correction,
-        gptq=args.gptq,
-        smoothquant=args.smoothquant,
-        awq=args.awq,
-        equalize=args.equalize,
-        finetune=args.finetune,
-        finetune_weights=not args.finetune_scales_only,
-    )
+    options = QuantizeOptions(**values_from_args(args, QuantizeOptions))
     return quantize_model(
         model,
         output,

@@ -12,7 +12,7 @@ elements and ``"cpu"`` for the rest, but ``"reference"`` again while the cpu
 kernel for the call is not compiled yet (it compiles in the background:
 cpu/_warm.py). Both give the same bits, so the choice changes only the
 time: a small call is as fast on numpy and does not pay numba's start-up
-(0.3-0.5 s in a fresh process, docs/performance.md), and no call waits
+(0.3-0.5 s in a fresh process, docs/reference/performance.md), and no call waits
 for the compiler.
 """
 
@@ -37,7 +37,7 @@ AUTO = "auto"
 # size from which the warm cpu kernel is as fast as numpy in the cases
 # measured (2-core AVX-512 machine, numba 0.68 on 2 threads; Q from
 # float32 and DQ back to float32 for uint8, packed int4 and float8e4m3fn,
-# per tensor and blocked 32; docs/performance.md has the table). A cpu call
+# per tensor and blocked 32; docs/reference/performance.md has the table). A cpu call
 # costs 13-19 us whatever its size (argument checks, waking numba's
 # threads); numpy starts at 9-25 us and grows. Below 2048 elements numpy is
 # at most 12 us slower (packed int4); from 2048 up the cpu kernel is as fast

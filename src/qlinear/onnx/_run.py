@@ -14,7 +14,7 @@ Backends:
   operators for the Q/DQ nodes whose types ONNX Runtime has no kernel for
   (int2, float4, float6, ...): computed once where their inputs are
   constants (weights), else run between ONNX Runtime segments
-  (:mod:`._mixed`). Bit for bit what ``"qlinear"`` gives on Q/DQ graphs,
+  (:mod:`._ort_with_qlinear`). Bit for bit what ``"qlinear"`` gives on Q/DQ graphs,
   at ONNX Runtime's speed for the rest.
 - ``"reference"``: onnx's reference evaluator alone.
 """
@@ -27,48 +27,19 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import OpRun
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx._analysis import check_model
 from qlinear.onnx._io import load
 from qlinear.onnx._large import inline
-from qlinear.onnx._node_case import NodeCase, run_qlinear
 from qlinear.onnx._ort_values import from_ort_value, to_ort_value
-from qlinear.onnx._qdq_check import QDQ_OPS
+from qlinear.onnx._ort_with_qlinear import MixedRunner
+from qlinear.onnx._qlinear_nodes import QLINEAR_OPS
 
 __all__ = ["BACKENDS", "run"]
 
 BACKENDS = ("qlinear", "onnxruntime", "onnxruntime+qlinear", "reference")
-_INPUT_COUNT = {"QuantizeLinear": 3, "DequantizeLinear": 3, "DynamicQuantizeLinear": 1}
-
-
-class _QDQ(OpRun):
-    """A Q/DQ node computed by :func:`qlinear.onnx._node_case.run_qlinear`."""
-
-    # No schema: attributes come from the node as written, and the operator
-    # version in force at the model's opset supplies the defaults.
-    op_schema = None
-
-    def __init__(self, onnx_node: onnx.NodeProto, run_params: dict[str, Any]) -> None:
-        super().__init__(onnx_node, run_params)
-        self._opset = run_params["opsets"][onnx_node.domain]
-        self._attrs = {a.name: helper.get_attribute_value(a) for a in onnx_node.attribute}
-
-    def _run(self, *inputs: np.ndarray | None, **_attributes: Any) -> tuple[np.ndarray, ...]:
-        node = self.onnx_node
-        arrays = list(inputs) + [None] * (_INPUT_COUNT[node.op_type] - len(inputs))
-        case = NodeCase(node.name, node.op_type, self._opset, arrays, dict(self._attrs), node.domain)
-        try:
-            return tuple(run_qlinear(case))
-        except QuantizationError as e:
-            raise QuantizationError(f"node {node.name or node.op_type!r}: {e}") from None
-
-
-# The evaluator looks custom operators up by (op_domain, class name).
-_QLINEAR_OPS = [type(op, (_QDQ,), {"op_domain": domain}) for op in QDQ_OPS for domain in ("", "com.microsoft")]
 
 
 def run(
@@ -123,12 +94,10 @@ def run(
     if backend == "onnxruntime":
         values = _run_onnxruntime(model, arrays, names)
     elif backend == "onnxruntime+qlinear":
-        from qlinear.onnx._mixed import MixedRunner
-
         got = MixedRunner(model)(arrays, names)
         values = [got[n] for n in names]
     else:
-        evaluator = ReferenceEvaluator(model, new_ops=_QLINEAR_OPS if backend == "qlinear" else None)
+        evaluator = ReferenceEvaluator(model, new_ops=QLINEAR_OPS if backend == "qlinear" else None)
         values = evaluator.run(names, arrays)
     return dict(zip(names, values, strict=True))
 

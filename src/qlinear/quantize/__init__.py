@@ -1,8 +1,11 @@
 """Post-training quantization of float ONNX models into standard QDQ models.
 
-A pipeline of small passes (DESIGN.md): load, prepare, plan, calibrate,
-choose, convert, check fusion, evaluate, report. :func:`quantize_model`
-runs them; ``qlinear quantize`` is its command line.
+:func:`quantize_model` runs the stages (:mod:`._stages`: load and resolve the
+configuration, prepare, float rewrites, calibrate, build, meet the accuracy
+target, refine, finalize for the target, evaluate, report, write); the
+runtime's rules are a target (:mod:`.targets`), each algorithm a module
+behind :mod:`.algorithms`; ``qlinear quantize`` is its command line.
+docs/explanation/architecture.md draws the whole.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from qlinear.quantize._options import (
     QuantizeOptions,
 )
 from qlinear.quantize._pipeline import QuantizeResult, quantize_model
-from qlinear.quantize._report import print_report, report_json
+from qlinear.quantize._report import report_json
+from qlinear.quantize._report_print import print_report
 from qlinear.quantize._stats import TensorStats
 from qlinear.quantize._stream import StreamResult, quantize_weights_streaming
 

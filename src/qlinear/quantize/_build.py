@@ -10,6 +10,7 @@ to an opset: nothing is calibrated twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -18,13 +19,18 @@ from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._choose import QuantParams, activation_params
-from qlinear.quantize._convert import TYPE_OPSET, ConvertedNode, at_opset, convert, required_opset
+from qlinear.quantize._convert import ConvertedNode, convert
 from qlinear.quantize._integer_gates import integer_gates
 from qlinear.quantize._model import FloatModel
-from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._opset import at_opset, required_opset
 from qlinear.quantize._plan import Plan, plan
 from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._stats import TensorStats
+from qlinear.spec import type_opset
+
+if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
+    from qlinear.quantize._options import QuantizeOptions
+
 
 __all__ = ["Built", "ModelBuilder"]
 
@@ -59,7 +65,7 @@ class ModelBuilder:
 
     def allows(self, type_name: str) -> bool:
         """Whether a type fits the opset the user fixed (any type does when none was fixed)."""
-        return self.options.opset is None or TYPE_OPSET[type_name] <= self.options.opset
+        return self.options.opset is None or type_opset(type_name) <= self.options.opset
 
     def params(self, tensor: str, type_name: str) -> QuantParams:
         """The activation parameters of ``tensor`` as ``type_name``, chosen once from its statistics."""

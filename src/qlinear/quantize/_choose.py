@@ -20,19 +20,21 @@ not depend on the batch size:
 Scales are never zero or subnormal: an all-zero tensor (or channel) gets
 scale 1, and any scale below float32's smallest normal value 2**-126 is
 raised to it, so a QuantizeLinear never divides by zero and the model holds
-no NaN (docs/quantize.md).
+no NaN (docs/reference/calibration.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
+from onnx import TensorProto
 
 from qlinear.dtypes import ElementType
 from qlinear.quantize._stats import TensorStats
 
-__all__ = ["QuantParams", "activation_params", "clipped_range", "scale_and_zero_point", "weight_params"]
+__all__ = ["QuantParams", "activation_params", "clipped_range", "in_float_type", "scale_and_zero_point", "weight_params"]
 
 _SMALLEST_NORMAL = np.float32(2.0**-126)  # 1.1754944e-38
 _FACTORS = np.arange(128, 0, -1, dtype=np.float64) / 128  # range shrink factors searched by mse and entropy
@@ -228,3 +230,17 @@ def _float_roundtrip(groups: np.ndarray, s: np.ndarray, t: ElementType) -> np.nd
     with np.errstate(all="ignore"):
         q = np.clip(groups / s, -_qmax(t), _qmax(t)).astype(np.float32).astype(t.dtype)
         return q.astype(np.float64) * s
+
+
+# The float types a model's tensors come in, and the smallest normal value of each (scales never go below it).
+_FLOAT_TYPES = {
+    TensorProto.FLOAT: (np.dtype(np.float32), 2.0**-126),
+    TensorProto.FLOAT16: (np.dtype(np.float16), 2.0**-14),
+    TensorProto.BFLOAT16: (np.dtype(ml_dtypes.bfloat16), 2.0**-126),
+}
+
+
+def in_float_type(scale: np.ndarray, elem_type: int) -> np.ndarray:
+    """``scale`` in the float type of the tensor it scales (float32 for any other), never below its smallest normal value."""
+    dtype, smallest = _FLOAT_TYPES.get(elem_type, _FLOAT_TYPES[TensorProto.FLOAT])
+    return np.asarray(np.maximum(scale.astype(np.float64), smallest), dtype)

@@ -15,31 +15,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import qlinear
-from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type, to_tensor_proto
 from qlinear.onnx._graph import names_read
-from qlinear.quantize._bias_correction import output_shift, site
-from qlinear.quantize._choose import QuantParams, weight_params
-from qlinear.quantize._gptq import gptq_weight, layer_input
+from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._model import FloatModel, reserve_name
-from qlinear.quantize._options import QuantizeOptions
-from qlinear.quantize._plan import DATA_MOVEMENT_OPS, NodePlan, Plan
+from qlinear.quantize._node_plan import NodePlan
+from qlinear.quantize._opset import at_opset
+from qlinear.quantize._plan import DATA_MOVEMENT_OPS, Plan
+from qlinear.quantize.algorithms.bias_correction import output_shift, site
+from qlinear.quantize.algorithms.gptq import gptq_weight, layer_input
 
-__all__ = ["TYPE_OPSET", "ConvertedNode", "at_opset", "convert", "in_float_type", "required_opset", "sqnr_db"]
+if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
+    from qlinear.quantize._options import QuantizeOptions
+
+
+__all__ = ["ConvertedNode", "convert", "sqnr_db"]
 
 _INT32 = np.iinfo(np.int32)
-# The first ai.onnx opset that holds each type in QuantizeLinear/DequantizeLinear.
-TYPE_OPSET = {
-    "uint8": 10, "int8": 10, "int32": 10, "float8e4m3fn": 19, "float8e5m2": 19, "uint16": 21, "int16": 21,
-    "uint4": 21, "int4": 21, "float4e2m1": 23, "uint2": 25, "int2": 25,
-}  # fmt: skip
 
 
 @dataclass
@@ -72,18 +71,6 @@ def sqnr_db(signal_power: float, noise_power: float) -> float | None:
     if signal_power <= 0:
         return -math.inf
     return 10.0 * math.log10(signal_power / noise_power)
-
-
-def required_opset(plan: Plan, options: QuantizeOptions, *, sixteen_bit_floats: bool = False) -> int:
-    """The lowest ai.onnx opset whose QuantizeLinear/DequantizeLinear hold the plan's types and the granularity.
-
-    ``sixteen_bit_floats``: some quantized tensor is float16 or bfloat16,
-    which QuantizeLinear takes from version 19.
-    """
-    need = max([19 if sixteen_bit_floats else 13, *(TYPE_OPSET[t] for t in plan.types_used())])  # 13: per-channel (axis)
-    if options.granularity == "blocked" and any(p.weight_type for p in plan.nodes):
-        need = max(need, 21)
-    return need
 
 
 def convert(
@@ -393,40 +380,6 @@ def _set_bias(node: onnx.NodeProto, name: str) -> None:
         node.input[2] = name
     else:
         node.input.append(name)
-
-
-# The float types a model's tensors come in, and the smallest normal value of each (scales never go below it).
-_FLOAT_TYPES = {
-    TensorProto.FLOAT: (np.dtype(np.float32), 2.0**-126),
-    TensorProto.FLOAT16: (np.dtype(np.float16), 2.0**-14),
-    TensorProto.BFLOAT16: (np.dtype(ml_dtypes.bfloat16), 2.0**-126),
-}
-
-
-def in_float_type(scale: np.ndarray, elem_type: int) -> np.ndarray:
-    """``scale`` in the float type of the tensor it scales (float32 for any other), never below its smallest normal value."""
-    dtype, smallest = _FLOAT_TYPES.get(elem_type, _FLOAT_TYPES[TensorProto.FLOAT])
-    return np.asarray(np.maximum(scale.astype(np.float64), smallest), dtype)
-
-
-def at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """A copy of ``model`` whose ai.onnx opset is ``opset`` (converted by onnx's version converter when raised)."""
-    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < current:
-        raise QuantizationError(f"quantize: opset must be at least the model's opset {current}, got {opset}")
-    if opset == current:
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-    else:
-        try:
-            out = onnx.version_converter.convert_version(model, opset)
-        except Exception as e:  # the converter raises many types; the user needs the one line
-            raise QuantizationError(
-                f"quantize: the chosen types need opset {opset}, and converting the model from opset {current} failed: "
-                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            ) from None
-    out.ir_version = max(out.ir_version, helper.find_min_ir_version_for([helper.make_opsetid("", opset)], ignore_unknown=True))
-    return out
 
 
 class _Names:

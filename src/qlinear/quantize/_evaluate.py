@@ -22,9 +22,10 @@ import onnx
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx._graph import producers
-from qlinear.quantize._calibrate import run_batch, session, with_outputs
+from qlinear.onnx._ort_with_qlinear import MixedRunner
 from qlinear.quantize._convert import sqnr_db
 from qlinear.quantize._data import Dataset, samples_in
+from qlinear.quantize._session import run_batch, session, with_outputs
 
 __all__ = ["Evaluation", "Reference", "Runner", "evaluate", "latency_ms", "output_figures"]
 
@@ -46,8 +47,6 @@ class Runner:
             self._session = session(self.model, arena=not outputs)  # many tensors: see session()
             self.backend = "onnxruntime"
         except QuantizationError:  # no kernels for its types (float4, int2)
-            from qlinear.onnx._mixed import MixedRunner
-
             self._session = None
             self._mixed = MixedRunner(self.model)
             self.backend = "onnxruntime+qlinear"

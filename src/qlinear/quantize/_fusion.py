@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto
 
 from qlinear.onnx._graph import readers
-from qlinear.quantize._calibrate import optimized_graph
+from qlinear.quantize._session import optimized_graph
 
 __all__ = ["GATHER_CODES", "INTEGER_KERNELS", "FusionCheck", "check_fusion", "float_by_design"]
 
@@ -79,7 +79,7 @@ OUTPUT_AT_SIXTEEN_BITS = (
     "a 16-bit output: a promoted reader takes its output at 16 bits through a Transpose or Reshape, whose "
     "QuantizeLinear ONNX Runtime moves up to this node, and no integer kernel has 8-bit inputs and a 16-bit output"
 )
-# A Conv with quantized inputs and no QuantizeLinear after it (the plan's ``_output_for_q``): its output is a
+# A Conv with quantized inputs and no QuantizeLinear after it (``_output_for_q`` in :mod:`._node_plan`): its output is a
 # model output, or a subgraph reads it by name, and ONNX Runtime's QLinearConv needs that QuantizeLinear.
 MODEL_OUTPUT_CONV = (
     "a Conv whose output is a model output: qlinear leaves model outputs unrounded (and a subgraph that reads "

@@ -17,6 +17,8 @@ import math
 from typing import Any
 
 from qlinear._errors import QuantizationError
+from qlinear.quantize._option_fields import command_words
+from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._plan import PROMOTED_TO_FLOAT
 
 __all__ = ["render_html", "report_from_json"]
@@ -222,36 +224,7 @@ def _command(report: dict[str, Any]) -> str:
     """The command line that repeats the run's settings."""
     s = report["settings"]
     parts = ["qlinear quantize", report["model"]["input"], "-o", str(report["model"]["output"] or "OUT.onnx")]
-    parts += ["--weights", s["weights"], "--activations", s["activations"] or "none", "--granularity", s["granularity"]]
-    if s.get("block_size"):
-        parts += ["--block-size", str(s["block_size"])]
-    parts += ["--method", s["method"], "--weight-clip", s["weight_clip"], "--batch-size", str(s["batch_size"])]
-    if s.get("symmetric"):
-        parts.append("--symmetric")
-    if s.get("opset"):
-        parts += ["--opset", str(s["opset"])]
-    for flag, key in (
-        ("--bias-correction", "bias_correction"),
-        ("--gptq", "gptq"),
-        ("--smoothquant", "smoothquant"),
-        ("--awq", "awq"),
-    ):
-        if key in s and s[key] is not None:
-            parts.append(flag if s[key] else "--no-" + flag[2:])
-    if s.get("equalize"):
-        parts.append("--equalize")
-    if s.get("finetune"):
-        parts += ["--finetune", str(s["finetune"])] + ([] if s.get("finetune_weights", True) else ["--finetune-scales-only"])
-    if s.get("target_agreement") is not None:
-        parts += ["--target-agreement", f"{s['target_agreement']:g}"]
-    if s.get("target_sqnr_db") is not None:
-        parts += ["--target-sqnr", f"{s['target_sqnr_db']:g}"]
-    if s.get("promote") is False:
-        parts.append("--no-promote")
-    if s.get("max_float") is not None:
-        parts += ["--max-float", f"{s['max_float']:g}"]
-    if s.get("exclude"):
-        parts += ["--exclude", *s["exclude"]]
+    parts += command_words(s, QuantizeOptions)
     cal = report.get("calibration", {})
     if cal.get("from_stats"):
         parts += ["--stats", cal["from_stats"]]

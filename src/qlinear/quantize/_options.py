@@ -1,11 +1,25 @@
-"""What the user asked the quantizer for, checked once."""
+"""What the user asked the quantizer for: one frozen configuration, checked once, and its defaults resolved once.
+
+:class:`QuantizeOptions` holds the formats, the calibration method, the
+accuracy target and every registered algorithm's options (each
+algorithm's module declares its own fields: see
+:mod:`qlinear.quantize.algorithms`). Each field's metadata
+(:mod:`qlinear.quantize._option_fields`) gives its flag, help and default
+to the command line, the report and the options reference. How a run
+executes (workers, Ray, resuming, progress) is not here: those are
+arguments of :func:`qlinear.quantize.quantize_model`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from typing import Any
 
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType, element_type
+from qlinear.quantize._option_fields import option, option_fields
+from qlinear.quantize.algorithms import ALGORITHMS, Facts
+from qlinear.quantize.targets import DEFAULT_TARGET, TARGETS
 
 __all__ = [
     "ACTIVATION_TYPES",
@@ -15,6 +29,7 @@ __all__ = [
     "METHODS",
     "WEIGHT_TYPES",
     "QuantizeOptions",
+    "resolve",
 ]
 
 WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "float8e4m3fn", "float8e5m2", "float4e2m1")
@@ -25,90 +40,126 @@ WEIGHT_CLIPS = ("minmax", "mse")
 # The target promotions reach when none is given: top-1 agreement for outputs that classify, else output SQNR.
 DEFAULT_AGREEMENT = 0.99
 DEFAULT_SQNR_DB = 30.0
-# The operators quantized by default: the ones that do the arithmetic.
-COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# The block size granularity="blocked" takes when none is given.
+DEFAULT_BLOCK_SIZE = 32
+
+_TARGET = "accuracy target"
+# The formats, the calibration method and the accuracy target, in the order the report lists them.
+_CORE_FIELDS = (
+    (
+        "weights",
+        str,
+        option("int8", choices=WEIGHT_TYPES, metavar="TYPE", shown=True, help="weight type: {choices} (default {default})"),
+    ),
+    (
+        "activations",
+        str | None,
+        option(
+            "uint8",
+            choices=ACTIVATION_TYPES,
+            metavar="TYPE",
+            none_word="none",
+            shown=True,
+            help="activation type: {choices}, or none for weight-only (default {default})",
+        ),
+    ),
+    (
+        "method",
+        str,
+        option("mse", choices=METHODS, metavar="M", shown=True, help="activation ranges: {choices} (default {default})"),
+    ),
+    (
+        "granularity",
+        str,
+        option("per-channel", choices=GRANULARITIES, metavar="G", shown=True, help="weights: {choices} (default {default})"),
+    ),
+    (
+        "block_size",
+        int,
+        option(0, type=int, metavar="N", help=f"elements a block with --granularity blocked (default {DEFAULT_BLOCK_SIZE})"),
+    ),
+    ("symmetric", bool, option(False, form="switch", help="signed, symmetric activations (zero point 0)")),
+    (
+        "weight_clip",
+        str,
+        option(
+            "minmax",
+            choices=WEIGHT_CLIPS,
+            metavar="C",
+            shown=True,
+            help="weight ranges: minmax, or mse (least-error clipping per channel or block; default {default})",
+        ),
+    ),
+    (
+        "exclude",
+        tuple[str, ...],
+        option(default_factory=tuple, form="list", metavar="NAME_OR_OP", help="node names or op types to leave in float"),
+    ),
+    (
+        "percentile",
+        float,
+        option(99.999, type=float, metavar="P", help="share of values kept by --method percentile (default {default})"),
+    ),
+    (
+        "opset",
+        int | None,
+        option(None, type=int, metavar="N", help="the output's opset (default: the model's, raised as far as the types need)"),
+    ),
+    (
+        "batch_size",
+        int,
+        option(
+            16,
+            type=int,
+            metavar="N",
+            group="data",
+            shown=True,
+            help="samples a batch (default {default}; a model with a fixed batch runs at it); the model does not depend on it",
+        ),
+    ),
+    (
+        "target_agreement",
+        float | None,
+        option(None, type=float, metavar="SHARE", group=_TARGET, help="top-1 agreement to reach, e.g. 0.995"),
+    ),
+    (
+        "target_sqnr_db",
+        float | None,
+        option(None, type=float, flag="--target-sqnr", metavar="DB", group=_TARGET, help="output SQNR to reach, in dB"),
+    ),
+    (
+        "promote",
+        bool,
+        option(True, form="negated", flag="--no-promote", group=_TARGET, help="keep the types asked for everywhere (no target)"),
+    ),
+    (
+        "max_float",
+        float,
+        option(
+            0.25,
+            type=float,
+            metavar="SHARE",
+            group=_TARGET,
+            shown=True,
+            help="share of the quantized nodes promotions may leave float (default {default})",
+        ),
+    ),
+    (
+        "target",
+        str,
+        option(
+            DEFAULT_TARGET,
+            choices=tuple(TARGETS),
+            metavar="RUNTIME",
+            group="target runtime",
+            help="the runtime the model is placed for: {choices} (default {default})",
+        ),
+    ),
+)
 
 
-@dataclass(frozen=True)
-class QuantizeOptions:
-    """The quantizer's settings (the command line's flags, one field each).
-
-    Attributes:
-        weights: the weights' type (``WEIGHT_TYPES``).
-        activations: the activations' type (``ACTIVATION_TYPES``), or None
-            for weight-only quantization.
-        method: how activation ranges are chosen from the statistics (default ``"mse"``).
-        granularity: weights per tensor, per output channel (the default)
-            or in blocks along the reduction axis.
-        block_size: elements a block; default 32 for 2/4-bit weights with
-            ``granularity="blocked"``; 0 otherwise.
-        symmetric: activations signed and symmetric (zero point 0).
-        weight_clip: ``"minmax"`` (the default) or ``"mse"`` (per channel or
-            block, the clipping range of least squared error).
-        exclude: node names or op types left in float.
-        percentile: the share of values inside the range for ``method="percentile"``.
-        opset: the output's ai.onnx opset; None: the lowest that holds the types.
-        batch_size: samples a calibration batch.
-        target_agreement: promote sensitive nodes until the top-1 agreement
-            with the float model on the eval data is at least this share.
-        target_sqnr_db: promote until the output SQNR is at least this.
-        promote: with neither target given, promote to the default target
-            (:data:`DEFAULT_AGREEMENT`, or :data:`DEFAULT_SQNR_DB` for an
-            output that does not classify); False: keep the types asked for
-            everywhere.
-        max_float: the share of the quantized nodes promotions may leave
-            float, rounded up (0: none).
-        bias_correction: take the mean error each quantized weight adds to
-            its layer's output back out through the bias (Conv, Gemm, and
-            MatMul followed by a bias Add), from the calibration data's
-            per-channel input means. None (the default): on wherever there
-            is calibration data (not with saved statistics alone).
-        gptq: round MatMul and Gemm weights of integer types (per channel
-            or blocked) by GPTQ, from the Gram matrix of each layer's input
-            on the calibration data, instead of to nearest. None (the
-            default): on for 2- and 4-bit integer weights wherever there is
-            calibration data.
-        smoothquant: move outlier input channels of MatMul/Gemm layers into
-            their weights (alpha searched per activation) before quantizing.
-            None (the default): on for 8-bit integer activations wherever
-            the calibration data can be read twice (arrays, not a stream).
-        awq: for weight-only layers, scale up the weight rows that meet
-            large inputs before rounding (alpha searched per activation).
-            None (the default): on for 2- and 4-bit integer weight-only
-            quantization wherever the calibration data can be read twice.
-        equalize: cross-layer equalization of ``Conv -> [Relu] -> Conv``
-            pairs before quantizing (needs no data). Off by default: on the
-            CNNs measured it lowered the output SQNR (docs/quantize.md).
-        finetune: after the post-training model (and its promotions), train
-            its scales this many steps by distillation against the float
-            model on the calibration data (needs torch); kept only where it
-            beats the post-training model on the held-out data. 0: off.
-        finetune_weights: train the weights too, from their float values
-            (their codes change); False: the scales alone.
-    """
-
-    weights: str = "int8"
-    activations: str | None = "uint8"
-    method: str = "mse"
-    granularity: str = "per-channel"
-    block_size: int = 0
-    symmetric: bool = False
-    weight_clip: str = "minmax"
-    exclude: tuple[str, ...] = field(default_factory=tuple)
-    percentile: float = 99.999
-    opset: int | None = None
-    batch_size: int = 16
-    target_agreement: float | None = None
-    target_sqnr_db: float | None = None
-    promote: bool = True
-    max_float: float = 0.25
-    bias_correction: bool | None = None
-    gptq: bool | None = None
-    smoothquant: bool | None = None
-    awq: bool | None = None
-    equalize: bool = False
-    finetune: int = 0
-    finetune_weights: bool = True
+class _Checked:
+    """The checks and views :class:`QuantizeOptions` adds to its fields."""
 
     def __post_init__(self) -> None:
         _one_of("weights", self.weights, WEIGHT_TYPES)
@@ -117,10 +168,11 @@ class QuantizeOptions:
         _one_of("method", self.method, METHODS)
         _one_of("granularity", self.granularity, GRANULARITIES)
         _one_of("weight_clip", self.weight_clip, WEIGHT_CLIPS)
+        _one_of("target", self.target, tuple(TARGETS))
         if not isinstance(self.block_size, int) or self.block_size < 0:
             raise QuantizationError(f"quantize: block_size must be an int >= 0, got {self.block_size!r}")
         if self.granularity == "blocked" and self.block_size == 0:
-            object.__setattr__(self, "block_size", 32)
+            object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE)
         if self.granularity != "blocked" and self.block_size:
             raise QuantizationError(
                 f"quantize: block_size needs granularity='blocked', got block_size={self.block_size} with granularity={self.granularity!r}"
@@ -142,9 +194,10 @@ class QuantizeOptions:
         if self.symmetric and self.activations in ("uint8", "uint16"):
             signed = "int" + self.activations[4:]
             object.__setattr__(self, "activations", signed)
-        if not (isinstance(self.finetune, int) and not isinstance(self.finetune, bool) and self.finetune >= 0):
-            raise QuantizationError(f"quantize: finetune must be an int >= 0 (training steps), got {self.finetune!r}")
         object.__setattr__(self, "exclude", tuple(self.exclude))
+        for algorithm in ALGORITHMS:
+            if algorithm.validate is not None:
+                algorithm.validate(self)
 
     @property
     def weight_type(self) -> ElementType:
@@ -154,32 +207,60 @@ class QuantizeOptions:
     def activation_type(self) -> ElementType | None:
         return None if self.activations is None else element_type(self.activations)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The settings as plain values, enough to repeat the run."""
-        return {
-            "weights": self.weights,
-            "activations": self.activations,
-            "method": self.method,
-            "granularity": self.granularity,
-            "block_size": self.block_size,
-            "symmetric": self.symmetric,
-            "weight_clip": self.weight_clip,
-            "exclude": list(self.exclude),
-            "percentile": self.percentile,
-            "opset": self.opset,
-            "batch_size": self.batch_size,
-            "target_agreement": self.target_agreement,
-            "target_sqnr_db": self.target_sqnr_db,
-            "promote": self.promote,
-            "max_float": self.max_float,
-            "bias_correction": self.bias_correction,
-            "gptq": self.gptq,
-            "smoothquant": self.smoothquant,
-            "awq": self.awq,
-            "equalize": self.equalize,
-            "finetune": self.finetune,
-            "finetune_weights": self.finetune_weights,
-        }
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in dataclasses.fields(self)}
+
+
+# The core fields, then each registered algorithm's in the registry's order: an algorithm adds its options by
+# registering them, with no line here.
+QuantizeOptions = dataclasses.make_dataclass(
+    "QuantizeOptions",
+    [*_CORE_FIELDS, *(f for a in ALGORITHMS for f in a.fields)],
+    bases=(_Checked,),
+    frozen=True,
+)
+QuantizeOptions.__module__ = __name__  # pickled and shown as qlinear.quantize._options.QuantizeOptions
+QuantizeOptions.__doc__ = (
+    "The quantizer's settings: one field a flag of ``qlinear quantize`` (docs/reference/options.md lists them).\n\n"
+    "Attributes:\n"
+    + "".join(
+        f"    {f.name}: {o.help.format(choices=', '.join(o.choices or ()), default=f.default)}\n"
+        for f, o in option_fields(QuantizeOptions)
+    )
+)
+
+
+def resolve(options: QuantizeOptions, facts: Facts, *, batch_size: int | None = None) -> QuantizeOptions:
+    """``options`` with each algorithm the user left undecided (None) decided from ``facts``, and checked.
+
+    ``batch_size``: the batch the model fixes, where it fixes one (ONNX
+    Runtime runs it at no other). Raises QuantizationError where an
+    algorithm that is on cannot run on this data, naming it.
+    """
+    decided: dict[str, Any] = {}
+    if batch_size is not None and batch_size != options.batch_size:
+        decided["batch_size"] = batch_size
+    for algorithm in ALGORITHMS:
+        if algorithm.default is not None and getattr(options, algorithm.name) is None:
+            decided[algorithm.name] = algorithm.default(options, facts)
+    resolved = dataclasses.replace(options, **decided) if decided else options
+    for algorithm in ALGORITHMS:
+        if algorithm.check is not None and algorithm.on(resolved):
+            algorithm.check(resolved, facts)
+    return resolved
+
+
+def given(options: QuantizeOptions | None, values: dict[str, Any]) -> QuantizeOptions:
+    """The options of a call: ``options`` with ``values`` (its fields as keywords) over them, or ``values`` alone."""
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(QuantizeOptions)})
+    if unknown:
+        raise QuantizationError(f"quantize: unknown options {', '.join(unknown)}; QuantizeOptions has no such fields")
+    if options is None:
+        return QuantizeOptions(**values)
+    if not isinstance(options, QuantizeOptions):
+        raise QuantizationError(f"quantize: options must be a QuantizeOptions, got {type(options).__name__}")
+    return dataclasses.replace(options, **values) if values else options
 
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:

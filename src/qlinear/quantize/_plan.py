@@ -44,20 +44,25 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
 
 from qlinear.dtypes import element_type
 from qlinear.quantize._model import FloatModel
-from qlinear.quantize._options import COMPUTE_OPS, QuantizeOptions
+from qlinear.quantize._node_plan import NodePlan, node_plan
 from qlinear.quantize._precision import NodePrecision, wider_activation
 
+if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
+    from qlinear.quantize._options import QuantizeOptions
+
+
 __all__ = [
-    "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "TABLE_TYPE", "WIDENED_TABLE", "NodePlan", "Plan", "WeightPlan", "left_float_text",
-    "listed", "plan",
+    "COMPUTE_OPS", "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "TABLE_TYPE", "WIDENED_TABLE", "Plan", "left_float_text", "listed", "plan",
 ]  # fmt: skip
 
+# The operators quantized by default: the ones that do the arithmetic.
+COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # Ops whose output values are a subset or rearrangement of the input's: they
 # can run on quantized values with the input's parameters, exactly.
 DATA_MOVEMENT_OPS = frozenset(
@@ -73,41 +78,6 @@ TABLE_TYPE = {"int4": "int8", "int2": "int8", "uint4": "uint8", "uint2": "uint8"
 WIDENED_TABLE = "ONNX Runtime gathers 8-bit codes, not narrower ones"
 # Ops through which a value reaches a Log with its small values still small (see _tensors_before_a_log).
 _VALUE_PRESERVING_OPS = DATA_MOVEMENT_OPS | {"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Abs", "Identity"}
-# Ops a Q right after a Conv may absorb (ONNX Runtime's redundant-clip rule).
-_ACTIVATIONS_FOLDED = frozenset({"Relu", "Clip"})
-
-
-@dataclass(frozen=True)
-class WeightPlan:
-    """A constant input stored quantized: initializer ``tensor`` (input ``index`` of its node).
-
-    ``channel_axis`` is the output-channel axis (per-channel scales);
-    ``reduction_axis`` the axis blocks run along.
-    """
-
-    tensor: str
-    index: int
-    channel_axis: int
-    reduction_axis: int
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """How one compute node is quantized."""
-
-    name: str
-    op_type: str
-    weight: WeightPlan | None
-    activations: tuple[str, ...]  # inputs quantized as activations
-    bias: str | None = None  # Conv/Gemm bias initializer, stored as int32 when activations are quantized
-    output: str | None = None  # the tensor that takes the Q after the node (its output, or a folded Relu's)
-    weight_type: str | None = None  # the weight's type (None: no weight)
-    activation_type: str | None = None  # the type this node asks for its activations (None: float)
-
-    @property
-    def precision(self) -> NodePrecision:
-        """The types the node is quantized with: a side it does not quantize (an embedding's activations) is None."""
-        return NodePrecision(self.weight_type, self.activation_type)
 
 
 @dataclass
@@ -197,26 +167,24 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             continue
         act = element_type(p.activations) if p.activations else None
         weights_pair = not (act is not None and act.is_integer) or p.weights in _PAIRS_WITH_INTEGER_ACTIVATIONS
-        node_plan = _node_plan(
-            fm, node, act is not None, options.granularity == "blocked", weights_pair, graph_outputs, before_log
-        )
-        if isinstance(node_plan, str):
-            result.left_float.append((node.name, node.op_type, node_plan))
+        planned = node_plan(fm, node, act is not None, options.granularity == "blocked", weights_pair, graph_outputs, before_log)
+        if isinstance(planned, str):
+            result.left_float.append((node.name, node.op_type, planned))
             continue
-        weight_type = p.weights if node_plan.weight is not None else None
+        weight_type = p.weights if planned.weight is not None else None
         if node.op_type == "Gather" and weight_type in TABLE_TYPE:
             result.widened.append((node.name, weight_type, TABLE_TYPE[weight_type]))
             weight_type = TABLE_TYPE[weight_type]
-        node_plan = replace(
-            node_plan,
+        planned = replace(
+            planned,
             weight_type=weight_type,
-            activation_type=p.activations if node_plan.activations else None,
+            activation_type=p.activations if planned.activations else None,
         )
-        result.nodes.append(node_plan)
-        for t in (*node_plan.activations, *([node_plan.output] if node_plan.output else [])):
+        result.nodes.append(planned)
+        for t in (*planned.activations, *([planned.output] if planned.output else [])):
             calibrated[t] = wider_activation(calibrated[t], p.activations) if t in calibrated else p.activations
-        if node_plan.output is not None:
-            result.all_consumers_dequantize.add(node_plan.output)
+        if planned.output is not None:
+            result.all_consumers_dequantize.add(planned.output)
     if calibrated:
         _quantize_pool_inputs(fm, result, calibrated, excluded, graph_outputs)
         _share_through_data_movement(fm, result, calibrated, excluded, graph_outputs)
@@ -233,59 +201,6 @@ def listed(texts: list[str], most: int, sep: str = ", ") -> str:
 def left_float_text(left_float: list[tuple[str, str, str]], most: int) -> str:
     """``name (op): reason; ...`` for the first ``most`` entries of a plan's ``left_float``, and how many more."""
     return listed([f"{name} ({op}): {why}" for name, op, why in left_float], most, "; ")
-
-
-def _node_plan(
-    fm: FloatModel,
-    node: onnx.NodeProto,
-    quantize_activations: bool,
-    blocked: bool,
-    weights_pair: bool,
-    graph_outputs: set[str],
-    before_log: set[str],
-) -> NodePlan | str:
-    """The node's plan, or the reason it stays float."""
-    inputs = list(node.input)
-    op = node.op_type
-    const = [bool(i) and i in fm.initializers for i in inputs]
-    if op == "Gather":
-        if not const[0] or not fm.is_float(inputs[0]) or len(fm.shapes.get(inputs[0], ())) != 2:
-            return "not a 2-D float table"
-        return NodePlan(node.name, op, WeightPlan(inputs[0], 0, 0, 1), ())
-    if len(inputs) < 2 or not fm.is_float(inputs[0]):
-        return "not a float operation"
-    if node.output[0] in before_log:
-        return "output reaches a Log (rounding error would be unbounded relative error)"
-    weight = None
-    if const[1] and fm.is_float(inputs[1]):
-        weight = _weight(fm, node, 1)
-    elif op == "MatMul" and const[0] and fm.is_float(inputs[0]) and len(fm.shapes.get(inputs[0], ())) == 2:
-        weight = WeightPlan(inputs[0], 0, 0, 1)
-    # Blocked weights on MatMul/Gemm go with float activations: ONNX Runtime runs that as MatMulNBits,
-    # while its integer MatMul kernels take per-tensor or per-column weights only (a blocked DQ there is
-    # fused into MatMulIntegerToFloat all the same, which then fails at run time).
-    blocked_matmul = blocked and op in ("MatMul", "Gemm") and weight is not None
-    # Integer activations pair only with 8- and 4-bit integer weights: ONNX Runtime fuses the other
-    # weight types (2-bit, float8, float4) into QLinearConv or MatMulIntegerToFloat all the same, which
-    # then reject them and the model does not load.
-    unpaired = not weights_pair and weight is not None
-    quantize_activations = quantize_activations and not blocked_matmul and not unpaired
-    activations = (
-        tuple(i for k, i in enumerate(inputs[:2]) if i and not const[k] and fm.is_float(i)) if quantize_activations else ()
-    )
-    if weight is None and not activations:
-        return "no constant weight"
-    if op in ("Conv", "ConvTranspose") and weight is None:
-        return "weight is not a constant"
-    bias = None
-    if op in ("Conv", "ConvTranspose", "Gemm") and len(inputs) > 2 and const[2] and weight is not None and activations:
-        bias = _usable_bias(fm, node, weight)
-    output = None
-    if quantize_activations and op in ("Conv", "ConvTranspose") and activations:
-        output = _output_for_q(fm, node, graph_outputs)
-    elif quantize_activations and op in ("MatMul", "Gemm") and activations:
-        output = _output_for_q(fm, node, graph_outputs, clamp_only=True)
-    return NodePlan(node.name, op, weight, activations, bias, output)
 
 
 def _tensors_before_a_log(fm: FloatModel, depth: int = 8) -> set[str]:
@@ -305,57 +220,6 @@ def _tensors_before_a_log(fm: FloatModel, depth: int = 8) -> set[str]:
         if producer is not None and producer.op_type in _VALUE_PRESERVING_OPS and ops < depth:
             frontier.extend((i, ops + 1) for i in producer.input if i and i not in fm.initializers)
     return set(found)
-
-
-def _weight(fm: FloatModel, node: onnx.NodeProto, index: int) -> WeightPlan:
-    name = node.input[index]
-    rank = len(fm.shapes.get(name, ()))
-    op = node.op_type
-    if op == "Conv":
-        return WeightPlan(name, index, 0, 1)
-    if op == "ConvTranspose":
-        return WeightPlan(name, index, 1, 0)
-    if op == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return WeightPlan(name, index, 0, 1) if trans_b else WeightPlan(name, index, 1, 0)
-    # MatMul: (..., K, N) times the activation's (..., M, K).
-    return WeightPlan(name, index, rank - 1, rank - 2) if rank >= 2 else WeightPlan(name, index, 0, 0)
-
-
-def _usable_bias(fm: FloatModel, node: onnx.NodeProto, weight: WeightPlan) -> str | None:
-    """The bias, if it is a 1-D float constant with one value per output channel (then storable as int32)."""
-    name = node.input[2]
-    shape = fm.shapes.get(name, ())
-    channels = fm.shapes.get(weight.tensor, ())[weight.channel_axis] if fm.shapes.get(weight.tensor) else None
-    if not fm.is_float(name) or len(shape) != 1 or shape[0] != channels:
-        return None
-    if node.op_type == "Gemm" and any(a.name == "beta" and a.f != 1.0 for a in node.attribute):
-        return None
-    if node.op_type == "ConvTranspose" and any(a.name == "group" and a.i != 1 for a in node.attribute):
-        return None  # its weight scales run over M/group channels, not the bias's M
-    return name
-
-
-def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str], *, clamp_only: bool = False) -> str | None:
-    """Where the Q after a compute node goes: past a Relu or Clip that alone reads its output, else its output.
-
-    None where a reader no Q reaches (a model output, a subgraph's read by
-    name) would keep the tensor float beside it. ``clamp_only`` (MatMul,
-    Gemm): a Q only past such a clamp. ONNX Runtime groups the clamp with
-    the node as one its output QuantizeLinear makes redundant, and without
-    that QuantizeLinear the group matched no integer kernel (the MatMul ran
-    in float); with it the node runs as QLinearMatMul or QGemm. A Conv needs
-    the Q either way (QLinearConv).
-    """
-    out = node.output[0]
-    if out in graph_outputs or out in fm.read_in_subgraphs:
-        return None
-    users = fm.consumers.get(out, [])
-    if len(users) == 1 and users[0].op_type in _ACTIVATIONS_FOLDED:
-        after = users[0].output[0]
-        if after not in graph_outputs and after not in fm.read_in_subgraphs:
-            return after
-    return None if clamp_only else out
 
 
 # Pools ONNX Runtime fuses between a uint8 DequantizeLinear and QuantizeLinear (QLinearGlobalAveragePool, QLinearAveragePool).

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qlinear.dtypes import element_type
+
 __all__ = ["FLOAT", "NodePrecision", "candidate_steps", "next_step", "wider_activation"]
 
 WEIGHT_PROMOTION = {
@@ -19,8 +21,6 @@ WEIGHT_PROMOTION = {
     "float4e2m1": "float8e4m3fn", "float8e5m2": "float8e4m3fn", "float8e4m3fn": "int8",
 }  # fmt: skip
 ACTIVATION_PROMOTION = {"uint8": "uint16", "int8": "int16", "float8e4m3fn": "int16"}
-# Bits of each activation type, to pick the widest among a tensor's nodes.
-_ACTIVATION_BITS = {"uint8": 8, "int8": 8, "float8e4m3fn": 8, "uint16": 16, "int16": 16}
 
 
 @dataclass(frozen=True)
@@ -73,4 +73,4 @@ def _error(db: float | None) -> float:
 
 def wider_activation(a: str, b: str) -> str:
     """The wider of two activation types (the first on a tie)."""
-    return b if _ACTIVATION_BITS[b] > _ACTIVATION_BITS[a] else a
+    return b if element_type(b).bits > element_type(a).bits else a

@@ -1,4 +1,4 @@
-"""The prepare pass: float-exact rewrites that let ONNX Runtime fuse the quantized model.
+"""Float-exact rewrites that let a runtime fuse the quantized model; a target lists the ones it runs, in order.
 
 - ``MatMul(A, W) + b`` with a constant 2-D ``W``, a constant bias of one
   value per output and a 2-D ``A`` becomes ``Gemm(A, W, b)``. ONNX
@@ -52,32 +52,21 @@ Runtime's own folds move them.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qlinear.quantize._calibrate import optimized_graph
-from qlinear.quantize._model import FloatModel, attribute, index, reserve_name
+from qlinear.quantize._gemm_reshapes import gemm_between_open_reshapes, gemm_between_reshapes
+from qlinear.quantize._model import FloatModel, attribute, reserve_name
+from qlinear.quantize._session import optimized_graph
 
-__all__ = ["prepare"]
-
-
-def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
-    """``fm`` with the rewrites applied (in place), re-indexed."""
-    # In this order: constants are computed first, MatMul + Add becomes a Gemm, so a BatchNormalization after
-    # it folds too, and a constant Add after a Conv folds into the bias the normalization may have given it.
-    to_gemm = functools.partial(_matmul_add_to_gemm, integer_activations=not weight_only)
-    rewrites = [_drop_identities, _fold_constant_reshapes, to_gemm, _fold_batch_norms, _fold_conv_bias_adds]
-    rewrites += [_untranspose_gemm_weights] if weight_only else []
-    for rewrite in rewrites:
-        if rewrite(fm):
-            index(fm)
-    return fm
+__all__ = [
+    "drop_identities", "fold_batch_norms", "fold_constant_reshapes", "fold_conv_bias_adds", "matmul_add_to_gemm",
+    "untranspose_gemm_weights",
+]  # fmt: skip
 
 
-def _matmul_add_to_gemm(fm: FloatModel, *, integer_activations: bool = True) -> bool:
+def matmul_add_to_gemm(fm: FloatModel, *, integer_activations: bool = True) -> bool:
     g = fm.graph
     # An input of open leading dimensions -> its rows (one Reshape, one Q for all its Gemms) and its leading dimensions.
     leading: dict[str, tuple[str, str]] = {}
@@ -110,12 +99,12 @@ def _matmul_add_to_gemm(fm: FloatModel, *, integer_activations: bool = True) -> 
         if bias not in fm.initializers or fm.shapes.get(bias) != (n,) or not fm.is_float(bias):
             continue
         if static:
-            replace[node.name] = _gemm_between_reshapes(g, node, add, bias, a_shape, n, taken)
+            replace[node.name] = gemm_between_reshapes(g, node, add, bias, a_shape, n, taken)
             drop.add(add.name)
             continue
         if open_leading:
             k = fm.shapes[w][0]
-            replace[node.name] = _gemm_between_open_reshapes(g, node, add, bias, (k, n), fm.opset, taken, leading)
+            replace[node.name] = gemm_between_open_reshapes(g, node, add, bias, (k, n), fm.opset, taken, leading)
             drop.add(add.name)
             continue
         gemm = helper.make_node("Gemm", [a, w, bias], [add.output[0]], name=node.name)
@@ -138,82 +127,6 @@ def _matmul_add_to_gemm(fm: FloatModel, *, integer_activations: bool = True) -> 
     return True
 
 
-def _gemm_between_reshapes(
-    g: onnx.GraphProto, matmul: onnx.NodeProto, add: onnx.NodeProto, bias: str, a_shape: tuple, n: int, taken: set[str]
-) -> list[onnx.NodeProto]:
-    """``Reshape(A, (M, K)) -> Gemm(W, bias) -> Reshape(..., (..., N))`` for a MatMul + Add whose ``A`` has a fixed shape.
-
-    ONNX Runtime makes the same of it (its MatMul + Add fusion, for inputs of
-    fixed shape): as a MatMul there it became a Gemm behind a Reshape, with a
-    float bias and no QuantizeLinear after it, which no integer kernel takes.
-    """
-
-    fresh = functools.partial(reserve_name, taken=taken)
-
-    rows, cols = int(np.prod(a_shape[:-1])), a_shape[-1]
-    shape_in, shape_out = fresh(f"{matmul.name}_rows_shape"), fresh(f"{matmul.name}_out_shape")
-    g.initializer.extend(
-        [
-            numpy_helper.from_array(np.array([rows, cols], np.int64), shape_in),
-            numpy_helper.from_array(np.array([*a_shape[:-1], n], np.int64), shape_out),
-        ]
-    )
-    a2, y2 = fresh(f"{matmul.input[0]}_rows"), fresh(f"{add.output[0]}_rows")
-    return [
-        helper.make_node("Reshape", [matmul.input[0], shape_in], [a2], name=fresh(f"{matmul.name}_rows")),
-        helper.make_node("Gemm", [a2, matmul.input[1], bias], [y2], name=matmul.name),
-        helper.make_node("Reshape", [y2, shape_out], [add.output[0]], name=fresh(f"{matmul.name}_restore")),
-    ]
-
-
-def _gemm_between_open_reshapes(
-    g: onnx.GraphProto,
-    matmul: onnx.NodeProto,
-    add: onnx.NodeProto,
-    bias: str,
-    weight_shape: tuple[int, int],
-    opset: int,
-    taken: set[str],
-    leading: dict[str, tuple[str, str]],
-) -> list[onnx.NodeProto]:
-    """``Reshape(A, (-1, K)) -> Gemm(W, bias) -> Reshape(..., (A's leading dimensions, N))`` for an ``A`` of open shape.
-
-    A transformer exported with a dynamic batch or sequence length: as a
-    MatMul, ONNX Runtime ran it as MatMulIntegerToFloat and the bias as a
-    float Add over the whole output; as a Gemm the int32 bias is added in
-    QGemm's accumulator. The rows and the leading dimensions (``Shape``,
-    and ``Slice`` before opset 15) are made once for every Gemm reading
-    ``A``, as q, k and v read one LayerNorm: one Reshape, so one
-    QuantizeLinear, and SmoothQuant sees the three layers together.
-    """
-    fresh = functools.partial(reserve_name, taken=taken)
-    a = matmul.input[0]
-    k, n = weight_shape
-    nodes = []
-    if a not in leading:
-        rows, rows_shape, lead = fresh(f"{a}_rows"), fresh(f"{a}_rows_shape"), fresh(f"{a}_leading")
-        g.initializer.append(numpy_helper.from_array(np.array([-1, k], np.int64), rows_shape))
-        if opset >= 15:  # Shape takes start and end from opset 15
-            nodes.append(helper.make_node("Shape", [a], [lead], name=fresh(f"{a}_leading"), end=-1))
-        else:
-            shape, start, end = fresh(f"{a}_shape"), fresh(f"{a}_leading_start"), fresh(f"{a}_leading_end")
-            g.initializer.extend([numpy_helper.from_array(np.array([v], np.int64), t) for v, t in ((0, start), (-1, end))])
-            nodes.append(helper.make_node("Shape", [a], [shape], name=fresh(f"{a}_shape")))
-            nodes.append(helper.make_node("Slice", [shape, start, end], [lead], name=fresh(f"{a}_leading")))
-        # The Reshape reads A last: ONNX Runtime then lets its output alias A's buffer instead of copying it.
-        nodes.append(helper.make_node("Reshape", [a, rows_shape], [rows], name=fresh(f"{a}_rows")))
-        leading[a] = (rows, lead)
-    rows, lead = leading[a]
-    width, y2, out_shape = fresh(f"{matmul.name}_width"), fresh(f"{add.output[0]}_rows"), fresh(f"{matmul.name}_out_shape")
-    g.initializer.append(numpy_helper.from_array(np.array([n], np.int64), width))
-    return [
-        *nodes,
-        helper.make_node("Gemm", [rows, matmul.input[1], bias], [y2], name=matmul.name),
-        helper.make_node("Concat", [lead, width], [out_shape], name=fresh(f"{matmul.name}_out_shape"), axis=0),
-        helper.make_node("Reshape", [y2, out_shape], [add.output[0]], name=fresh(f"{matmul.name}_restore")),
-    ]
-
-
 def _gemm_outputs_onnx_runtime_makes(fm: FloatModel) -> set[str]:
     """The outputs of the Gemm nodes in ONNX Runtime's basic optimization of the float model (none if it cannot load it)."""
     optimized = optimized_graph(fm.model, basic=True)
@@ -222,7 +135,7 @@ def _gemm_outputs_onnx_runtime_makes(fm: FloatModel) -> set[str]:
     return {n.output[0] for n in optimized.graph.node if n.op_type == "Gemm" and n.domain in ("", "ai.onnx")}
 
 
-def _untranspose_gemm_weights(fm: FloatModel) -> bool:
+def untranspose_gemm_weights(fm: FloatModel) -> bool:
     changed = False
     for node in fm.graph.node:
         if node.op_type != "Gemm" or attribute(node, "transB", 0) != 1 or attribute(node, "transA", 0) != 0:
@@ -236,7 +149,7 @@ def _untranspose_gemm_weights(fm: FloatModel) -> bool:
     return changed
 
 
-def _fold_batch_norms(fm: FloatModel) -> bool:
+def fold_batch_norms(fm: FloatModel) -> bool:
     """Fold each inference BatchNormalization into the Conv or Gemm before it, where that node's output and weights are its alone."""
     g = fm.graph
     outputs = set(fm.output_names)
@@ -284,7 +197,7 @@ def _fold_batch_norms(fm: FloatModel) -> bool:
     return _remove_nodes(g, folded)
 
 
-def _drop_identities(fm: FloatModel) -> bool:
+def drop_identities(fm: FloatModel) -> bool:
     """Remove each Identity whose output no graph output or subgraph names, its readers reading its input instead."""
     g = fm.graph
     kept_names = set(fm.output_names) | fm.read_in_subgraphs
@@ -307,7 +220,7 @@ def _drop_identities(fm: FloatModel) -> bool:
 _FOLDED_ELEMENTS = 1 << 20
 
 
-def _fold_constant_reshapes(fm: FloatModel) -> bool:
+def fold_constant_reshapes(fm: FloatModel) -> bool:
     """Replace each Reshape, Squeeze or Unsqueeze whose inputs are all constants with the constant it computes."""
     g = fm.graph
     outputs = set(fm.output_names)
@@ -351,7 +264,7 @@ def _reshaped(node: onnx.NodeProto, data: np.ndarray, second: np.ndarray | None)
         return None  # the model is wrong here; ONNX Runtime says so when it runs it
 
 
-def _fold_conv_bias_adds(fm: FloatModel) -> bool:
+def fold_conv_bias_adds(fm: FloatModel) -> bool:
     """Fold each constant Add of one value per output channel after a Conv into the Conv's bias."""
     g = fm.graph
     outputs = set(fm.output_names)

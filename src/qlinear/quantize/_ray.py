@@ -13,9 +13,11 @@ bit for bit. Ray is an optional extra (``pip install 'qlinear[ray]'``).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -23,20 +25,20 @@ import onnx
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 from qlinear.onnx import save
-from qlinear.quantize._calibrate import Observed
 from qlinear.quantize._data import samples_in
+from qlinear.quantize._observed import Observed
+from qlinear.quantize._session import run_batch, session
 
-__all__ = ["SHARD_BATCHES", "run_on_ray"]
+__all__ = ["SHARD_BATCHES", "OnRay"]
 
 SHARD_BATCHES = 4  # batches a task: enough to pay a task's overhead, few enough to spread a small calibration
 _INLINE_LIMIT = 1 << 30  # models up to this size travel through the object store; larger ones by path
 _sessions: dict[str, Any] = {}  # a worker process's sessions, by model key
 
 
-def run_on_ray(
-    model: onnx.ModelProto, observed: Observed, batches: Iterable[dict], address: str, *, model_dir: str | None = None
-) -> Iterator[tuple[dict[str, Any], int]]:
-    """``(reduction, samples)`` of each batch, in batch order, computed by Ray tasks.
+@dataclass(frozen=True)
+class OnRay:
+    """The batches run as Ray tasks (an :class:`~qlinear.quantize._calibration_executors.Executor`).
 
     ``address``: ``"auto"`` (the running cluster, or this process's Ray if
     it started one), ``"local"`` (start Ray on this machine) or a cluster
@@ -44,44 +46,50 @@ def run_on_ray(
     workers, a folder every node reads (default: a temporary folder, which
     serves one machine only).
     """
-    try:
-        import ray
-    except ImportError:
-        raise QuantizationError("quantize: --ray needs Ray: pip install 'qlinear[ray]'") from None
-    if not ray.is_initialized():
-        try:
-            ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
-        except Exception as e:  # Ray raises many types; the user needs the one line
-            raise QuantizationError(f"quantize: cannot reach the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
-    folder = None
-    if large.byte_size(model) < _INLINE_LIMIT:
-        source: Any = ray.put(large.inline(model).SerializeToString())
-    else:
-        folder = tempfile.mkdtemp(prefix="qlinear-ray-", dir=model_dir)
-        source = os.path.join(folder, "model.onnx")
-        save(model, source)
-    key = f"{os.getpid()}-{id(model)}"
-    task = ray.remote(num_cpus=1)(_shard)
-    window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)
-    in_flight: deque = deque()
-    try:
-        shard: list[dict] = []
-        for feeds in batches:
-            shard.append(feeds)
-            if len(shard) == SHARD_BATCHES:
-                in_flight.append(task.remote(key, source, observed, ray.put(shard)))
-                shard = []
-                if len(in_flight) >= window:
-                    yield from _results(ray, in_flight.popleft())
-        if shard:
-            in_flight.append(task.remote(key, source, observed, ray.put(shard)))
-        while in_flight:
-            yield from _results(ray, in_flight.popleft())
-    finally:
-        if folder is not None:
-            import shutil
 
-            shutil.rmtree(folder, ignore_errors=True)
+    address: str
+    model_dir: str | None = None
+
+    def run(self, model: onnx.ModelProto, observed: Observed, batches: Iterable[dict]) -> Iterator[tuple[dict[str, Any], int]]:
+        """``(reduction, samples)`` of each batch, in batch order, computed by Ray tasks."""
+        try:
+            import ray
+        except ImportError:
+            raise QuantizationError("quantize: --ray needs Ray: pip install 'qlinear[ray]'") from None
+        if not ray.is_initialized():
+            try:
+                ray.init(address=None if self.address == "local" else self.address, include_dashboard=False, log_to_driver=False)
+            except Exception as e:  # Ray raises many types; the user needs the one line
+                raise QuantizationError(
+                    f"quantize: cannot reach the Ray cluster at {self.address!r}: {str(e).splitlines()[0]}"
+                ) from None
+        folder = None
+        if large.byte_size(model) < _INLINE_LIMIT:
+            source: Any = ray.put(large.inline(model).SerializeToString())
+        else:
+            folder = tempfile.mkdtemp(prefix="qlinear-ray-", dir=self.model_dir)
+            source = os.path.join(folder, "model.onnx")
+            save(model, source)
+        key = f"{os.getpid()}-{id(model)}"
+        task = ray.remote(num_cpus=1)(_shard)
+        window = max(2, int(ray.available_resources().get("CPU", 1)) * 2)
+        in_flight: deque = deque()
+        try:
+            shard: list[dict] = []
+            for feeds in batches:
+                shard.append(feeds)
+                if len(shard) == SHARD_BATCHES:
+                    in_flight.append(task.remote(key, source, observed, ray.put(shard)))
+                    shard = []
+                    if len(in_flight) >= window:
+                        yield from _results(ray, in_flight.popleft())
+            if shard:
+                in_flight.append(task.remote(key, source, observed, ray.put(shard)))
+            while in_flight:
+                yield from _results(ray, in_flight.popleft())
+        finally:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _results(ray, ref) -> list[tuple[dict[str, Any], int]]:
@@ -97,8 +105,6 @@ def _results(ray, ref) -> list[tuple[dict[str, Any], int]]:
 
 def _shard(key: str, source: Any, observed: Observed, shard: list[dict]) -> list[tuple[dict[str, Any], int]]:
     """A Ray task: each batch of the shard run and reduced."""
-    from qlinear.quantize._calibrate import run_batch, session
-
     if key not in _sessions:
         if isinstance(source, str):
             _sessions[key] = session(None, threads=1, path=source, arena=False)

@@ -6,34 +6,35 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
-from qlinear._table import Table
-from qlinear.quantize._calibrate import MATMUL_NBITS_ACCURACY_LEVEL, CalibrationRun
+from qlinear.onnx import _large as large
+from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._convert import ConvertedNode
-from qlinear.quantize._data import Dataset
-from qlinear.quantize._equalize import Equalized
+from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import MODEL_OUTPUT_CONV, FusionCheck, float_by_design
-from qlinear.quantize._mixed import Search
-from qlinear.quantize._options import QuantizeOptions
-from qlinear.quantize._plan import PROMOTED_TO_FLOAT, WIDENED_TABLE, Plan, left_float_text, listed
+from qlinear.quantize._plan import WIDENED_TABLE, Plan, listed
+from qlinear.quantize._promotion import Search
 from qlinear.quantize._sensitivity import NodeSensitivity
-from qlinear.quantize._smoothquant import Smoothed
+from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL
+from qlinear.quantize.algorithms._channel_scaling import ScaledActivation
+from qlinear.quantize.algorithms.equalize import Equalized
 
-__all__ = ["MOST_DEGRADED", "PassResults", "build_report", "print_report", "report_json"]
+if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
+    from qlinear.quantize._options import QuantizeOptions
 
-MOST_DEGRADED = 15
+
+__all__ = ["ReportInputs", "build_report", "db_text", "figure_text", "report_json", "share_text"]
+
 _UNFUSED_SHOWN = 5  # names the unfused-node warning lists before ", and N more"
-NODE_MIN_WIDTH = 12  # characters of a node's name the degraded-nodes table keeps on one line at 80 columns
 
 
 @dataclass
-class PassResults:
-    """What each pass of one run produced, as the report reads it."""
+class ReportInputs:
+    """What each stage of one run produced, as the report reads it."""
 
     model_name: str
     output: Path | None
@@ -54,11 +55,28 @@ class PassResults:
     sensitivity: dict[str, NodeSensitivity] = field(default_factory=dict)  # every node the requested types quantize
     requested_figures: tuple[float | None, float | None] = (None, None)  # output SQNR, agreement at the requested types
     search: Search | None = None  # None: no target
-    smoothed: list[Smoothed] = field(default_factory=list)
-    awq: list[Smoothed] = field(default_factory=list)
+    smoothed: list[ScaledActivation] = field(default_factory=list)
+    awq: list[ScaledActivation] = field(default_factory=list)
     equalized: list[Equalized] = field(default_factory=list)
     finetuned: Any = None  # a FinetuneResult, where fine-tuning was asked for
     gates: list[str] = field(default_factory=list)  # gates written for integer kernels (_integer_gates)
+
+    @classmethod
+    def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
+           data: Any, eval_data: Dataset, stats: Any, evaluation: Evaluation, fusion: FusionCheck | None,
+           latency: tuple[float, float] | None, algorithms: dict[str, Any]) -> ReportInputs:  # fmt: skip
+        """The inputs of one run's report: ``met`` is the run's TargetResult, ``algorithms`` what each algorithm did."""
+        built = met.built
+        return cls(
+            model_name=str(model) if isinstance(model, (str, PathLike)) else "<ModelProto>",
+            output=output, options=options, opset=built.opset, size_before=fm_size, size_after=large.byte_size(qmodel),
+            plan=built.plan, converted=built.converted, calibration=run, calibration_data=data.calibration,
+            stats_path=str(stats) if stats is not None else None, eval_data=eval_data, evaluation=evaluation,
+            fusion=fusion, latency=latency, latency_batch=samples_in(evaluation.first_batch), sensitivity=met.sensitivity,
+            requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
+            awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
+            gates=built.gates,
+        )  # fmt: skip
 
 
 # The quantized model's latency over the float one's past which the report warns (the timing's noise is about 0.1).
@@ -81,7 +99,7 @@ def _slower_text(latency: tuple[float, float], batch: int, by_design: dict[str, 
     )
 
 
-def build_report(r: PassResults) -> dict[str, Any]:
+def build_report(r: ReportInputs) -> dict[str, Any]:
     """The report: the run's settings and every figure, as plain JSON-able values."""
     fusion, evaluation, run, options = r.fusion, r.evaluation, r.calibration, r.options
     nodes = []
@@ -137,7 +155,7 @@ def build_report(r: PassResults) -> dict[str, Any]:
         warnings.append(_slower_text(r.latency, r.latency_batch, by_design, fusion))
     if r.search is not None and not r.search.met:
         warnings.append(
-            f"target not met ({r.search.target.describe()}): the best model found has {_figure_text(r.search.figure, r.search.target.metric)} "
+            f"target not met ({r.search.target.describe()}): the best model found has {figure_text(r.search.figure, r.search.target.metric)} "
             f"after {len(r.search.promotions)} promotion(s); allow more nodes in float (max_float) or lower the target"
         )
     accuracy = None
@@ -204,13 +222,21 @@ def _figure(figures: dict[str, NodeSensitivity], name: str, attr: str) -> float 
     return None if f is None else getattr(f, attr)
 
 
-def _figure_text(value: float | None, metric: str) -> str:
+def db_text(value: float | None) -> str:
+    return "exact" if value is None else f"{value:.1f}"
+
+
+def share_text(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def figure_text(value: float | None, metric: str) -> str:
     if metric == "agreement":
-        return f"top-1 agreement {_share(value)}"
-    return f"output SQNR {_db(value)} dB"
+        return f"top-1 agreement {share_text(value)}"
+    return f"output SQNR {db_text(value)} dB"
 
 
-def _scaled(done: list[Smoothed]) -> list[dict[str, Any]]:
+def _scaled(done: list[ScaledActivation]) -> list[dict[str, Any]]:
     return [
         {
             "tensor": m.tensor,
@@ -257,154 +283,3 @@ def _strict(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_strict(v) for v in value]
     return value
-
-
-def _db(value: float | None) -> str:
-    return "exact" if value is None else f"{value:.1f}"
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
-
-
-def _bytes(n: int) -> str:
-    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"
-
-
-_LEFT_FLOAT_SHOWN = 4  # nodes named in the summary's "left float" row; the JSON report has them all
-
-
-def print_report(report: dict[str, Any], console: Console, *, analysis: bool = False) -> None:
-    """A summary table, the promotions, and the most degraded nodes (at most :data:`MOST_DEGRADED`).
-
-    ``analysis``: also every node's sensitivity, weight and activation SQNR.
-    """
-    summary = Table(title="qlinear quantize", show_header=False, box=None, pad_edge=False)
-    summary.add_column(style="bold")
-    summary.add_column()
-    size = report["size_bytes"]
-    summary.add_row("model", f"{report['model']['input']} -> {report['model']['output']}")
-    settings = report["settings"]
-    acts = settings["activations"] or "float (weight-only)"
-    summary.add_row(
-        "types", f"weights {settings['weights']} {settings['granularity']}, activations {acts}, opset {settings['opset']}"
-    )
-    summary.add_row("size", f"{_bytes(size['before'])} -> {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)")
-    lat = report.get("latency_ms")
-    if lat:
-        summary.add_row(
-            "latency (ORT)",
-            f"{lat['before']:.3f} ms -> {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['after'] / lat['before']:.2f}x)",
-        )
-    out = report["output"]
-    parts, outputs = out.get("sqnr_db_parts"), out.get("sqnr_db_outputs")
-    worst = ""
-    if outputs:  # the first output is the first key
-        noisy = {name: db for name, db in outputs.items() if db is not None}
-        name = min(noisy, key=noisy.get) if noisy else next(iter(outputs))
-        worst = f" (the worst of {len(outputs)} outputs: {name})"
-        parts = parts if name == next(iter(outputs)) else None  # the parts are the first output's
-    if parts:
-        worst += f" (the worst of {len(parts)} concatenated parts: {', '.join(_db(p) for p in parts)} dB)"
-    summary.add_row("output SQNR", f"{_db(out['sqnr_db'])} dB{worst}")
-    summary.add_row("top-1 agreement", _share(out["top1_agreement"]))
-    if out.get("accuracy"):
-        acc = out["accuracy"]
-        summary.add_row("accuracy", f"{_share(acc['before'])} -> {_share(acc['after'])}")
-    cal = report["calibration"]
-    if cal["method"] is None:
-        summary.add_row("calibration", "none (weight-only)")
-    elif cal.get("from_stats"):
-        summary.add_row("calibration", f"from saved statistics {cal['from_stats']} ({cal['method']})")
-    else:
-        summary.add_row(
-            "calibration",
-            f"{cal['method']} on {cal['source']}: {cal['samples']} samples in {cal['batches']} batches "
-            f"of {cal.get('batch_size') or report['settings']['batch_size']}, "
-            f"{cal['seconds']:.2f} s, peak RSS {_bytes(cal['peak_rss_bytes'])}",
-        )
-    summary.add_row(
-        "evaluation", f"{report['eval']['source']} ({report['eval']['samples']} samples, {report['eval']['backend']})"
-    )
-    tuned = report.get("finetune")
-    if tuned is not None:
-        figures = (
-            f"output SQNR {_db(tuned['sqnr_db_before'])} -> {_db(tuned['sqnr_db_after'])} dB"
-            if tuned["agreement_before"] is None
-            else f"top-1 agreement {_share(tuned['agreement_before'])} -> {_share(tuned['agreement_after'])}, "
-            f"output SQNR {_db(tuned['sqnr_db_before'])} -> {_db(tuned['sqnr_db_after'])} dB"
-        )
-        kept = "kept" if tuned["kept"] else "[red]not kept[/]"
-        summary.add_row("fine-tuned", f"{tuned['steps']} steps, {tuned['seconds']:.1f} s: {figures} on the held-out data; {kept}")
-    fusion = report["fusion"]
-    if fusion["checked"]:
-        unfused, by_design = fusion["unfused"], fusion.get("float_by_design", {})
-        text = f"{len(report['nodes']) - len(unfused)} of {len(report['nodes'])} quantized nodes"
-        if by_design:
-            reasons = Counter(why.split(":", 1)[0] for why in by_design.values())
-            text += "; in float by design: " + ", ".join(f"{count} ({what})" for what, count in reasons.most_common())
-        gates = fusion.get("integer_gates") or []
-        if gates:
-            text += f"; {len(gates)} gates (HardSwish, SiLU, ...) as integer Add/Mul/Sigmoid"
-        summary.add_row("fused by ORT", f"{text}; {fusion['qdq_nodes_left']} Q/DQ nodes left")
-    else:
-        summary.add_row("fused by ORT", "not checked (ONNX Runtime cannot load the model's types)")
-    kept_float = [
-        (n["name"], n["op_type"], n["reason"]) for n in report.get("left_float", []) if n["reason"] != PROMOTED_TO_FLOAT
-    ]
-    if kept_float:  # the promoted ones have their own table below
-        summary.add_row("left float", left_float_text(kept_float, _LEFT_FLOAT_SHOWN))
-    widened = report.get("widened", [])
-    if widened:
-        shown = listed([f"{n['name']} {n['asked']} -> {n['stored']}" for n in widened], _LEFT_FLOAT_SHOWN)
-        summary.add_row("tables widened", f"{shown} ({widened[0]['reason']})")
-    promotions = report.get("promotions")
-    if promotions:
-        metric = promotions["target"]["metric"]
-        value = promotions["target"]["value"]
-        target = f"top-1 agreement >= {_share(value)}" if metric == "agreement" else f"output SQNR >= {value:g} dB"
-        state = "met" if promotions["met"] else "[red]not met[/]"
-        summary.add_row(
-            "target",
-            f"{target}: {state}; {_figure_text(promotions['before'], metric)} at the requested types, "
-            f"{_figure_text(promotions['after'], metric)} after {len(promotions['steps'])} promotion(s) "
-            f"({promotions['evaluations']} evaluations)",
-        )
-    console.print(summary)
-    for w in report.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {w}")
-    if promotions and promotions["steps"]:
-        steps = Table(title="promotions (most sensitive nodes first)")
-        steps.add_column("node", overflow="fold", ratio=1)
-        for col in ("from", "to", "figure after"):
-            steps.add_column(col, no_wrap=True)
-        for step in promotions["steps"]:
-            after = "-" if step["figure_after"] is None else _figure_text(step["figure_after"], promotions["target"]["metric"])
-            steps.add_row(step["node"], step["from"], step["to"], after)
-        console.print(steps)
-    if analysis and report.get("analysis"):
-        rows = sorted(report["analysis"], key=lambda n: math.inf if n["sensitivity_db"] is None else n["sensitivity_db"])
-        table = Table(title="sensitivity: output SQNR with only this node quantized (dB), lowest first")
-        table.add_column("node", overflow="fold", ratio=1)
-        for col in ("alone dB", "weight dB", "activation dB"):
-            table.add_column(col, no_wrap=True, justify="right")
-        for n in rows:
-            activation = "-" if n["activation_sqnr_db"] is None else _db(n["activation_sqnr_db"])  # None: activations left float
-            table.add_row(n["name"], _db(n["sensitivity_db"]), _db(n["weight_sqnr_db"]), activation)
-        console.print(table)
-    nodes = sorted(report["nodes"], key=lambda n: math.inf if n["output_sqnr_db"] is None else n["output_sqnr_db"])
-    if not nodes:
-        return
-    title = f"most degraded nodes ({min(len(nodes), MOST_DEGRADED)} of {len(nodes)}; SQNR of weight and output in dB)"
-    table = Table(title=title)
-    # The node's name keeps a share of a narrow terminal: the other text columns wrap, the figures do not.
-    table.add_column("node", overflow="fold", ratio=1, min_width=min(NODE_MIN_WIDTH, max(len(n["name"]) for n in nodes)))
-    table.add_column("op")
-    table.add_column("types")
-    table.add_column("weight", no_wrap=True, justify="right")
-    table.add_column("output", no_wrap=True, justify="right")
-    table.add_column("ORT runs as")
-    for n in nodes[:MOST_DEGRADED]:
-        types = f"{n['weight_type'] or '-'}/{n['activation_type'] or '-'}"
-        table.add_row(n["name"], n["op_type"], types, _db(n["weight_sqnr_db"]), _db(n["output_sqnr_db"]), n["runs_as"] or "-")
-    console.print(table)

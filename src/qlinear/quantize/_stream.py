@@ -31,6 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -38,18 +39,21 @@ import onnx
 import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
-from qlinear.quantize._calibrate import peak_rss_bytes
 from qlinear.quantize._checked import check_quantized
-from qlinear.quantize._choose import QuantParams, weight_params
-from qlinear.quantize._convert import in_float_type
+from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._gathered_table import gather_streamed, gathers_codes
-from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._memory import peak_rss_bytes
 from qlinear.quantize._plan import TABLE_TYPE
+from qlinear.spec import type_opset
+
+if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
+    from qlinear.quantize._options import QuantizeOptions
+
 
 __all__ = ["StreamResult", "quantize_weights_streaming"]
 
 _FLOATS = ("FLOAT", "FLOAT16", "BFLOAT16")
-_TYPE_OPSET = {"int8": 13, "uint8": 13, "int4": 21, "uint4": 21}
+_WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4")
 # Bytes onnx-ir may hold in flight while writing; a few times the largest weight is enough.
 _IN_FLIGHT = 64 << 20
 
@@ -80,7 +84,7 @@ def quantize_weights_streaming(
     import onnx_ir as ir
 
     start = time.perf_counter()
-    if options.weights not in _TYPE_OPSET:
+    if options.weights not in _WEIGHT_TYPES:
         raise QuantizationError(f"quantize: streaming weights takes int8, uint8, int4 or uint4, got {options.weights!r}")
     src, out = Path(model_path), Path(output)
     try:
@@ -245,7 +249,7 @@ def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base:
 def _opset_for(model, options: QuantizeOptions) -> int:
     """The ai.onnx opset the output needs; an older model is raised only where none of its operators changed since."""
     current = model.opset_imports.get("", 1)
-    need = max(current, _TYPE_OPSET[options.weights], 21 if options.granularity == "blocked" else 13)
+    need = max(current, type_opset(options.weights), 21 if options.granularity == "blocked" else 13)
     if need == current:
         return current
     changed = sorted(

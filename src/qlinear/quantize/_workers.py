@@ -21,53 +21,60 @@ import queue
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import save
-from qlinear.quantize._calibrate import Observed, run_batch, session
 from qlinear.quantize._data import samples_in
+from qlinear.quantize._observed import Observed
+from qlinear.quantize._session import run_batch, session
 
-__all__ = ["run_in_processes"]
+__all__ = ["InProcesses"]
 
 _DONE = None
 _WAIT_SECONDS = 600  # a batch that takes longer than this means a worker died
 
 
-def run_in_processes(
-    model: onnx.ModelProto, observed: Observed, batches: Iterable[dict], workers: int
-) -> Iterator[tuple[dict[str, Any], int]]:
-    """``(reduction, samples)`` of each batch, in batch order, computed by ``workers`` processes."""
-    folder = tempfile.mkdtemp(prefix="qlinear-calibration-")
-    path = os.path.join(folder, "model.onnx")
-    try:
-        save(model, path)  # weights in an external file: a model past 2 GB, or one with markers, is written whole
-        del model
-        ctx = mp.get_context("spawn")
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        inboxes = [ctx.Queue(maxsize=2) for _ in range(workers)]
-        outbox = ctx.Queue()
-        procs = [
-            ctx.Process(target=_work, args=(path, observed, threads, inboxes[w], outbox), daemon=True) for w in range(workers)
-        ]
-        for p in procs:
-            p.start()
+@dataclass(frozen=True)
+class InProcesses:
+    """The batches run by ``workers`` processes (an :class:`~qlinear.quantize._calibration_executors.Executor`)."""
+
+    workers: int
+
+    def run(self, model: onnx.ModelProto, observed: Observed, batches: Iterable[dict]) -> Iterator[tuple[dict[str, Any], int]]:
+        """``(reduction, samples)`` of each batch, in batch order, computed by ``workers`` processes."""
+        folder = tempfile.mkdtemp(prefix="qlinear-calibration-")
+        path = os.path.join(folder, "model.onnx")
         try:
-            yield from _drive(batches, inboxes, outbox, procs)
-        finally:
-            for box in inboxes:
-                try:
-                    box.put_nowait(_DONE)
-                except queue.Full:
-                    pass
+            save(model, path)  # weights in an external file: a model past 2 GB, or one with markers, is written whole
+            del model
+            ctx = mp.get_context("spawn")
+            threads = max(1, (os.cpu_count() or 1) // self.workers)
+            inboxes = [ctx.Queue(maxsize=2) for _ in range(self.workers)]
+            outbox = ctx.Queue()
+            procs = [
+                ctx.Process(target=_work, args=(path, observed, threads, inboxes[w], outbox), daemon=True)
+                for w in range(self.workers)
+            ]
             for p in procs:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+                p.start()
+            try:
+                yield from _drive(batches, inboxes, outbox, procs)
+            finally:
+                for box in inboxes:
+                    try:
+                        box.put_nowait(_DONE)
+                    except queue.Full:
+                        pass
+                for p in procs:
+                    p.join(timeout=5)
+                    if p.is_alive():
+                        p.kill()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _drive(batches, inboxes, outbox, procs) -> Iterator[tuple[dict[str, Any], int]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from qlinear.spec._plan import DequantizePlan, Granularity, QuantizePlan
 from qlinear.spec._validate import check_array, plan_dequantize, plan_quantize
-from qlinear.spec._versions import DOMAINS, OPERATOR_VERSIONS, OperatorVersion, operator_version
+from qlinear.spec._versions import DOMAINS, OPERATOR_VERSIONS, OperatorVersion, operator_version, type_opset
 
 __all__ = [
     "DOMAINS",
@@ -17,4 +17,5 @@ __all__ = [
     "operator_version",
     "plan_dequantize",
     "plan_quantize",
+    "type_opset",
 ]

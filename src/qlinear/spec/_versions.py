@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from qlinear._errors import QuantizationError
 
-__all__ = ["OperatorVersion", "OPERATOR_VERSIONS", "operator_version", "DOMAINS"]
+__all__ = ["OperatorVersion", "OPERATOR_VERSIONS", "operator_version", "type_opset", "DOMAINS"]
 
 DOMAINS = ("", "com.microsoft")
 
@@ -153,3 +153,24 @@ def operator_version(op: str, opset: int | None, domain: str = "", *, caller: st
     if domain == "" and opset > _NEWEST_OPSET:
         raise QuantizationError(f"{caller}: opset must be at most {_NEWEST_OPSET}, the newest qlinear knows, got opset={opset}")
     return eligible[-1]
+
+
+@functools.cache
+def type_opset(type_name: str) -> int:
+    """The first ai.onnx opset whose QuantizeLinear or DequantizeLinear takes ``type_name`` as its quantized type.
+
+    Both operators take each type from the same version, but for int32,
+    which only DequantizeLinear reads (a quantized bias).
+
+    Raises:
+        QuantizationError: neither operator takes the type in any version.
+
+    >>> type_opset("int8"), type_opset("float8e4m3fn"), type_opset("int4")
+    (10, 19, 21)
+    """
+    versions = [r.version for r in OPERATOR_VERSIONS if r.domain == "" and type_name in r.quantized_types]
+    if not versions:
+        raise QuantizationError(
+            f"type_opset: type_name must be a quantized type of QuantizeLinear or DequantizeLinear, got {type_name!r}"
+        )
+    return min(versions)

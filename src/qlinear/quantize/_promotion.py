@@ -1,0 +1,200 @@
+"""Mixed precision to a target: promote the most sensitive nodes until the model's output is good enough.
+
+The target is top-1 agreement with the float model on the eval data, or
+the output's SQNR. The promotions form one ordered list: first one step for
+every node, most sensitive first (:mod:`._sensitivity`), then a second step
+for each, and so on; a node goes float only while fewer than
+``max_float`` of the nodes have (so "quantized" keeps its meaning). The
+search finds the shortest prefix of that list whose model meets the target:
+it doubles the prefix until the target holds, then halves the gap, so a
+model of N steps takes about 2 log2(N) evaluations, each on ONNX Runtime
+from the saved statistics. Then it drops each promoted node's steps that
+the target holds without (up to :data:`PRUNE_TRIALS` nodes, least sensitive
+first): a round promotes every node once, not only the ones that matter. Where even the whole list misses the target,
+the best model evaluated is kept and the caller says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from qlinear.dtypes import element_type
+from qlinear.quantize._precision import FLOAT, NodePrecision, candidate_steps
+from qlinear.quantize._sensitivity import NodeSensitivity
+
+__all__ = ["PRUNE_TRIALS", "Promotion", "Search", "Target", "promotion_steps", "search"]
+
+# Nodes the search tries to do without once the target holds (one evaluation each), least sensitive first.
+PRUNE_TRIALS = 16
+# SQNR gained by each bit a side widens by: 6.02 dB (20 log10 2), to guess which side of a promoted node to widen next.
+_DB_PER_BIT = 6.02
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the output must reach: ``metric`` "agreement" (top-1 share) or "sqnr" (dB), at least ``value``."""
+
+    metric: str
+    value: float
+
+    def met(self, figure: float | None) -> bool:
+        return _as_number(figure, self.metric) >= self.value
+
+    def describe(self) -> str:
+        return (
+            f"top-1 agreement >= {100 * self.value:.2f}%" if self.metric == "agreement" else f"output SQNR >= {self.value:g} dB"
+        )
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """One step: ``node`` from ``before`` to ``after``; ``figure``: the target's figure with every step up to this one."""
+
+    node: str
+    before: NodePrecision
+    after: NodePrecision
+    figure: float | None = None
+    measured: bool = False
+
+
+@dataclass
+class Search:
+    """The search's outcome: the promotions kept, the figure before and after, whether the target holds."""
+
+    target: Target
+    start_figure: float | None
+    figure: float | None
+    met: bool
+    promotions: list[Promotion] = field(default_factory=list)
+    evaluations: int = 0
+
+    @property
+    def precision(self) -> dict[str, NodePrecision]:
+        return {p.node: p.after for p in self.promotions}
+
+
+def promotion_steps(
+    ranking: list[str],
+    start: dict[str, NodePrecision],
+    figures: dict[str, NodeSensitivity],
+    *,
+    max_float: int,
+    allows: Callable[[str], bool] = lambda t: True,
+) -> list[Promotion]:
+    """Every step the search may take, in the order it takes them (see the module's text)."""
+    current = dict(start)
+    weight_db = {n: figures[n].weight_db for n in ranking}
+    act_db = {n: figures[n].activation_db for n in ranking}
+    steps: list[Promotion] = []
+    floats = 0
+    while True:
+        added = False
+        for n in ranking:
+            p = current[n]
+            if not p.quantized:
+                continue
+            q = _allowed_step(p, weight_db[n], act_db[n], allows)
+            if not q.quantized:
+                if floats >= max_float:
+                    continue
+                floats += 1
+            steps.append(Promotion(n, p, q))
+            current[n] = q
+            weight_db[n] = _gained(weight_db[n], p.weights, q.weights)
+            act_db[n] = _gained(act_db[n], p.activations, q.activations)
+            added = True
+        if not added:
+            return steps
+
+
+def search(
+    steps: list[Promotion],
+    start_figure: float | None,
+    target: Target,
+    measure: Callable[[dict[str, NodePrecision]], float | None],
+) -> Search:
+    """The shortest prefix of ``steps`` whose model meets ``target``; ``measure`` gives a precision assignment's figure."""
+    figures: dict[int, float | None] = {0: start_figure}
+
+    def at(k: int) -> float | None:
+        if k not in figures:
+            figures[k] = measure({s.node: s.after for s in steps[:k]})
+        return figures[k]
+
+    found = None
+    if target.met(start_figure):
+        found = 0
+    else:
+        low, k = 0, 1
+        while found is None and low < len(steps):
+            k = min(k, len(steps))
+            if target.met(at(k)):
+                found = k
+            else:
+                low, k = k, 2 * k
+        if found is not None:
+            while found - low > 1:  # the target holds at ``found`` and not at ``low``
+                mid = (low + found) // 2
+                if target.met(at(mid)):
+                    found = mid
+                else:
+                    low = mid
+    met = found is not None
+    if found is None:  # the best evaluated
+        found = max(figures, key=lambda k: (_as_number(figures[k], target.metric), -k))
+    kept = [Promotion(s.node, s.before, s.after, figures.get(k + 1), k + 1 in figures) for k, s in enumerate(steps[:found])]
+    figure, pruned = figures[found], 0
+    if met:
+        kept, figure, pruned = _prune(kept, figure, target, measure)
+    return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned)
+
+
+def _prune(
+    kept: list[Promotion], figure: float | None, target: Target, measure: Callable[[dict[str, NodePrecision]], float | None]
+) -> tuple[list[Promotion], float | None, int]:
+    """Drop every node's promotions that the target holds without, least sensitive node first.
+
+    The prefix promotes nodes in rounds, so a node promoted early in the
+    last round may not be needed once a more sensitive one went further.
+    A step's figure is kept only while no earlier step was dropped; the
+    last step's is the final figure. At most :data:`PRUNE_TRIALS` nodes are
+    tried. Returns the steps kept, the figure and the evaluations made.
+    """
+    evaluations = 0
+    nodes = list(dict.fromkeys(p.node for p in kept))
+    for node in reversed(nodes):
+        if len(nodes) == 1 or evaluations == PRUNE_TRIALS:
+            break
+        trial = [p for p in kept if p.node != node]
+        evaluations += 1
+        got = measure({p.node: p.after for p in trial})
+        if target.met(got):
+            first = next(k for k, p in enumerate(kept) if p.node == node)
+            kept = [p if k < first else Promotion(p.node, p.before, p.after) for k, p in enumerate(trial)]
+            kept[-1] = Promotion(kept[-1].node, kept[-1].before, kept[-1].after, got, True)
+            figure = got
+            nodes.remove(node)
+    return kept, figure, evaluations
+
+
+def _allowed_step(p: NodePrecision, weight_db: float | None, act_db: float | None, allows: Callable[[str], bool]):
+    """The first step up whose types the opset holds (float holds always)."""
+    for q in candidate_steps(p, weight_db, act_db):
+        if not q.quantized or all(allows(t) for t in (q.weights, q.activations) if t):
+            return q
+    return FLOAT
+
+
+def _gained(db: float | None, before: str | None, after: str | None) -> float | None:
+    if db is None or before is None or after is None or before == after:
+        return db
+    return db + _DB_PER_BIT * (element_type(after).bits - element_type(before).bits)
+
+
+def _as_number(figure: float | None, metric: str) -> float:
+    """A figure for comparison: an exact output (None SQNR) is infinitely good; no agreement is the worst."""
+    if figure is None:
+        return math.inf if metric == "sqnr" else -math.inf
+    return figure

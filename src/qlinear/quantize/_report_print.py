@@ -1,0 +1,165 @@
+"""The report's printed form: a summary table, the warnings and the most degraded nodes, with rich."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+
+from qlinear._table import Table
+from qlinear.quantize._plan import PROMOTED_TO_FLOAT, left_float_text, listed
+from qlinear.quantize._report import db_text, figure_text, share_text
+
+__all__ = ["MOST_DEGRADED", "print_report"]
+
+MOST_DEGRADED = 15
+NODE_MIN_WIDTH = 12  # characters of a node's name the degraded-nodes table keeps on one line at 80 columns
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"
+
+
+_LEFT_FLOAT_SHOWN = 4  # nodes named in the summary's "left float" row; the JSON report has them all
+
+
+def print_report(report: dict[str, Any], console: Console, *, analysis: bool = False) -> None:
+    """A summary table, the promotions, and the most degraded nodes (at most :data:`MOST_DEGRADED`).
+
+    ``analysis``: also every node's sensitivity, weight and activation SQNR.
+    """
+    summary = Table(title="qlinear quantize", show_header=False, box=None, pad_edge=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    size = report["size_bytes"]
+    summary.add_row("model", f"{report['model']['input']} -> {report['model']['output']}")
+    settings = report["settings"]
+    acts = settings["activations"] or "float (weight-only)"
+    summary.add_row(
+        "types", f"weights {settings['weights']} {settings['granularity']}, activations {acts}, opset {settings['opset']}"
+    )
+    summary.add_row("size", f"{_bytes(size['before'])} -> {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)")
+    lat = report.get("latency_ms")
+    if lat:
+        summary.add_row(
+            "latency (ORT)",
+            f"{lat['before']:.3f} ms -> {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['after'] / lat['before']:.2f}x)",
+        )
+    out = report["output"]
+    parts, outputs = out.get("sqnr_db_parts"), out.get("sqnr_db_outputs")
+    worst = ""
+    if outputs:  # the first output is the first key
+        noisy = {name: db for name, db in outputs.items() if db is not None}
+        name = min(noisy, key=noisy.get) if noisy else next(iter(outputs))
+        worst = f" (the worst of {len(outputs)} outputs: {name})"
+        parts = parts if name == next(iter(outputs)) else None  # the parts are the first output's
+    if parts:
+        worst += f" (the worst of {len(parts)} concatenated parts: {', '.join(db_text(p) for p in parts)} dB)"
+    summary.add_row("output SQNR", f"{db_text(out['sqnr_db'])} dB{worst}")
+    summary.add_row("top-1 agreement", share_text(out["top1_agreement"]))
+    if out.get("accuracy"):
+        acc = out["accuracy"]
+        summary.add_row("accuracy", f"{share_text(acc['before'])} -> {share_text(acc['after'])}")
+    cal = report["calibration"]
+    if cal["method"] is None:
+        summary.add_row("calibration", "none (weight-only)")
+    elif cal.get("from_stats"):
+        summary.add_row("calibration", f"from saved statistics {cal['from_stats']} ({cal['method']})")
+    else:
+        summary.add_row(
+            "calibration",
+            f"{cal['method']} on {cal['source']}: {cal['samples']} samples in {cal['batches']} batches "
+            f"of {cal.get('batch_size') or report['settings']['batch_size']}, "
+            f"{cal['seconds']:.2f} s, peak RSS {_bytes(cal['peak_rss_bytes'])}",
+        )
+    summary.add_row(
+        "evaluation", f"{report['eval']['source']} ({report['eval']['samples']} samples, {report['eval']['backend']})"
+    )
+    tuned = report.get("finetune")
+    if tuned is not None:
+        figures = (
+            f"output SQNR {db_text(tuned['sqnr_db_before'])} -> {db_text(tuned['sqnr_db_after'])} dB"
+            if tuned["agreement_before"] is None
+            else f"top-1 agreement {share_text(tuned['agreement_before'])} -> {share_text(tuned['agreement_after'])}, "
+            f"output SQNR {db_text(tuned['sqnr_db_before'])} -> {db_text(tuned['sqnr_db_after'])} dB"
+        )
+        kept = "kept" if tuned["kept"] else "[red]not kept[/]"
+        summary.add_row("fine-tuned", f"{tuned['steps']} steps, {tuned['seconds']:.1f} s: {figures} on the held-out data; {kept}")
+    fusion = report["fusion"]
+    if fusion["checked"]:
+        unfused, by_design = fusion["unfused"], fusion.get("float_by_design", {})
+        text = f"{len(report['nodes']) - len(unfused)} of {len(report['nodes'])} quantized nodes"
+        if by_design:
+            reasons = Counter(why.split(":", 1)[0] for why in by_design.values())
+            text += "; in float by design: " + ", ".join(f"{count} ({what})" for what, count in reasons.most_common())
+        gates = fusion.get("integer_gates") or []
+        if gates:
+            text += f"; {len(gates)} gates (HardSwish, SiLU, ...) as integer Add/Mul/Sigmoid"
+        summary.add_row("fused by ORT", f"{text}; {fusion['qdq_nodes_left']} Q/DQ nodes left")
+    else:
+        summary.add_row("fused by ORT", "not checked (ONNX Runtime cannot load the model's types)")
+    kept_float = [
+        (n["name"], n["op_type"], n["reason"]) for n in report.get("left_float", []) if n["reason"] != PROMOTED_TO_FLOAT
+    ]
+    if kept_float:  # the promoted ones have their own table below
+        summary.add_row("left float", left_float_text(kept_float, _LEFT_FLOAT_SHOWN))
+    widened = report.get("widened", [])
+    if widened:
+        shown = listed([f"{n['name']} {n['asked']} -> {n['stored']}" for n in widened], _LEFT_FLOAT_SHOWN)
+        summary.add_row("tables widened", f"{shown} ({widened[0]['reason']})")
+    promotions = report.get("promotions")
+    if promotions:
+        metric = promotions["target"]["metric"]
+        value = promotions["target"]["value"]
+        target = f"top-1 agreement >= {share_text(value)}" if metric == "agreement" else f"output SQNR >= {value:g} dB"
+        state = "met" if promotions["met"] else "[red]not met[/]"
+        summary.add_row(
+            "target",
+            f"{target}: {state}; {figure_text(promotions['before'], metric)} at the requested types, "
+            f"{figure_text(promotions['after'], metric)} after {len(promotions['steps'])} promotion(s) "
+            f"({promotions['evaluations']} evaluations)",
+        )
+    console.print(summary)
+    for w in report.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {w}")
+    if promotions and promotions["steps"]:
+        steps = Table(title="promotions (most sensitive nodes first)")
+        steps.add_column("node", overflow="fold", ratio=1)
+        for col in ("from", "to", "figure after"):
+            steps.add_column(col, no_wrap=True)
+        for step in promotions["steps"]:
+            after = "-" if step["figure_after"] is None else figure_text(step["figure_after"], promotions["target"]["metric"])
+            steps.add_row(step["node"], step["from"], step["to"], after)
+        console.print(steps)
+    if analysis and report.get("analysis"):
+        rows = sorted(report["analysis"], key=lambda n: math.inf if n["sensitivity_db"] is None else n["sensitivity_db"])
+        table = Table(title="sensitivity: output SQNR with only this node quantized (dB), lowest first")
+        table.add_column("node", overflow="fold", ratio=1)
+        for col in ("alone dB", "weight dB", "activation dB"):
+            table.add_column(col, no_wrap=True, justify="right")
+        for n in rows:
+            activation = (
+                "-" if n["activation_sqnr_db"] is None else db_text(n["activation_sqnr_db"])
+            )  # None: activations left float
+            table.add_row(n["name"], db_text(n["sensitivity_db"]), db_text(n["weight_sqnr_db"]), activation)
+        console.print(table)
+    nodes = sorted(report["nodes"], key=lambda n: math.inf if n["output_sqnr_db"] is None else n["output_sqnr_db"])
+    if not nodes:
+        return
+    title = f"most degraded nodes ({min(len(nodes), MOST_DEGRADED)} of {len(nodes)}; SQNR of weight and output in dB)"
+    table = Table(title=title)
+    # The node's name keeps a share of a narrow terminal: the other text columns wrap, the figures do not.
+    table.add_column("node", overflow="fold", ratio=1, min_width=min(NODE_MIN_WIDTH, max(len(n["name"]) for n in nodes)))
+    table.add_column("op")
+    table.add_column("types")
+    table.add_column("weight", no_wrap=True, justify="right")
+    table.add_column("output", no_wrap=True, justify="right")
+    table.add_column("ORT runs as")
+    for n in nodes[:MOST_DEGRADED]:
+        types = f"{n['weight_type'] or '-'}/{n['activation_type'] or '-'}"
+        table.add_row(
+            n["name"], n["op_type"], types, db_text(n["weight_sqnr_db"]), db_text(n["output_sqnr_db"]), n["runs_as"] or "-"
+        )
+    console.print(table)

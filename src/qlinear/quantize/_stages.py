@@ -1,0 +1,247 @@
+"""The quantizer's stages, each a typed function that :func:`~qlinear.quantize.quantize_model` calls in order.
+
+load and resolve the configuration -> prepare (the target's rewrites) ->
+float rewrites (algorithms) -> calibrate -> build -> meet the accuracy
+target -> refine (algorithms) -> finalize for the target -> evaluate ->
+report -> write. Graph rewrites are passes (:mod:`qlinear.onnx._passes`)
+that the target and the algorithms own; the stages here produce data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import onnx
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize._build import Built, ModelBuilder
+from qlinear.quantize._calibrate import CalibrationRun, calibrate
+from qlinear.quantize._checked import check_quantized
+from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
+from qlinear.quantize._evaluate import Reference, output_figures
+from qlinear.quantize._execution import Bars, Execution
+from qlinear.quantize._model import FloatModel
+from qlinear.quantize._observed import CalibrationState, Observed
+from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
+from qlinear.quantize._plan import left_float_text, plan
+from qlinear.quantize._promotion import Search, Target, promotion_steps, search
+from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first
+from qlinear.quantize._stats import load_calibration, save_stats
+from qlinear.quantize.algorithms import Facts, at_stage
+
+__all__ = [
+    "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_plannable", "datasets",
+    "float_rewrites", "meet_target", "refine",
+]  # fmt: skip
+
+HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
+ANALYSIS_SAMPLES = 64  # eval samples the per-node analysis runs on (each node's model runs on them once)
+
+
+@dataclass
+class RunData:
+    """The data of a run: calibration and eval datasets, the batch the model fixes, and the facts algorithms read."""
+
+    calibration: Dataset
+    eval: Dataset
+    fixed_batch: int | None
+    facts: Facts
+
+
+@dataclass
+class TargetResult:
+    """What meeting the accuracy target gave: the model chosen, and what the analysis and the search found."""
+
+    built: Built
+    requested_figures: tuple[float | None, float | None]  # output SQNR, agreement at the requested types
+    sensitivity: dict[str, NodeSensitivity]
+    search: Search | None  # None: no target
+
+
+def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
+    """Raise where the options leave no node of ``fm`` to quantize, saying why."""
+    planned = plan(fm, options)
+    if planned.nodes:
+        return
+    if not planned.left_float:
+        raise QuantizationError(
+            "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
+        )
+    raise QuantizationError(
+        f"quantize: the model has nothing to quantize: every node stays float: {left_float_text(planned.left_float, 5)}"
+    )
+
+
+def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_data: Any, labels: str | None,
+             calibrate_random: int | None, stats: Any) -> RunData:  # fmt: skip
+    """The calibration and eval datasets (the eval data defaults to the calibration data's last fifth)."""
+    fixed = _fixed_batch(fm)
+    weight_only = options.activations is None
+    if calibrate_random is not None and calibration is not None:
+        raise QuantizationError("quantize: give calibration data or calibrate_random, not both")
+    if calibrate_random is not None:
+        if not (isinstance(calibrate_random, int) and calibrate_random >= 2):
+            raise QuantizationError(f"quantize: calibrate_random must be an int >= 2, got {calibrate_random!r}")
+        cal = random_dataset(fm, calibrate_random)
+    elif calibration is not None:
+        cal = load_dataset(calibration, fm, what="calibration")
+    elif (stats is not None or weight_only) and eval_data is not None:
+        cal = None
+    else:
+        raise QuantizationError(
+            "quantize: calibration data is needed (an .npz with one array per model input), or calibrate_random for a smoke test"
+        )
+    if eval_data is not None:
+        ev = load_dataset(eval_data, fm, what="eval data", labels=labels)
+    else:
+        if labels is not None:
+            raise QuantizationError("quantize: labels name an array of the eval data; give eval data too")
+        cal, ev = cal.split(HELD_OUT, fixed or 1)
+    cal = cal if cal is not None else ev
+    if fixed is not None and fixed > 1:
+        for what, ds in (("calibration", cal), ("eval", ev)):
+            if ds.samples is not None and ds.samples % fixed:
+                raise QuantizationError(
+                    f"quantize: the model's inputs have a fixed batch of {fixed}, and the {what} data holds {ds.samples} "
+                    f"samples, not a multiple of it"
+                )
+    has_inputs = calibration is not None or calibrate_random is not None
+    return RunData(cal, ev, fixed, Facts(calibration is not None, has_inputs, cal.arrays is not None))
+
+
+def float_rewrites(fm: FloatModel, options: QuantizeOptions, data: Dataset, bars: Bars) -> dict[str, Any]:
+    """The float model rewritten by each algorithm of stage ``float`` that is on; what each did, by name."""
+    return {a.name: a.apply(fm, options, data, bars) for a in at_stage("float", options)}
+
+
+def calibration(
+    fm: FloatModel, options: QuantizeOptions, data: Dataset, execution: Execution, bars: Bars
+) -> CalibrationRun | None:
+    """Statistics of every tensor any precision of any node may quantize, and what the algorithms need calibrated.
+
+    None: nothing to calibrate (weight-only with no algorithm that reads the data).
+    """
+    # With 8-bit integer weights every node pairs with integer activations: the widest set of tensors.
+    widest = plan(fm, replace(options, weights="int8", activations=options.activations or "uint8"))
+    tensors = widest.activations if options.activations is not None else []
+    nodes = [fm.node(p.name) for p in widest.nodes]
+    needs = {a.name: a.calibrates(fm, nodes) for a in at_stage("calibration", options)}
+    axes, grams = needs.get("bias_correction", {}), needs.get("gptq", [])
+    if not tensors and not axes and not grams:
+        return None
+    if execution.stats is not None:
+        return _saved(fm, Observed(tuple(tensors), axes, tuple(grams)), execution)
+    with bars.task("calibrating (samples)", data.samples) as step:  # batches may be cut (HELD_BYTES)
+        return calibrate(
+            fm, tensors, data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams,
+            workers=execution.workers, ray_address=execution.ray, resume=_str(execution.resume),
+            state_path=_str(execution.save_stats_to), fixed_batch=_fixed_batch(fm) is not None,
+        )  # fmt: skip
+
+
+def build(fm: FloatModel, options: QuantizeOptions, run: CalibrationRun | None, bars: Bars) -> tuple[ModelBuilder, Built]:
+    """The model builder and the model at the requested types."""
+    builder = ModelBuilder(fm, options, run)
+    with bars.task("converting weights", 1) as step:
+        requested = builder.build()
+        step(1)
+    check_quantized(requested.model)
+    return builder, requested
+
+
+def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, options: QuantizeOptions,
+                bars: Bars) -> TargetResult:  # fmt: skip
+    """Each node's sensitivity, then the most sensitive nodes promoted until the accuracy target holds."""
+    goal = _goal(options, reference)  # a target the outputs cannot meet is refused before any work
+    with bars.task("analysing nodes", len(requested.plan.nodes)) as step:
+        figures = analyze(builder, requested, reference.head(ANALYSIS_SAMPLES), progress=step)
+    start = output_figures(requested.model, reference)
+    if goal is None:
+        return TargetResult(requested, start, figures, None)
+    # A node widens only the sides it quantizes: an embedding its table, an activation x activation MatMul its inputs.
+    precisions = {p.name: p.precision for p in requested.plan.nodes}
+    steps = promotion_steps(
+        most_sensitive_first(figures), precisions, figures, max_float=math.ceil(options.max_float * len(precisions)),
+        allows=builder.allows,
+    )  # fmt: skip
+    pick = 0 if goal.metric == "sqnr" else 1
+    with bars.task("promoting to the target", None) as step:
+
+        def measure(precision):
+            step(1)
+            return output_figures(builder.build(precision).model, reference)[pick]
+
+        found = search(steps, start[pick], goal, measure)
+    built = requested
+    if found.promotions:
+        built = builder.build(found.precision)
+        check_quantized(built.model)
+    return TargetResult(built, start, figures, found)
+
+
+def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Reference, options: QuantizeOptions,
+           bars: Bars) -> tuple[onnx.ModelProto, dict[str, Any]]:  # fmt: skip
+    """``qmodel`` improved by each algorithm of stage ``refine`` that is on; what each did, by name."""
+    done = {}
+    for algorithm in at_stage("refine", options):
+        refined, done[algorithm.name] = algorithm.apply(fm, qmodel, data, reference, options, bars)
+        if refined is not qmodel:
+            check_quantized(refined)
+            qmodel = refined
+    return qmodel, done
+
+
+def _goal(options: QuantizeOptions, reference: Reference) -> Target | None:
+    """The accuracy target the search reaches, or None (no search)."""
+    if options.target_agreement is not None:
+        if not reference.classifies:
+            raise QuantizationError(
+                f"quantize: target_agreement needs an output with classes along its last axis; "
+                f"output {reference.output!r} has shape {reference.batches[0][1][reference.output].shape} a batch: give target_sqnr_db"
+            )
+        return Target("agreement", float(options.target_agreement))
+    if options.target_sqnr_db is not None:
+        return Target("sqnr", float(options.target_sqnr_db))
+    if not options.promote:
+        return None
+    return Target("agreement", DEFAULT_AGREEMENT) if reference.classifies else Target("sqnr", DEFAULT_SQNR_DB)
+
+
+def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> CalibrationRun:
+    """The calibration read back from ``execution.stats`` (and written again to ``save_stats_to``)."""
+    stats = execution.stats
+    saved, extras, _ = load_calibration(str(stats), model_digest=fm.digest)
+    missing = [t for t in observed.tensors if t not in saved]
+    if missing:
+        raise QuantizationError(f"quantize: stats {stats} hold no statistics for {missing[:3]}; calibrate again")
+    state = CalibrationState.resumed(observed, saved, extras, 0)
+    if any(t not in state.sums for t in observed.channel_axes):
+        raise QuantizationError(
+            "quantize: bias correction needs the calibration data's input means, which these stats do not hold; "
+            "give calibration data, or stats saved with bias correction on"
+        )
+    if any(t not in state.grams for t in observed.gram_tensors):
+        raise QuantizationError(
+            "quantize: GPTQ needs the Gram matrices of the calibration inputs, which these stats do not hold; "
+            "give calibration data, or stats saved with GPTQ on"
+        )
+    means = {t: state.sums[t] / state.counts[t] for t in observed.channel_axes}
+    run = CalibrationRun(state.stats, 0, 0, 0.0, 0, means, {t: state.grams[t] for t in observed.gram_tensors})
+    if execution.save_stats_to is not None:
+        save_stats(run.stats, str(execution.save_stats_to), model_digest=fm.digest, extras=state.extras())
+    return run
+
+
+def _fixed_batch(fm: FloatModel) -> int | None:
+    """The batch size the model's inputs fix (the batch axis of each, a number), or None where one is symbolic."""
+    firsts = {s.shape[s.batch_axis] if s.shape else None for s in input_specs(fm) if s.batch_axis is not None}
+    if len(firsts) != 1:
+        return None
+    (first,) = firsts
+    return first if isinstance(first, int) and first > 0 else None
+
+
+def _str(path: Any) -> str | None:
+    return None if path is None else str(path)

@@ -1,0 +1,89 @@
+"""The algorithm registry: what each algorithm is, when it is on, what it needs and when it runs.
+
+An algorithm (SmoothQuant, AWQ, GPTQ, bias correction, equalization,
+fine-tuning, ...) is one module that ends by registering an
+:class:`Algorithm`. The quantizer's options take its fields, the command
+line its flags, the report its settings and the pipeline its stage from
+here; nothing else names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ALGORITHMS", "STAGES", "Algorithm", "Facts", "register"]
+
+# When an algorithm runs, in the pipeline's order:
+#   float:       rewrites the float model before calibration (apply(fm, options, data, bars) -> its report entries)
+#   calibration: needs something calibrated beside the activations' statistics (calibrates(fm, nodes)), which
+#                the conversion reads when it rounds each weight
+#   refine:      improves the quantized model after the accuracy target is met
+#                (apply(fm, qmodel, data, reference, options, bars) -> (qmodel, its result))
+STAGES = ("float", "calibration", "refine")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What an algorithm's default and preconditions are decided from, besides the options asked for."""
+
+    calibration_given: bool  # calibration data was given (arrays, an .npz or a stream of batches)
+    has_inputs: bool  # calibration inputs are at hand (given or random samples), not saved statistics alone
+    arrays: bool  # the calibration data are arrays, which a pass may read before the calibration reads them again
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm, as the registry knows it.
+
+    Attributes:
+        name: the option that turns it on, and its key in the report's settings.
+        summary: one line for the options reference.
+        stage: one of :data:`STAGES`.
+        fields: its options, ``(name, type, dataclasses.Field)`` as
+            ``dataclasses.make_dataclass`` takes them (each with an
+            :class:`~qlinear.quantize._option_fields.Option`); the first is
+            ``name`` itself.
+        default: the value of ``name`` where the user left it None, from the
+            options and :class:`Facts` (None: its field's default stands).
+        check: raises QuantizationError, naming the flag, where it is on
+            but cannot run on these options and data.
+        validate: raises QuantizationError for a value of its options that
+            is never valid (run when the options are made).
+        calibrates: what it needs calibrated, from the float model and the
+            nodes the widest plan quantizes (stage ``calibration``).
+        apply: what it does (stages ``float`` and ``refine``).
+    """
+
+    name: str
+    summary: str
+    stage: str
+    fields: tuple[tuple[str, Any, dataclasses.Field], ...]
+    default: Callable[[Any, Facts], Any] | None = None
+    check: Callable[[Any, Facts], None] | None = None
+    validate: Callable[[Any], None] | None = None
+    calibrates: Callable[[Any, list], Any] | None = None
+    apply: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ValueError(f"Algorithm {self.name}: stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
+        if not self.fields or self.fields[0][0] != self.name:
+            raise ValueError(f"Algorithm {self.name}: its first field must be named {self.name!r}")
+
+    def on(self, options: Any) -> bool:
+        return bool(getattr(options, self.name))
+
+
+# Every registered algorithm, in the order each stage runs them.
+ALGORITHMS: list[Algorithm] = []
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    """Add ``algorithm`` to the registry (once: a second algorithm of the same name is refused)."""
+    if any(a.name == algorithm.name for a in ALGORITHMS):
+        raise ValueError(f"register: an algorithm named {algorithm.name!r} is registered already")
+    ALGORITHMS.append(algorithm)
+    return algorithm

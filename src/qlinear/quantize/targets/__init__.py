@@ -1,0 +1,23 @@
+"""The runtimes a quantized model is placed for, each one :class:`~qlinear.quantize.targets._target.Target`.
+
+ONNX Runtime's CPU provider (``"ort-cpu"``) is the default. A new target is
+one module here and one line in :data:`TARGETS`.
+"""
+
+from __future__ import annotations
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize.targets._target import Target
+from qlinear.quantize.targets.ort_cpu import ORT_CPU
+
+__all__ = ["DEFAULT_TARGET", "TARGETS", "Target", "target"]
+
+TARGETS: dict[str, Target] = {t.name: t for t in (ORT_CPU,)}
+DEFAULT_TARGET = ORT_CPU.name
+
+
+def target(name: str) -> Target:
+    """The target named ``name``."""
+    if name not in TARGETS:
+        raise QuantizationError(f"quantize: target must be one of {', '.join(TARGETS)}, got {name!r}")
+    return TARGETS[name]

@@ -1,0 +1,64 @@
+"""ONNX Runtime's CPU provider: the default target.
+
+Its QDQ fusions (QLinearConv, QGemm, QLinearMatMul, MatMulIntegerToFloat,
+MatMulNBits, the QLinear* element-wise and pooling kernels) are what the
+planner's placement rules and the promotion ladder are written for; the
+rules and the reasons are in docs/reference/placement-ort-cpu.md.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from qlinear.onnx._passes import FunctionPass, Sequential
+from qlinear.quantize import _prepare as rewrites
+from qlinear.quantize._fusion import check_fusion, float_by_design
+from qlinear.quantize._gathered_table import gather_tables
+from qlinear.quantize._model import FloatModel, index
+from qlinear.quantize._session import PROVIDERS
+from qlinear.quantize._signed_layout import lay_out_signed
+from qlinear.quantize.targets._target import Target
+
+__all__ = ["ORT_CPU", "prepare"]
+
+
+def _float_rewrite(rewrite, name: str | None = None) -> FunctionPass:
+    return FunctionPass(rewrite, name=name, after=index)  # the float model's indexes follow each change
+
+
+def _prepare(weight_only: bool) -> Sequential:
+    # In this order: constants are computed first, MatMul + Add becomes a Gemm, so a BatchNormalization after
+    # it folds too, and a constant Add after a Conv folds into the bias the normalization may have given it.
+    to_gemm = functools.partial(rewrites.matmul_add_to_gemm, integer_activations=not weight_only)
+    passes = [
+        _float_rewrite(rewrites.drop_identities),
+        _float_rewrite(rewrites.fold_constant_reshapes),
+        _float_rewrite(to_gemm, "matmul_add_to_gemm"),
+        _float_rewrite(rewrites.fold_batch_norms),
+        _float_rewrite(rewrites.fold_conv_bias_adds),
+    ]
+    if weight_only:  # only then does a DequantizeLinear on a Gemm's weight fuse into MatMulNBits
+        passes.append(_float_rewrite(rewrites.untranspose_gemm_weights))
+    return Sequential(*passes)
+
+
+ORT_CPU = Target(
+    name="ort-cpu",
+    runtime="ONNX Runtime, CPU execution provider",
+    providers=tuple(PROVIDERS),
+    prepare=_prepare,
+    finalize=Sequential(
+        # The same values, without dequantizing whole tables every run.
+        FunctionPass(lambda model: bool(gather_tables(model)), name="gather_tables"),
+        # The same values, int8 activations where ONNX Runtime's x86 kernels take them.
+        FunctionPass(lambda model: bool(lay_out_signed(model)), name="lay_out_signed"),
+    ),
+    check_fusion=check_fusion,
+    float_by_design=float_by_design,
+)
+
+
+def prepare(fm: FloatModel, *, weight_only: bool) -> FloatModel:
+    """``fm`` with this target's float-exact rewrites applied (in place)."""
+    ORT_CPU.prepare(weight_only)(fm)
+    return fm

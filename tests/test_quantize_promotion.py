@@ -1,0 +1,207 @@
+"""Per-node analysis and mixed precision to a target: the ladder, the search, and a model with one fragile node."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import qlinear.onnx as qo
+import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
+from qlinear.dtypes import element_type
+from qlinear.quantize._precision import (
+    ACTIVATION_PROMOTION,
+    FLOAT,
+    WEIGHT_PROMOTION,
+    NodePrecision,
+    candidate_steps,
+    next_step,
+    wider_activation,
+)
+from qlinear.quantize._promotion import PRUNE_TRIALS, Promotion, Target, promotion_steps, search
+from qlinear.quantize._sensitivity import NodeSensitivity, most_sensitive_first
+from quantize_models import outlier_mlp
+
+W2_A8 = NodePrecision("int2", "uint8")
+
+
+def test_the_ladder_widens_the_worse_side_then_goes_float():
+    assert next_step(W2_A8, weight_db=3.0, activation_db=40.0) == NodePrecision("int4", "uint8")
+    assert next_step(W2_A8, weight_db=40.0, activation_db=3.0) == NodePrecision("int2", "uint16")
+    assert next_step(W2_A8, weight_db=10.0, activation_db=10.0).weights == "int4"  # weights first on a tie
+    assert next_step(NodePrecision("int8", "int8"), 50.0, 20.0) == NodePrecision("int8", "int16")
+    assert next_step(NodePrecision("int8", "uint16"), 50.0, 60.0) == FLOAT
+    assert next_step(FLOAT, None, None) == FLOAT
+    # Weight-only: 2 -> 4 -> 8 bits, then float; an exact side (None) is never the one widened first.
+    p, seen = NodePrecision("uint2", None), []
+    while p.quantized:
+        p = next_step(p, 10.0, None)
+        seen.append(p.describe())
+    assert seen == ["w uint4 / a float", "w uint8 / a float", "float"]
+    assert candidate_steps(NodePrecision("float4e2m1", "uint8"), 30.0, None)[0].weights == "float8e4m3fn"
+    assert wider_activation("uint8", "uint16") == "uint16" and wider_activation("int16", "uint8") == "int16"
+    assert wider_activation("float8e4m3fn", "int8") == "float8e4m3fn"  # a tie: the first
+
+
+# The bit widths the search and the ladder were written with before they read them from qlinear.dtypes.
+LADDER_BITS = {
+    "int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "float4e2m1": 4, "float8e4m3fn": 8, "float8e5m2": 8,
+    "int8": 8, "uint8": 8, "int16": 16, "uint16": 16,
+}  # fmt: skip
+
+
+def test_ladder_bits_from_dtypes():
+    assert {t: element_type(t).bits for t in LADDER_BITS} == LADDER_BITS
+    ladders = {**WEIGHT_PROMOTION, **ACTIVATION_PROMOTION}
+    assert set(ladders) | set(ladders.values()) <= set(LADDER_BITS)
+
+
+def test_a_node_without_weight_widens_its_activations_and_a_broken_output_ranks_first():
+    p = NodePrecision(None, "uint8")  # an activation x activation MatMul
+    assert (
+        next_step(p, None, 30.0) == NodePrecision(None, "uint16")
+        and next_step(NodePrecision(None, "uint16"), None, 60.0) == FLOAT
+    )
+    assert NodePrecision(None, "uint16").describe() == "a uint16"
+    assert next_step(W2_A8, float("nan"), 3.0).weights == "int4"  # NaN: the worst side
+    figures = {n: NodeSensitivity(n, db, None, None) for n, db in (("a", 20.0), ("b", float("nan")), ("c", None), ("d", 5.0))}
+    assert most_sensitive_first(figures) == ["b", "d", "a", "c"]
+
+
+def _figures(dbs):
+    return {n: NodeSensitivity(n, db, 10.0, 40.0) for n, db in dbs.items()}
+
+
+def test_steps_go_in_rounds_most_sensitive_first_with_a_cap_on_float():
+    figures = _figures({"a": 30.0, "b": 5.0, "c": 12.0})
+    ranking = most_sensitive_first(figures)
+    assert ranking == ["b", "c", "a"]
+    start = dict.fromkeys(ranking, W2_A8)
+    steps = promotion_steps(ranking, start, figures, max_float=1)
+    # Round one widens each node's weights (their SQNR is the lower), most sensitive first.
+    assert [(s.node, s.after.weights) for s in steps[:3]] == [("b", "int4"), ("c", "int4"), ("a", "int4")]
+    assert sum(not s.after.quantized for s in steps) == 1 and next(s for s in steps if not s.after.quantized).node == "b"
+    # Each step starts where the node's previous one ended.
+    last = dict(start)
+    for s in steps:
+        assert s.before == last[s.node]
+        last[s.node] = s.after
+    # A type the opset cannot hold is passed over.
+    no16 = promotion_steps(ranking, start, figures, max_float=0, allows=lambda t: t != "uint16")
+    assert all(s.after.activations != "uint16" for s in no16) and all(s.after.quantized for s in no16)
+
+
+def _steps(nodes):
+    return [Promotion(n, NodePrecision("int8", "uint8"), NodePrecision("int8", "uint16")) for n in nodes]
+
+
+def test_search_takes_the_shortest_prefix_in_few_evaluations():
+    steps = _steps([f"n{k}" for k in range(40)])
+    calls = []
+
+    def measure(precision):  # a figure that grows with the number of nodes promoted
+        calls.append(len(precision))
+        return len(precision) / 40
+
+    found = search(steps, 0.0, Target("agreement", 0.55), measure)
+    assert found.met and len(found.promotions) == 22 and math.isclose(found.figure, 22 / 40)
+    # Doubling then halving, then one trial a promoted node (none can go here), at most PRUNE_TRIALS.
+    assert found.evaluations == len(calls) <= 2 * math.ceil(math.log2(40)) + 2 + PRUNE_TRIALS
+    assert found.promotions[-1].measured and found.promotions[-1].figure == found.figure
+    # Met at the requested types: nothing promoted, nothing evaluated.
+    assert search(steps, 0.9, Target("agreement", 0.55), measure).promotions == []
+
+
+def test_search_drops_promotions_the_target_holds_without():
+    steps = _steps(["fragile", "b", "c", "d"])
+
+    def measure(precision):  # only the fragile node matters
+        return 0.999 if "fragile" in precision else 0.5
+
+    found = search(steps, 0.5, Target("agreement", 0.99), measure)
+    assert found.met and [p.node for p in found.promotions] == ["fragile"]
+
+
+def test_search_that_cannot_reach_the_target_keeps_the_best_found():
+    steps = _steps(["a", "b", "c"])
+    figures = {0: 10.0, 1: 14.0, 2: 19.0, 3: 17.0}
+    found = search(steps, 10.0, Target("sqnr", 30.0), lambda p: figures[len(p)])
+    assert not found.met and len(found.promotions) == 2 and found.figure == 19.0
+
+
+@pytest.fixture(scope="module")
+def outliers():
+    model, data = outlier_mlp()
+    return model, {"x": data["x"][:800]}, {"x": data["x"][800:]}
+
+
+def test_one_fragile_node_is_promoted_and_no_other(outliers):
+    model, cal, ev = outliers
+    # SmoothQuant would move the outlier into the weight (tests/test_quantize_smoothquant.py); here promotions alone.
+    plain = qq.quantize_model(model, None, cal, eval=ev, promote=False, smoothquant=False).report
+    assert plain["output"]["top1_agreement"] < 0.8  # the outlier channel wipes out the second MatMul's input
+    r = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
+    assert r["promotions"]["met"] and r["output"]["top1_agreement"] >= qq.DEFAULT_AGREEMENT
+    assert {s["node"] for s in r["promotions"]["steps"]} == {"down"}
+    up = next(n for n in r["nodes"] if n["name"] == "up")
+    assert (up["weight_type"], up["activation_type"]) == ("int8", "uint8")
+    assert r["promotions"]["before"] == plain["output"]["top1_agreement"]
+    ranking = sorted(r["analysis"], key=lambda n: n["sensitivity_db"])
+    assert [n["name"] for n in ranking] == ["down", "up"] and ranking[0]["sensitivity_db"] < 10 < 30 < ranking[1][
+        "sensitivity_db"
+    ]
+
+
+def test_sensitivity_is_the_output_sqnr_with_only_that_node_quantized(outliers):
+    model, cal, ev = outliers
+    ev = {"x": ev["x"][:64]}  # the analysis runs on the first 64 eval samples
+    r = qq.quantize_model(model, None, cal, eval=ev, promote=False, smoothquant=False).report
+    for node in r["analysis"]:
+        others = [n["name"] for n in r["analysis"] if n["name"] != node["name"]]
+        alone = qq.quantize_model(model, None, cal, eval=ev, exclude=others, promote=False, smoothquant=False).report
+        assert math.isclose(node["sensitivity_db"], alone["output"]["sqnr_db"], rel_tol=1e-9)
+        assert node["weight_sqnr_db"] == alone["nodes"][0]["weight_sqnr_db"]
+
+
+def test_a_missed_target_is_reported_and_the_best_model_kept(outliers):
+    model, cal, ev = outliers
+    result = qq.quantize_model(model, None, cal, eval=ev, target_sqnr_db=200.0, max_float=0.0, smoothquant=False)
+    assert not result.target_met and not result.report["promotions"]["met"]
+    assert any(w.startswith("target not met (output SQNR >= 200 dB)") for w in result.report["warnings"])
+    assert result.report["output"]["sqnr_db"] > result.report["requested"]["sqnr_db"]
+    assert all(n["activation_type"] == "uint16" for n in result.report["nodes"])  # no node left float
+
+
+def test_target_options_are_checked():
+    for bad, match in (
+        (dict(target_agreement=1.5), "target_agreement must be in"),
+        (dict(target_agreement=0.9, target_sqnr_db=20.0), "not both"),
+        (dict(max_float=2.0), "max_float must be in"),
+    ):
+        with pytest.raises(QuantizationError, match=match):
+            qq.QuantizeOptions(**bad)
+    # Agreement needs classes along the output's last axis; a sum has none.
+    g = qo.Graph("scalar", opset=17)
+    x = g.input("x", "float", ("N", 32))
+    mm = g.op("MatMul", [x, np.ones((32, 4), np.float32)], name="mm")
+    g.output(g.op("ReduceSum", [mm], name="sum", keepdims=0, output_names=["y"]))
+    data = {"x": np.random.default_rng(0).standard_normal((40, 32)).astype(np.float32)}
+    with pytest.raises(QuantizationError, match="target_agreement needs an output with classes"):
+        qq.quantize_model(g.to_model(), None, data, target_agreement=0.9)
+
+
+def test_promotions_widen_only_the_sides_a_node_quantizes():
+    from quantize_models import layernorm_attention
+
+    model, data = layernorm_attention()
+    # An unreachable target takes every step; the embedding has no activation to widen, only its table
+    # (stored at 8 bits from the start: ONNX Runtime gathers no 4-bit codes).
+    r = qq.quantize_model(model, None, data, weights="int4", target_sqnr_db=200.0, max_float=1.0, bias_correction=False).report
+    embed = [(s["from"], s["to"]) for s in r["promotions"]["steps"] if s["node"] == "embed"]
+    assert embed == [("w int8 / a float", "float")]
+    q_proj = [(s["from"], s["to"]) for s in r["promotions"]["steps"] if s["node"] == "q_proj"]
+    assert q_proj[0][0] == "w int4 / a uint8" and q_proj[-1][1] == "float"
+    for s in r["promotions"]["steps"]:
+        assert s["from"] != s["to"]
