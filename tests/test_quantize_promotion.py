@@ -14,7 +14,9 @@ from qlinear.dtypes import element_type
 from qlinear.quantize._precision import (
     ACTIVATION_PROMOTION,
     FLOAT,
+    FULL_LADDER,
     WEIGHT_PROMOTION,
+    Ladder,
     NodePrecision,
     candidate_steps,
     next_step,
@@ -91,6 +93,18 @@ def test_steps_go_in_rounds_most_sensitive_first_with_a_cap_on_float():
     # A type the opset cannot hold is passed over.
     no16 = promotion_steps(ranking, start, figures, max_float=0, allows=lambda t: t != "uint16")
     assert all(s.after.activations != "uint16" for s in no16) and all(s.after.quantized for s in no16)
+
+
+def test_steps_climb_only_the_ladder_given():
+    # A target whose runtime gains nothing from 16-bit activations gives a ladder without them: an activation that
+    # must widen sends its node to float instead.
+    figures = {"a": NodeSensitivity("a", 5.0, 40.0, 5.0)}  # the activation side is the weak one
+    start = {"a": NodePrecision("int8", "uint8")}
+    full = promotion_steps(["a"], start, figures, max_float=1)
+    assert [s.after for s in full] == [NodePrecision("int8", "uint16"), FLOAT]
+    no16 = Ladder(weights=FULL_LADDER.weights, activations={})
+    assert [s.after for s in promotion_steps(["a"], start, figures, max_float=1, ladder=no16)] == [FLOAT]
+    assert candidate_steps(NodePrecision("int4", "uint8"), 5.0, 3.0, no16) == [NodePrecision("int8", "uint8"), FLOAT]
 
 
 def _steps(nodes):

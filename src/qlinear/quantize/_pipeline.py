@@ -115,7 +115,7 @@ def quantize_model(
         options = replace(options, batch_size=run.batch_size)
     builder, requested = stage.build(fm, options, run, bars)
     reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
-    met = stage.meet_target(builder, requested, reference, options, bars)
+    met = stage.meet_target(builder, requested, reference, options, runtime.ladder, bars)
     qmodel, refined = stage.refine(fm, met.built.model, data.calibration, reference, options, bars)
     runtime.finalize(qmodel)
     quantized = [p.name for p in met.built.plan.nodes]

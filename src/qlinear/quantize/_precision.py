@@ -10,17 +10,34 @@ written by several nodes takes the widest activation type among them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qlinear.dtypes import element_type
 
-__all__ = ["FLOAT", "NodePrecision", "candidate_steps", "next_step", "wider_activation"]
+__all__ = ["FLOAT", "FULL_LADDER", "Ladder", "NodePrecision", "candidate_steps", "next_step", "wider_activation"]
 
 WEIGHT_PROMOTION = {
     "int2": "int4", "uint2": "uint4", "int4": "int8", "uint4": "uint8",
     "float4e2m1": "float8e4m3fn", "float8e5m2": "float8e4m3fn", "float8e4m3fn": "int8",
 }  # fmt: skip
 ACTIVATION_PROMOTION = {"uint8": "uint16", "int8": "int16", "float8e4m3fn": "int16"}
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The steps a promotion may take: each weight type's next wider type, each activation type's.
+
+    A target keeps the steps that pay on its runtime; a type with no step
+    here goes straight to float when its side must widen.
+    """
+
+    weights: Mapping[str, str]
+    activations: Mapping[str, str]
+
+
+# Every step the types allow.
+FULL_LADDER = Ladder(WEIGHT_PROMOTION, ACTIVATION_PROMOTION)
 
 
 @dataclass(frozen=True)
@@ -42,24 +59,28 @@ class NodePrecision:
 FLOAT = NodePrecision(None, None, quantized=False)
 
 
-def next_step(p: NodePrecision, weight_db: float | None, activation_db: float | None) -> NodePrecision:
+def next_step(
+    p: NodePrecision, weight_db: float | None, activation_db: float | None, ladder: Ladder = FULL_LADDER
+) -> NodePrecision:
     """``p`` one step up: the side with the lower SQNR widens if it can, else the other, else the node goes float.
 
     ``weight_db``/``activation_db``: that side's SQNR (None: exact or not
     quantized, so never the side to widen first).
     """
-    return candidate_steps(p, weight_db, activation_db)[0]
+    return candidate_steps(p, weight_db, activation_db, ladder)[0]
 
 
-def candidate_steps(p: NodePrecision, weight_db: float | None, activation_db: float | None) -> list[NodePrecision]:
-    """The steps up from ``p`` in the order :func:`next_step` prefers them, float last."""
+def candidate_steps(
+    p: NodePrecision, weight_db: float | None, activation_db: float | None, ladder: Ladder = FULL_LADDER
+) -> list[NodePrecision]:
+    """The steps up from ``p`` on ``ladder`` in the order :func:`next_step` prefers them, float last."""
     if not p.quantized:
         return [p]
     sides = []
-    if p.weights in WEIGHT_PROMOTION:
-        sides.append((_error(weight_db), NodePrecision(WEIGHT_PROMOTION[p.weights], p.activations)))
-    if p.activations in ACTIVATION_PROMOTION:
-        sides.append((_error(activation_db), NodePrecision(p.weights, ACTIVATION_PROMOTION[p.activations])))
+    if p.weights in ladder.weights:
+        sides.append((_error(weight_db), NodePrecision(ladder.weights[p.weights], p.activations)))
+    if p.activations in ladder.activations:
+        sides.append((_error(activation_db), NodePrecision(p.weights, ladder.activations[p.activations])))
     sides.sort(key=lambda side: -side[0])  # stable: weights first on a tie
     return [q for _, q in sides] + [FLOAT]
 

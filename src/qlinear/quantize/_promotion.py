@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from qlinear.dtypes import element_type
-from qlinear.quantize._precision import FLOAT, NodePrecision, candidate_steps
+from qlinear.quantize._precision import FLOAT, FULL_LADDER, Ladder, NodePrecision, candidate_steps
 from qlinear.quantize._sensitivity import NodeSensitivity
 
 __all__ = ["PRUNE_TRIALS", "Promotion", "Search", "Target", "promotion_steps", "search"]
@@ -82,8 +82,9 @@ def promotion_steps(
     *,
     max_float: int,
     allows: Callable[[str], bool] = lambda t: True,
+    ladder: Ladder = FULL_LADDER,
 ) -> list[Promotion]:
-    """Every step the search may take, in the order it takes them (see the module's text)."""
+    """Every step the search may take on ``ladder`` (the target's), in the order it takes them (see the module's text)."""
     current = dict(start)
     weight_db = {n: figures[n].weight_db for n in ranking}
     act_db = {n: figures[n].activation_db for n in ranking}
@@ -95,7 +96,7 @@ def promotion_steps(
             p = current[n]
             if not p.quantized:
                 continue
-            q = _allowed_step(p, weight_db[n], act_db[n], allows)
+            q = _allowed_step(p, weight_db[n], act_db[n], allows, ladder)
             if not q.quantized:
                 if floats >= max_float:
                     continue
@@ -179,9 +180,11 @@ def _prune(
     return kept, figure, evaluations
 
 
-def _allowed_step(p: NodePrecision, weight_db: float | None, act_db: float | None, allows: Callable[[str], bool]):
-    """The first step up whose types the opset holds (float holds always)."""
-    for q in candidate_steps(p, weight_db, act_db):
+def _allowed_step(
+    p: NodePrecision, weight_db: float | None, act_db: float | None, allows: Callable[[str], bool], ladder: Ladder
+) -> NodePrecision:
+    """The first step up ``ladder`` whose types the opset holds (float holds always)."""
+    for q in candidate_steps(p, weight_db, act_db, ladder):
         if not q.quantized or all(allows(t) for t in (q.weights, q.activations) if t):
             return q
     return FLOAT

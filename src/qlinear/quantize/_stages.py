@@ -26,6 +26,7 @@ from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._plan import left_float_text, plan
+from qlinear.quantize._precision import Ladder
 from qlinear.quantize._promotion import Search, Target, promotion_steps, search
 from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first
 from qlinear.quantize._stats import load_calibration, save_stats
@@ -151,9 +152,9 @@ def build(fm: FloatModel, options: QuantizeOptions, run: CalibrationRun | None, 
     return builder, requested
 
 
-def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, options: QuantizeOptions,
+def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, options: QuantizeOptions, ladder: Ladder,
                 bars: Bars) -> TargetResult:  # fmt: skip
-    """Each node's sensitivity, then the most sensitive nodes promoted until the accuracy target holds."""
+    """Each node's sensitivity, then the most sensitive nodes promoted up ``ladder`` until the accuracy target holds."""
     goal = _goal(options, reference)  # a target the outputs cannot meet is refused before any work
     with bars.task("analysing nodes", len(requested.plan.nodes)) as step:
         figures = analyze(builder, requested, reference.head(ANALYSIS_SAMPLES), progress=step)
@@ -164,7 +165,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     precisions = {p.name: p.precision for p in requested.plan.nodes}
     steps = promotion_steps(
         most_sensitive_first(figures), precisions, figures, max_float=math.ceil(options.max_float * len(precisions)),
-        allows=builder.allows,
+        allows=builder.allows, ladder=ladder,
     )  # fmt: skip
     pick = 0 if goal.metric == "sqnr" else 1
     with bars.task("promoting to the target", None) as step:

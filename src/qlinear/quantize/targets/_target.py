@@ -4,8 +4,9 @@ A target is one :class:`Target` object in its own module of this package.
 The pipeline asks it for the float-exact rewrites the runtime needs before
 it fuses (``prepare``), the layout rewrites of the quantized model
 (``finalize``), the check of what the runtime actually fused
-(``check_fusion``) and why a node of given types runs in float on it
-whatever the layout (``float_by_design``). Model-semantic rules (a Log
+(``check_fusion``), why a node of given types runs in float on it
+whatever the layout (``float_by_design``) and the promotion steps the
+accuracy search may take on it (``ladder``). Model-semantic rules (a Log
 downstream, graph outputs, subgraph reads, user exclusions) are the
 planner's, the same on every target.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qlinear.onnx._passes import Pass
+from qlinear.quantize._precision import Ladder
 
 __all__ = ["Target"]
 
@@ -37,6 +39,7 @@ class Target:
             the model and those nodes' names (None: it cannot load it).
         float_by_design: why the runtime runs a node of (op type, weight
             type, activation type) in float whatever its layout, or None.
+        ladder: the promotion steps the accuracy search may take on it.
     """
 
     name: str
@@ -46,3 +49,4 @@ class Target:
     finalize: Pass
     check_fusion: Callable[[Any, list[str]], Any]
     float_by_design: Callable[[str, str | None, str | None], str | None]
+    ladder: Ladder

@@ -15,6 +15,7 @@ from qlinear.quantize import _prepare as rewrites
 from qlinear.quantize._fusion import check_fusion, float_by_design
 from qlinear.quantize._gathered_table import gather_tables
 from qlinear.quantize._model import FloatModel, index
+from qlinear.quantize._precision import FULL_LADDER
 from qlinear.quantize._session import PROVIDERS
 from qlinear.quantize._signed_layout import lay_out_signed
 from qlinear.quantize.targets._target import Target
@@ -55,6 +56,8 @@ ORT_CPU = Target(
     ),
     check_fusion=check_fusion,
     float_by_design=float_by_design,
+    # Every step the types allow, 16-bit activations included (which its CPU provider runs in float plus Q/DQ).
+    ladder=FULL_LADDER,
 )
 
 
