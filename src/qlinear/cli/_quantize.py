@@ -29,8 +29,8 @@ from qlinear.quantize import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._html import render_html
 from qlinear.quantize._option_fields import add_arguments as add_option_arguments
 from qlinear.quantize._option_fields import values_from_args
-from qlinear.quantize._plan import WIDENED_TABLE
 from qlinear.quantize._stream import quantize_weights_streaming
+from qlinear.quantize.targets import target
 
 _DEMO = "digits_cnn.onnx"
 
@@ -198,9 +198,10 @@ def _stream(args: argparse.Namespace) -> int:
         raise QuantizationError("--stream-weights needs MODEL.onnx and -o OUT.onnx")
     options = QuantizeOptions(
         weights=args.weights, activations=None, granularity=args.granularity, block_size=args.block_size,
-        weight_clip=args.weight_clip, promote=False,
+        weight_clip=args.weight_clip, promote=False, target=args.target,
     )  # fmt: skip
     r = quantize_weights_streaming(args.model, args.output, options)
+    widened = target(options.target).placement.widened_table
     summary = {
         "model": {"input": args.model, "output": str(r.path)},
         "streamed": True,
@@ -208,7 +209,7 @@ def _stream(args: argparse.Namespace) -> int:
         "weight_bytes": {"before": r.bytes_before, "after": r.bytes_after},
         "seconds": r.seconds,
         "peak_rss_bytes": r.peak_rss_bytes,
-        "widened": [{"table": name, "asked": args.weights, "reason": WIDENED_TABLE} for name in r.widened],
+        "widened": [{"table": name, "asked": args.weights, "reason": widened} for name in r.widened],
     }
     if args.json or args.json_file:
         write_json(json.dumps(summary, indent=2), args)
@@ -217,7 +218,7 @@ def _stream(args: argparse.Namespace) -> int:
             f"qlinear quantize: {r.weights} weights, {r.bytes_before / 2**20:.1f} MiB -> {r.bytes_after / 2**20:.1f} MiB, "
             f"one at a time, in {r.seconds:.1f} s, peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB -> {r.path} "
             "(no calibration or evaluation: run the model on your runtime to check it)"
-            + (f"; tables at 8 bits: {', '.join(r.widened)} ({WIDENED_TABLE})" if r.widened else ""),
+            + (f"; tables at 8 bits: {', '.join(r.widened)} ({widened})" if r.widened else ""),
             highlight=False,
             soft_wrap=True,
         )

@@ -15,9 +15,6 @@ from qlinear.quantize._precision import NodePrecision
 
 __all__ = ["NodePlan", "WeightPlan", "node_plan"]
 
-# Ops a Q right after a Conv may absorb (ONNX Runtime's redundant-clip rule).
-_ACTIVATIONS_FOLDED = frozenset({"Relu", "Clip"})
-
 
 @dataclass(frozen=True)
 class WeightPlan:
@@ -60,8 +57,9 @@ def node_plan(
     weights_pair: bool,
     graph_outputs: set[str],
     before_log: set[str],
+    clamps_folded: frozenset[str],
 ) -> NodePlan | str:
-    """The node's plan, or the reason it stays float."""
+    """The node's plan, or the reason it stays float; ``clamps_folded``: what a Q after a Conv absorbs on the target."""
     inputs = list(node.input)
     op = node.op_type
     const = [bool(i) and i in fm.initializers for i in inputs]
@@ -99,9 +97,9 @@ def node_plan(
         bias = _usable_bias(fm, node, weight)
     output = None
     if quantize_activations and op in ("Conv", "ConvTranspose") and activations:
-        output = _output_for_q(fm, node, graph_outputs)
+        output = _output_for_q(fm, node, graph_outputs, clamps_folded)
     elif quantize_activations and op in ("MatMul", "Gemm") and activations:
-        output = _output_for_q(fm, node, graph_outputs, clamp_only=True)
+        output = _output_for_q(fm, node, graph_outputs, clamps_folded, clamp_only=True)
     return NodePlan(node.name, op, weight, activations, bias, output)
 
 
@@ -134,7 +132,9 @@ def _usable_bias(fm: FloatModel, node: onnx.NodeProto, weight: WeightPlan) -> st
     return name
 
 
-def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str], *, clamp_only: bool = False) -> str | None:
+def _output_for_q(
+    fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str], clamps_folded: frozenset[str], *, clamp_only: bool = False
+) -> str | None:
     """Where the Q after a compute node goes: past a Relu or Clip that alone reads its output, else its output.
 
     None where a reader no Q reaches (a model output, a subgraph's read by
@@ -149,7 +149,7 @@ def _output_for_q(fm: FloatModel, node: onnx.NodeProto, graph_outputs: set[str],
     if out in graph_outputs or out in fm.read_in_subgraphs:
         return None
     users = fm.consumers.get(out, [])
-    if len(users) == 1 and users[0].op_type in _ACTIVATIONS_FOLDED:
+    if len(users) == 1 and users[0].op_type in clamps_folded:
         after = users[0].output[0]
         if after not in graph_outputs and after not in fm.read_in_subgraphs:
             return after

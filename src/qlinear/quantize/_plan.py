@@ -52,13 +52,14 @@ from qlinear.dtypes import element_type
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._node_plan import NodePlan, node_plan
 from qlinear.quantize._precision import NodePrecision, wider_activation
+from qlinear.quantize.targets import target
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
     from qlinear.quantize._options import QuantizeOptions
 
 
 __all__ = [
-    "COMPUTE_OPS", "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "TABLE_TYPE", "WIDENED_TABLE", "Plan", "left_float_text", "listed", "plan",
+    "COMPUTE_OPS", "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "Plan", "left_float_text", "listed", "plan",
 ]  # fmt: skip
 
 # The operators quantized by default: the ones that do the arithmetic.
@@ -70,12 +71,6 @@ DATA_MOVEMENT_OPS = frozenset(
 )
 # The reason given for a node the promotion search put back in float (the report shows those apart).
 PROMOTED_TO_FLOAT = "promoted to float"
-# Weight types ONNX Runtime's integer kernels take beside integer activations.
-_PAIRS_WITH_INTEGER_ACTIVATIONS = frozenset({"int8", "uint8", "int4", "uint4"})
-# A table is stored in 8 bits at least: ONNX Runtime's Gather takes no 4- or 2-bit tensors, and a table
-# dequantized whole on every run costs far more time than its bytes save (see _gathered_table).
-TABLE_TYPE = {"int4": "int8", "int2": "int8", "uint4": "uint8", "uint2": "uint8"}
-WIDENED_TABLE = "ONNX Runtime gathers 8-bit codes, not narrower ones"
 # Ops through which a value reaches a Log with its small values still small (see _tensors_before_a_log).
 _VALUE_PRESERVING_OPS = DATA_MOVEMENT_OPS | {"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Abs", "Identity"}
 
@@ -96,7 +91,7 @@ class Plan:
         activation_types: each calibrated tensor's type, the widest its
             nodes ask for.
         widened: ``(node name, type asked for, type stored)`` for the
-            embedding tables stored wider than asked (:data:`WIDENED_TABLE`).
+            embedding tables stored wider than asked (the target's ``placement.widened_table``).
     """
 
     nodes: list[NodePlan] = field(default_factory=list)
@@ -127,12 +122,6 @@ class Plan:
         return tensor
 
 
-# Ops that hold weights and that ONNX Runtime has no integer kernel for behind a DequantizeLinear (its
-# quantize_dynamic rewrites LSTM into a com.microsoft op instead): listed as left float with what they hold, so a
-# recurrent model's size figure is explained rather than a surprise.
-UNFUSED_WEIGHT_OPS = ("LSTM", "GRU", "RNN", "Einsum")
-
-
 def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrecision] | None = None) -> Plan:
     """The plan for ``fm`` under ``options``; ``precision`` gives some nodes other types than the options' (mixed precision)."""
     result = Plan()
@@ -142,15 +131,18 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     precision = precision or {}
     graph_outputs = set(fm.output_names)
     before_log = _tensors_before_a_log(fm)
+    runtime = target(options.target)
+    placement = runtime.placement
     for node in fm.graph.node:
-        if node.op_type in UNFUSED_WEIGHT_OPS and node.domain in ("", "ai.onnx"):
+        # Listed as left float with what they hold, so a recurrent model's size figure is explained.
+        if node.op_type in placement.unfused_weight_ops and node.domain in ("", "ai.onnx"):
             held = sum(int(np.prod(fm.initializers[i].dims)) for i in node.input if i in fm.initializers and fm.is_float(i))
             if held:
                 result.left_float.append(
                     (
                         node.name,
                         node.op_type,
-                        f"no integer {node.op_type} in ONNX Runtime; its weights ({held} values) stay float",
+                        f"no integer {node.op_type} in {runtime.runtime}; its weights ({held} values) stay float",
                     )
                 )
             continue
@@ -166,15 +158,18 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             result.left_float.append((node.name, node.op_type, PROMOTED_TO_FLOAT))
             continue
         act = element_type(p.activations) if p.activations else None
-        weights_pair = not (act is not None and act.is_integer) or p.weights in _PAIRS_WITH_INTEGER_ACTIVATIONS
-        planned = node_plan(fm, node, act is not None, options.granularity == "blocked", weights_pair, graph_outputs, before_log)
+        weights_pair = not (act is not None and act.is_integer) or p.weights in placement.integer_weight_types
+        planned = node_plan(
+            fm, node, act is not None, options.granularity == "blocked", weights_pair, graph_outputs, before_log,
+            placement.clamps_folded,
+        )  # fmt: skip
         if isinstance(planned, str):
             result.left_float.append((node.name, node.op_type, planned))
             continue
         weight_type = p.weights if planned.weight is not None else None
-        if node.op_type == "Gather" and weight_type in TABLE_TYPE:
-            result.widened.append((node.name, weight_type, TABLE_TYPE[weight_type]))
-            weight_type = TABLE_TYPE[weight_type]
+        if node.op_type == "Gather" and weight_type in placement.table_types:
+            result.widened.append((node.name, weight_type, placement.table_types[weight_type]))
+            weight_type = placement.table_types[weight_type]
         planned = replace(
             planned,
             weight_type=weight_type,
@@ -186,7 +181,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
         if planned.output is not None:
             result.all_consumers_dequantize.add(planned.output)
     if calibrated:
-        _quantize_pool_inputs(fm, result, calibrated, excluded, graph_outputs)
+        _quantize_pool_inputs(fm, result, calibrated, excluded, graph_outputs, placement.fused_pools)
         _share_through_data_movement(fm, result, calibrated, excluded, graph_outputs)
     result.calibrate = list(calibrated)
     result.activation_types = calibrated
@@ -222,13 +217,10 @@ def _tensors_before_a_log(fm: FloatModel, depth: int = 8) -> set[str]:
     return set(found)
 
 
-# Pools ONNX Runtime fuses between a uint8 DequantizeLinear and QuantizeLinear (QLinearGlobalAveragePool, QLinearAveragePool).
-_POOLS = frozenset({"GlobalAveragePool", "AveragePool"})
-
-
 def _quantize_pool_inputs(
-    fm: FloatModel, result: Plan, calibrated: dict[str, str], excluded: set[str], graph_outputs: set[str]
-) -> None:
+    fm: FloatModel, result: Plan, calibrated: dict[str, str], excluded: set[str], graph_outputs: set[str],
+    fused_pools: frozenset[str],
+) -> None:  # fmt: skip
     """Quantize the input of each pool whose output is quantized at uint8 (directly or through one data-movement node).
 
     Every reader of the input reads it dequantized, the pool's other readers
@@ -237,7 +229,12 @@ def _quantize_pool_inputs(
     producing it a QuantizeLinear on every edge.
     """
     for node in fm.graph.node:
-        if node.op_type not in _POOLS or node.domain not in ("", "ai.onnx") or node.name in excluded or node.op_type in excluded:
+        if (
+            node.op_type not in fused_pools
+            or node.domain not in ("", "ai.onnx")
+            or node.name in excluded
+            or node.op_type in excluded
+        ):
             continue
         x, y = node.input[0], node.output[0]
         if not fm.is_float(x) or {x, y} & (graph_outputs | fm.read_in_subgraphs) or calibrated.get(x, "uint8") != "uint8":

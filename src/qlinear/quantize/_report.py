@@ -16,12 +16,13 @@ from qlinear.quantize._convert import ConvertedNode
 from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import MODEL_OUTPUT_CONV, FusionCheck, float_by_design
-from qlinear.quantize._plan import WIDENED_TABLE, Plan, listed
+from qlinear.quantize._plan import Plan, listed
 from qlinear.quantize._promotion import Search
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL
 from qlinear.quantize.algorithms._channel_scaling import ScaledActivation
 from qlinear.quantize.algorithms.equalize import Equalized
+from qlinear.quantize.targets import target
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
     from qlinear.quantize._options import QuantizeOptions
@@ -210,7 +211,8 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
         ],
         "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
         "widened": [
-            {"name": n, "asked": asked, "stored": stored, "reason": WIDENED_TABLE} for n, asked, stored in r.plan.widened
+            {"name": n, "asked": asked, "stored": stored, "reason": target(options.target).placement.widened_table}
+            for n, asked, stored in r.plan.widened
         ],
         "finetune": None if r.finetuned is None else r.finetuned.to_dict(),
         "warnings": warnings,

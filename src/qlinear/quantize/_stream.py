@@ -43,7 +43,7 @@ from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._gathered_table import gather_streamed, gathers_codes
 from qlinear.quantize._memory import peak_rss_bytes
-from qlinear.quantize._plan import TABLE_TYPE
+from qlinear.quantize.targets import target
 from qlinear.spec import type_opset
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
@@ -66,7 +66,7 @@ class StreamResult:
     bytes_after: int
     seconds: float
     peak_rss_bytes: int
-    widened: list[str] = field(default_factory=list)  # tables stored at 8 bits where fewer were asked for (WIDENED_TABLE)
+    widened: list[str] = field(default_factory=list)  # tables stored wider than asked (the target's placement.widened_table)
 
 
 def quantize_weights_streaming(
@@ -94,6 +94,7 @@ def quantize_weights_streaming(
     base = src.resolve().parent
     opset = _opset_for(model, options)
     t = element_type(options.weights)
+    tables = target(options.target).placement.table_types  # a Gather's table in the widths the runtime gathers
     done: dict[str, ir.Value] = {}  # weight name -> its DequantizeLinear's output
     centred: dict[str, bool] = {}  # weight name -> whether some zero point is not 0
     widened: list[str] = []
@@ -118,8 +119,8 @@ def quantize_weights_streaming(
                 array = _read(weight.const_value, base)
                 if array.ndim < 2 and node.op_type != "MatMul":
                     continue
-                # A table at 8 bits at least, as the plan pass stores it: ONNX Runtime gathers no narrower codes.
-                wt = element_type(TABLE_TYPE.get(options.weights, options.weights)) if node.op_type == "Gather" else t
+                # A table in the type the plan stores it in: the runtime gathers no narrower codes.
+                wt = element_type(tables.get(options.weights, options.weights)) if node.op_type == "Gather" else t
                 if wt is not t:
                     widened.append(weight.name)
                 params, axis, block = weight_params(

@@ -7,10 +7,10 @@ one module here and one line in :data:`TARGETS`.
 from __future__ import annotations
 
 from qlinear._errors import QuantizationError
-from qlinear.quantize.targets._target import Target
+from qlinear.quantize.targets._target import Placement, Target
 from qlinear.quantize.targets.ort_cpu import ORT_CPU
 
-__all__ = ["DEFAULT_TARGET", "TARGETS", "Target", "target"]
+__all__ = ["DEFAULT_TARGET", "TARGETS", "Placement", "Target", "target"]
 
 TARGETS: dict[str, Target] = {t.name: t for t in (ORT_CPU,)}
 DEFAULT_TARGET = ORT_CPU.name

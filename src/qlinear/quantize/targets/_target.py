@@ -13,14 +13,45 @@ planner's, the same on every target.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from qlinear.onnx._passes import Pass
 from qlinear.quantize._precision import Ladder
 
-__all__ = ["Target"]
+__all__ = ["Placement", "Target"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The facts of a runtime's fusions that the planner's rules read.
+
+    The planner (:mod:`qlinear.quantize._plan`) owns the rules, the same on
+    every target (which nodes take a Q/DQ, what shares parameters, what a
+    Log downstream or a graph output keeps float); a target says what its
+    runtime fuses, here.
+
+    Attributes:
+        integer_weight_types: the weight types its integer kernels take
+            beside integer activations (other weights pair with float ones).
+        table_types: the type a Gather's table is stored in where the
+            runtime gathers no narrower codes (asked type -> stored type).
+        widened_table: why, as the report says it.
+        unfused_weight_ops: ops holding weights that it runs in float
+            behind a DequantizeLinear (listed as left float, with what they hold).
+        fused_pools: pools it runs on quantized values between a uint8
+            DequantizeLinear and QuantizeLinear (their inputs are quantized).
+        clamps_folded: activations right after a Conv that a QuantizeLinear
+            after them absorbs (its range clamps as they do).
+    """
+
+    integer_weight_types: frozenset[str]
+    table_types: Mapping[str, str]
+    widened_table: str
+    unfused_weight_ops: tuple[str, ...]
+    fused_pools: frozenset[str]
+    clamps_folded: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -29,7 +60,7 @@ class Target:
 
     Attributes:
         name: what ``--target`` takes and the report shows.
-        runtime: the runtime and its provider, in words.
+        runtime: the runtime's name, as messages and the report say it.
         providers: the execution providers its sessions run on.
         prepare: the float-exact rewrites of the float model that let the
             runtime fuse, as one pass (given whether the run is weight-only).
@@ -40,6 +71,7 @@ class Target:
         float_by_design: why the runtime runs a node of (op type, weight
             type, activation type) in float whatever its layout, or None.
         ladder: the promotion steps the accuracy search may take on it.
+        placement: what it fuses, as the planner reads it.
     """
 
     name: str
@@ -50,3 +82,4 @@ class Target:
     check_fusion: Callable[[Any, list[str]], Any]
     float_by_design: Callable[[str, str | None, str | None], str | None]
     ladder: Ladder
+    placement: Placement

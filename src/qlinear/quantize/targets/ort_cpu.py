@@ -18,7 +18,7 @@ from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._precision import FULL_LADDER
 from qlinear.quantize._session import PROVIDERS
 from qlinear.quantize._signed_layout import lay_out_signed
-from qlinear.quantize.targets._target import Target
+from qlinear.quantize.targets._target import Placement, Target
 
 __all__ = ["ORT_CPU", "prepare"]
 
@@ -45,7 +45,7 @@ def _prepare(weight_only: bool) -> Sequential:
 
 ORT_CPU = Target(
     name="ort-cpu",
-    runtime="ONNX Runtime, CPU execution provider",
+    runtime="ONNX Runtime",
     providers=tuple(PROVIDERS),
     prepare=_prepare,
     finalize=Sequential(
@@ -58,6 +58,17 @@ ORT_CPU = Target(
     float_by_design=float_by_design,
     # Every step the types allow, 16-bit activations included (which its CPU provider runs in float plus Q/DQ).
     ladder=FULL_LADDER,
+    placement=Placement(
+        integer_weight_types=frozenset({"int8", "uint8", "int4", "uint4"}),
+        # Its Gather takes no 4- or 2-bit tensors, and a table dequantized whole on every run costs far more time
+        # than its bytes save (see _gathered_table).
+        table_types={"int4": "int8", "int2": "int8", "uint4": "uint8", "uint2": "uint8"},
+        widened_table="ONNX Runtime gathers 8-bit codes, not narrower ones",
+        # Its quantize_dynamic rewrites LSTM into a com.microsoft op instead.
+        unfused_weight_ops=("LSTM", "GRU", "RNN", "Einsum"),
+        fused_pools=frozenset({"GlobalAveragePool", "AveragePool"}),  # QLinearGlobalAveragePool, QLinearAveragePool
+        clamps_folded=frozenset({"Relu", "Clip"}),  # its redundant-clip rule
+    ),
 )
 
 
