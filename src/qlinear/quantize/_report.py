@@ -61,6 +61,7 @@ class ReportInputs:
     equalized: list[Equalized] = field(default_factory=list)
     finetuned: Any = None  # a FinetuneResult, where fine-tuning was asked for
     gates: list[str] = field(default_factory=list)  # gates written for integer kernels (_integer_gates)
+    algorithms: dict[str, Any] = field(default_factory=dict)  # what each algorithm that ran gave, by name
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
@@ -76,9 +77,12 @@ class ReportInputs:
             fusion=fusion, latency=latency, latency_batch=samples_in(evaluation.first_batch), sensitivity=met.sensitivity,
             requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
-            gates=built.gates,
+            gates=built.gates, algorithms=algorithms,
         )  # fmt: skip
 
+
+# Algorithms whose results the report shows under keys of their own (the rest under their names).
+_REPORTED_APART = frozenset({"smoothquant", "awq", "equalize", "finetune"})
 
 # The quantized model's latency over the float one's past which the report warns (the timing's noise is about 0.1).
 SLOWER = 1.15
@@ -215,6 +219,8 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             for n, asked, stored in r.plan.widened
         ],
         "finetune": None if r.finetuned is None else r.finetuned.to_dict(),
+        # Every other algorithm that ran reports under its name what its result's to_dict() gives.
+        **{name: done.to_dict() for name, done in r.algorithms.items() if name not in _REPORTED_APART},
         "warnings": warnings,
     }
 
