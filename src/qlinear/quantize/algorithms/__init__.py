@@ -17,6 +17,7 @@ from qlinear.quantize.algorithms import awq  # noqa: F401
 from qlinear.quantize.algorithms import smoothquant  # noqa: F401
 from qlinear.quantize.algorithms import bias_correction  # noqa: F401
 from qlinear.quantize.algorithms import gptq  # noqa: F401
+from qlinear.quantize.algorithms import empirical_bias_correction  # noqa: F401
 from qlinear.quantize.algorithms import finetune  # noqa: F401
 # isort: on
 

@@ -1,0 +1,183 @@
+"""Empirical bias correction: each quantized layer's mean output error, measured end to end, taken out through its bias.
+
+Bias correction (:mod:`.bias_correction`) computes a layer's mean output
+shift from its weight's rounding error and its input's mean, before any
+activation is quantized. What the finished QDQ model adds on top (the
+activations' rounding and clipping, and the errors of the layers before
+it) it cannot see. This pass runs the float model and the quantized one
+on the calibration data, takes the per-channel mean of each quantized
+Conv's and Gemm's output difference, and subtracts it from the layer's
+bias: its int32 codes behind the bias's DequantizeLinear (quantized again
+at the same scale), or its float bias. It is the "empirical" bias
+correction of Nagel et al., 2019 (Data-Free Quantization, section 4.2),
+layer after layer in graph order. The result is kept only
+where it beats the model before it on the held-out data (output SQNR, and
+top-1 agreement where the output classifies), as fine-tuning's is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from qlinear._errors import QuantizationError
+from qlinear.dtypes._tensor_proto import to_tensor_proto
+from qlinear.onnx._graph import producers
+from qlinear.quantize._data import Dataset
+from qlinear.quantize._evaluate import Reference, output_figures
+from qlinear.quantize._model import FloatModel
+from qlinear.quantize._option_fields import option
+from qlinear.quantize._session import run_batch, session, with_outputs
+from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
+
+__all__ = ["MAX_BATCHES", "Corrected", "correct_biases"]
+
+MAX_BATCHES = 16  # calibration batches the means are taken over
+_INT32 = np.iinfo(np.int32)
+
+
+@dataclass
+class Corrected:
+    """What the pass did: the layers whose bias moved, and the held-out figures before and after."""
+
+    layers: list[str]
+    figures_before: tuple[float | None, float | None]  # (output SQNR dB, top-1 agreement)
+    figures_after: tuple[float | None, float | None]
+    kept: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layers": self.layers,
+            "sqnr_db_before": self.figures_before[0],
+            "sqnr_db_after": self.figures_after[0],
+            "agreement_before": self.figures_before[1],
+            "agreement_after": self.figures_after[1],
+            "kept": self.kept,
+        }
+
+
+def correct_biases(
+    fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Reference, *, batch_size: int
+) -> tuple[onnx.ModelProto, Corrected]:
+    """``qmodel`` with its layers' mean output errors taken out through their biases, where that is better held out.
+
+    The layers are corrected in graph order, each measured with the
+    corrections before it in place: a shift taken out upstream moves the
+    means downstream, and measured all at once they would be taken out
+    twice.
+    """
+    before = output_figures(qmodel, reference)
+    layers = _biased_layers(qmodel, fm)
+    if not layers:
+        return qmodel, Corrected([], before, before, False)
+    batches = [feeds for _, feeds in zip(range(MAX_BATCHES), data.batches(batch_size), strict=False)]
+    float_means = _channel_means(fm.model, [f for _, f in layers.values()], batches)
+    corrected = qmodel
+    for name, (q_out, f_out) in layers.items():
+        (q_mean,) = _channel_means(corrected, [q_out], batches).values()
+        corrected = _shifted(corrected, name, q_mean - float_means[f_out])
+    after = output_figures(corrected, reference)
+    better = _better(after, before)
+    return (corrected if better else qmodel), Corrected(list(layers), before, after, better)
+
+
+def _biased_layers(qmodel: onnx.ModelProto, fm: FloatModel) -> dict[str, tuple[str, str]]:
+    """Each Conv or Gemm of ``qmodel`` with a constant bias, in graph order: its (output in ``qmodel``, in the float model)."""
+    inits = {t.name for t in qmodel.graph.initializer}
+    producer = producers(qmodel.graph)
+    out = {}
+    for node in qmodel.graph.node:
+        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3 or not node.input[2] or node.name not in fm.nodes:
+            continue
+        bias = node.input[2]
+        dq = producer.get(bias)
+        stored = bias in inits or (dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits)
+        if stored and fm.node(node.name).op_type == node.op_type:
+            out[node.name] = (node.output[0], fm.producer_output(node.name))
+    return out
+
+
+def _channel_means(model: onnx.ModelProto, names: list[str], batches: list[dict]) -> dict[str, np.ndarray]:
+    """The mean of each of ``names`` per channel (axis 1) over ``batches``, in float64."""
+    sess = session(with_outputs(model, names), arena=False)
+    sums: dict[str, np.ndarray] = {}
+    counts = dict.fromkeys(names, 0)
+    for k, feeds in enumerate(batches):
+        for name, value in zip(names, run_batch(sess, names, feeds, f"empirical bias correction batch {k}"), strict=True):
+            v = np.asarray(value, np.float64)
+            sums[name] = sums.get(name, 0.0) + v.sum(axis=tuple(a for a in range(v.ndim) if a != 1))
+            counts[name] += v.size // v.shape[1]
+    return {name: sums[name] / counts[name] for name in names}
+
+
+def _shifted(qmodel: onnx.ModelProto, layer: str, shift: np.ndarray) -> onnx.ModelProto:
+    """A copy of ``qmodel`` whose node ``layer`` has its bias lowered by ``shift`` (one value per output channel)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(qmodel)
+    g = out.graph
+    values = {t.name: t for t in g.initializer}
+    bias = next(n for n in g.node if n.name == layer).input[2]
+    if bias in values:  # a float bias
+        b = numpy_helper.to_array(values[bias])
+        values[bias].CopyFrom(to_tensor_proto((b.astype(np.float64) - shift).astype(b.dtype), bias))
+        return out
+    dq = producers(g)[bias]
+    codes = numpy_helper.to_array(values[dq.input[0]])
+    scale = numpy_helper.to_array(values[dq.input[1]]).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.rint((codes.astype(np.float64) * scale - shift) / scale)
+    q = np.clip(np.where(np.isfinite(q), q, codes), _INT32.min, _INT32.max).astype(codes.dtype)
+    values[dq.input[0]].CopyFrom(to_tensor_proto(q, dq.input[0]))
+    return out
+
+
+def _better(after: tuple, before: tuple) -> bool:
+    """Higher output SQNR, and no lower agreement where there is one."""
+    if after[0] is None or before[0] is None:
+        return False
+    if after[1] is not None and before[1] is not None and after[1] < before[1]:
+        return False
+    return after[0] > before[0]
+
+
+def _check(options, facts: Facts) -> None:
+    if not facts.has_inputs:  # saved statistics alone: the held-out data must not be what it corrects on
+        raise QuantizationError(
+            "quantize: empirical_bias_correction runs the models on the calibration data; give calibration data"
+        )
+
+
+def _apply(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Reference, options, bars):
+    with bars.task("correcting biases", 1) as step:
+        done = correct_biases(fm, qmodel, data, reference, batch_size=options.batch_size)
+        step(1)
+    return done
+
+
+ALGORITHM = register(
+    Algorithm(
+        name="empirical_bias_correction",
+        summary="each quantized Conv's and Gemm's mean output error on the calibration data, measured end to end, "
+        "taken out through its bias (kept where better held out)",
+        stage="refine",
+        fields=(
+            (
+                "empirical_bias_correction",
+                bool,
+                option(
+                    False,
+                    group="algorithms",
+                    form="switch",
+                    help="measure each Conv's and Gemm's mean output error of the finished model on the calibration "
+                    "data and take it out through its bias; kept only if better on the held-out data",
+                ),
+            ),
+        ),
+        check=_check,
+        apply=_apply,
+    )
+)
