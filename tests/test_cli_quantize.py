@@ -171,3 +171,20 @@ def test_bias_correction_flag_reaches_every_layer(tmp_path, capsys):
     assert main([*argv, "--json", "--quiet", "--no-promote", "--weights", "int4"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["settings"]["bias_correction"] and all(n["bias_corrected"] and n["bias_int32"] for n in r["nodes"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--finetune", "-1"], "qlinear quantize: --finetune must be an int >= 0 (training steps), got -1"),
+        (["--awq"], "qlinear quantize: --awq scales weight-only layers"),
+        (["--calibrate-random", "8"], "give calibration data or --calibrate-random, not both"),
+        (["--weights", "int3"], "qlinear quantize: --weights must be one of int8,"),
+    ],
+)
+def test_errors_name_the_flags_the_user_typed(tmp_path, capsys, flags, said):
+    # The library's messages name its keywords (calibrate_random); the command's name its flags.
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--quiet", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and "calibrate_random" not in err and not (tmp_path / "q.onnx").exists()

@@ -28,11 +28,13 @@ from qlinear.cli._args import add_json, write_json
 from qlinear.quantize import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions, print_report, quantize_model, report_json
 from qlinear.quantize._html import render_html
 from qlinear.quantize._option_fields import add_arguments as add_option_arguments
-from qlinear.quantize._option_fields import values_from_args
+from qlinear.quantize._option_fields import in_flags, values_from_args
 from qlinear.quantize._stream import quantize_weights_streaming
 from qlinear.quantize.targets import target
 
 _DEMO = "digits_cnn.onnx"
+# quantize_model's arguments that are flags of the command but not options, as messages name them.
+_ARGUMENT_FLAGS = {"calibrate_random": "--calibrate-random", "save_stats_to": "--save-stats", "batch_size": "--batch-size"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 _write_text(args.report, report_json(result.report) + "\n")
     except QuantizationError as e:
         message = str(e).removeprefix("quantize: ")  # the library's own prefix, said once by the command's
+        message = in_flags(message, QuantizeOptions, _ARGUMENT_FLAGS)  # the user typed flags, not Python names
         err.print(f"qlinear quantize: {escape(message)}", highlight=False, soft_wrap=True)
         return 2
     if args.json or args.json_file:

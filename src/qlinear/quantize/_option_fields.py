@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FORMS", "GROUPS", "Option", "add_arguments", "command_words", "option", "option_fields", "values_from_args"]
+__all__ = [
+    "FORMS", "GROUPS", "Option", "add_arguments", "command_words", "in_flags", "option", "option_fields", "values_from_args",
+]  # fmt: skip
 
 # The command line's argument groups, in the order --help shows them.
 GROUPS = ("data", "types", "algorithms", "accuracy target", "target runtime")
@@ -128,3 +131,18 @@ def command_words(settings: dict[str, Any], cls: type) -> list[str]:
         else:
             words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     return words
+
+
+def in_flags(message: str, cls: type, others: dict[str, str]) -> str:
+    """``message`` (a QuantizationError's, of the Python API) with the options it names written as their flags.
+
+    An option's name is replaced where it holds an underscore (no prose
+    word does) or where it opens the message (``"weights must be one of
+    ..."``); ``others`` maps the names of arguments that are not options
+    (``calibrate_random``) to their flags.
+    """
+    flags = {f.name: flag_of(f, o) for f, o in option_fields(cls)} | others
+    first, _, rest = message.partition(" ")
+    if first in flags:
+        message = f"{flags[first]} {rest}"
+    return re.sub(r"\b[a-z]+(?:_[a-z0-9]+)+\b", lambda m: flags.get(m.group(0), m.group(0)), message)
