@@ -34,7 +34,7 @@ from qlinear.quantize.targets import target
 
 _DEMO = "digits_cnn.onnx"
 # quantize_model's arguments that are flags of the command but not options, as messages name them.
-_ARGUMENT_FLAGS = {"calibrate_random": "--calibrate-random", "save_stats_to": "--save-stats", "batch_size": "--batch-size"}
+_ARGUMENT_FLAGS = {"calibrate_random": "--calibrate-random", "workers": "--workers", "labels": "--labels", "stats": "--stats"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
