@@ -65,7 +65,11 @@ _W4A8 = {"weights": "int4", "granularity": "blocked", "block_size": 32}
 RUNS = [
     ("qlinear int8/uint8 (defaults: mse ranges)", "qlinear", {}),
     ("qlinear int8/uint8, no promotion", "qlinear", {"promote": False}),
-    ("qlinear int8/uint8, no promotion, empirical bias correction", "qlinear", {"promote": False, "empirical_bias_correction": True}),
+    (
+        "qlinear int8/uint8, no promotion, empirical bias correction",
+        "qlinear",
+        {"promote": False, "empirical_bias_correction": True},
+    ),
     ("qlinear int8/uint8 minmax, no promotion", "qlinear", {"promote": False, "method": "minmax"}),
     ("qlinear int8/uint8 minmax, no promotion, no algorithms", "qlinear", {"promote": False, "method": "minmax", **_NONE}),
     ("qlinear int8/uint8 minmax", "qlinear", {"method": "minmax"}),

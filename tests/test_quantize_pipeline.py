@@ -22,7 +22,7 @@ from qlinear.kernels.cpu import compiling
 from qlinear.quantize._calibrate import calibrate
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
-from qlinear.quantize._plan import plan
+from qlinear.quantize._placement import plan
 from qlinear.quantize._session import session, with_outputs
 from qlinear.quantize.targets.ort_cpu import prepare
 from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, outlier_mlp
@@ -132,7 +132,7 @@ def test_audio_front_end_keeps_its_accuracy_without_promotions(monkeypatch):
     qq.print_report(r, Console(file=printed, width=200))
     assert "left float" in printed.getvalue() and "mel (MatMul): output reaches a Log" in printed.getvalue()
     # The hazard is real: with the filterbank quantized like any MatMul the model collapses.
-    monkeypatch.setattr("qlinear.quantize._plan._tensors_before_a_log", lambda *args, **kwargs: set())
+    monkeypatch.setattr("qlinear.quantize._placement._tensors_before_a_log", lambda *args, **kwargs: set())
     r = qq.quantize_model(model, None, data, promote=False).report
     assert r["output"]["sqnr_db"] < 10
     # And with its weights at 4 bits its Log sees negative values: the output holds NaN, which the report

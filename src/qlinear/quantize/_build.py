@@ -19,13 +19,13 @@ from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._choose import QuantParams, activation_params
-from qlinear.quantize._convert import ConvertedNode, convert
 from qlinear.quantize._integer_gates import integer_gates
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._opset import at_opset, required_opset
-from qlinear.quantize._plan import Plan, plan
+from qlinear.quantize._placement import Plan, plan
 from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._stats import TensorStats
+from qlinear.quantize._to_qdq import ConvertedNode, convert
 from qlinear.spec import type_opset
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module

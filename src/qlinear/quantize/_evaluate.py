@@ -23,9 +23,9 @@ import onnx
 from qlinear._errors import QuantizationError
 from qlinear.onnx._graph import producers
 from qlinear.onnx._ort_with_qlinear import MixedRunner
-from qlinear.quantize._convert import sqnr_db
 from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._session import run_batch, session, with_outputs
+from qlinear.quantize._to_qdq import sqnr_db
 
 __all__ = ["Evaluation", "Reference", "Runner", "evaluate", "latency_ms", "output_figures"]
 

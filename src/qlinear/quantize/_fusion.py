@@ -79,7 +79,7 @@ OUTPUT_AT_SIXTEEN_BITS = (
     "a 16-bit output: a promoted reader takes its output at 16 bits through a Transpose or Reshape, whose "
     "QuantizeLinear ONNX Runtime moves up to this node, and no integer kernel has 8-bit inputs and a 16-bit output"
 )
-# A Conv with quantized inputs and no QuantizeLinear after it (``_output_for_q`` in :mod:`._node_plan`): its output is a
+# A Conv with quantized inputs and no QuantizeLinear after it (``_output_for_q`` in :mod:`._node_placement`): its output is a
 # model output, or a subgraph reads it by name, and ONNX Runtime's QLinearConv needs that QuantizeLinear.
 MODEL_OUTPUT_CONV = (
     "a Conv whose output is a model output: qlinear leaves model outputs unrounded (and a subgraph that reads "

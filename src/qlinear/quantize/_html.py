@@ -19,7 +19,7 @@ from typing import Any
 from qlinear._errors import QuantizationError
 from qlinear.quantize._option_fields import command_words
 from qlinear.quantize._options import QuantizeOptions
-from qlinear.quantize._plan import PROMOTED_TO_FLOAT
+from qlinear.quantize._placement import PROMOTED_TO_FLOAT
 
 __all__ = ["render_html", "report_from_json"]
 

@@ -8,7 +8,7 @@ import onnx
 from onnx import helper
 
 from qlinear._errors import QuantizationError
-from qlinear.quantize._plan import Plan
+from qlinear.quantize._placement import Plan
 from qlinear.spec import type_opset
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from qlinear.onnx import _large as large
 from qlinear.quantize._calibrate import CalibrationRun
-from qlinear.quantize._convert import ConvertedNode
 from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import MODEL_OUTPUT_CONV, FusionCheck, float_by_design
-from qlinear.quantize._plan import Plan, listed
+from qlinear.quantize._placement import Plan, listed
 from qlinear.quantize._promotion import Search
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL
+from qlinear.quantize._to_qdq import ConvertedNode
 from qlinear.quantize.algorithms._channel_scaling import ScaledActivation
 from qlinear.quantize.algorithms.equalize import Equalized
 from qlinear.quantize.targets import target

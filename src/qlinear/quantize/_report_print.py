@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from qlinear._table import Table
-from qlinear.quantize._plan import PROMOTED_TO_FLOAT, left_float_text, listed
+from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
 from qlinear.quantize._report import db_text, figure_text, share_text
 
 __all__ = ["MOST_DEGRADED", "print_report"]

@@ -26,9 +26,9 @@ import numpy as np
 
 import qlinear
 from qlinear.quantize._build import Built, ModelBuilder
-from qlinear.quantize._convert import sqnr_db
 from qlinear.quantize._evaluate import Reference, Runner, output_figures
 from qlinear.quantize._precision import FLOAT
+from qlinear.quantize._to_qdq import sqnr_db
 
 __all__ = ["NodeSensitivity", "analyze", "most_sensitive_first"]
 

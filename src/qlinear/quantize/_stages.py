@@ -25,7 +25,7 @@ from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
-from qlinear.quantize._plan import left_float_text, plan
+from qlinear.quantize._placement import left_float_text, plan
 from qlinear.quantize._precision import Ladder
 from qlinear.quantize._promotion import Search, Target, promotion_steps, search
 from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first

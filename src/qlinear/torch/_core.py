@@ -12,8 +12,8 @@ import torch
 
 from qlinear.dtypes import element_type
 from qlinear.spec import DequantizePlan, QuantizePlan
-from qlinear.torch._convert import to_float, to_integer
 from qlinear.torch._layout import expand
+from qlinear.torch._round_saturate import to_float, to_integer
 from qlinear.torch._types import torch_dtype
 
 __all__ = ["dequantize", "pre_saturation", "quantize", "quotient", "round_quotient"]

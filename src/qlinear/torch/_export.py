@@ -22,9 +22,9 @@ from onnx import TensorProto, helper
 import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.spec import plan_quantize
-from qlinear.torch._convert import cast_zero_point
 from qlinear.torch._modules import DequantizeLinear, FakeQuantize, QuantizeLinear
-from qlinear.torch._plan import stand_in
+from qlinear.torch._round_saturate import cast_zero_point
+from qlinear.torch._spec_check import stand_in
 from qlinear.torch._types import resolve_type
 from qlinear.torch._wrap import QuantizedModule
 

@@ -17,9 +17,9 @@ from qlinear.dtypes import ElementType
 from qlinear.spec import QuantizePlan
 from qlinear.torch import _fast
 from qlinear.torch._autograd import FakeQuantizeFunction, QuantizeFunction, StraightThrough
-from qlinear.torch._convert import cast_zero_point
 from qlinear.torch._core import dequantize, quantize
-from qlinear.torch._plan import plan_dq, plan_q
+from qlinear.torch._round_saturate import cast_zero_point
+from qlinear.torch._spec_check import plan_dq, plan_q
 from qlinear.torch._types import numpy_dtype, quantized_type_of, resolve_type
 
 __all__ = ["quantize_linear", "dequantize_linear", "fake_quantize", "quantized_type", "plan_quantize_tensors"]

@@ -27,7 +27,7 @@ __all__ = ["Placement", "Target"]
 class Placement:
     """The facts of a runtime's fusions that the planner's rules read.
 
-    The planner (:mod:`qlinear.quantize._plan`) owns the rules, the same on
+    The planner (:mod:`qlinear.quantize._placement`) owns the rules, the same on
     every target (which nodes take a Q/DQ, what shares parameters, what a
     Log downstream or a graph output keeps float); a target says what its
     runtime fuses, here.

@@ -50,7 +50,7 @@ import numpy as np
 
 from qlinear.dtypes import element_type
 from qlinear.quantize._model import FloatModel
-from qlinear.quantize._node_plan import NodePlan, node_plan
+from qlinear.quantize._node_placement import NodePlan, node_plan
 from qlinear.quantize._precision import NodePrecision, wider_activation
 from qlinear.quantize.targets import target
 

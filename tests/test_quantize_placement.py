@@ -8,7 +8,7 @@ import pytest
 import qlinear.onnx as qo
 from qlinear.quantize import QuantizeOptions
 from qlinear.quantize._model import load_float_model
-from qlinear.quantize._plan import plan
+from qlinear.quantize._placement import plan
 from qlinear.quantize.targets.ort_cpu import prepare
 from quantize_models import (
     audio_front_end,

@@ -1,6 +1,6 @@
 """How one compute node is quantized: its weight, the activations it reads quantized, its bias, where its Q goes.
 
-The rules are the plan's (:mod:`._plan`); this is the part that looks at
+The rules are the plan's (:mod:`._placement`); this is the part that looks at
 one node and its neighbours.
 """
 

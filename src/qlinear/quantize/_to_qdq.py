@@ -26,9 +26,9 @@ from qlinear.dtypes import element_type, to_tensor_proto
 from qlinear.onnx._graph import names_read
 from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._model import FloatModel, reserve_name
-from qlinear.quantize._node_plan import NodePlan
+from qlinear.quantize._node_placement import NodePlan
 from qlinear.quantize._opset import at_opset
-from qlinear.quantize._plan import DATA_MOVEMENT_OPS, Plan
+from qlinear.quantize._placement import DATA_MOVEMENT_OPS, Plan
 from qlinear.quantize.algorithms.bias_correction import output_shift, site
 from qlinear.quantize.algorithms.gptq import gptq_weight, layer_input
 
