@@ -98,8 +98,18 @@ def compare(before: Path, after: Path, renamed: dict[str, str] | None = None) ->
     missing = sorted(set(a) - set(b))
     new = sorted(set(b) - set(a))
     # A model quantized from a different input (an exporter that writes source paths into metadata) compares nothing.
-    other_input = sorted(k for k in set(a) & set(b) if a[k].get("input_sha256", 0) != b[k].get("input_sha256", 0))
-    differ = sorted(k for k in set(a) & set(b) if a[k] != b[k] and k not in other_input)
+    # (Records written before inputs were digested carry none: those are compared.)
+    other_input = sorted(
+        k
+        for k in set(a) & set(b)
+        if "input_sha256" in a[k] and "input_sha256" in b[k] and a[k]["input_sha256"] != b[k]["input_sha256"]
+    )
+    differ = sorted(
+        k
+        for k in set(a) & set(b)
+        if k not in other_input
+        and {n: v for n, v in a[k].items() if n != "input_sha256"} != {n: v for n, v in b[k].items() if n != "input_sha256"}
+    )
     for k in other_input:
         print(f"input differs (not compared): {k}")
     for k in differ:
