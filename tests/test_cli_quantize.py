@@ -188,3 +188,48 @@ def test_errors_name_the_flags_the_user_typed(tmp_path, capsys, flags, said):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert said in err and "calibrate_random" not in err and not (tmp_path / "q.onnx").exists()
+
+
+def test_an_html_report_without_plotly_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from qlinear.cli import _quantize as cli_quantize
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else find_spec(name, *a))
+    monkeypatch.setattr(cli_quantize, "quantize_model", lambda *a, **k: pytest.fail("the job ran"))
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--report", str(tmp_path / "r.html")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "plotly" in err and "pip install 'qlinear[report]'" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_flag_is_named_by_its_subcommand(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["quantize", MODEL, "--bogus"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qlinear quantize: error: unrecognized arguments: --bogus") and len(err.splitlines()) == 1
+
+
+def test_ctrl_c_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    import qlinear.quantize._stages as stages
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stages, "calibrate", interrupted)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["quantize", MODEL, "-o", str(out / "q.onnx"), "--calibration", CALIBRATION, "--quiet"]) == 130
+    assert capsys.readouterr().err == "qlinear quantize: interrupted\n"
+    assert list(out.iterdir()) == []
+
+
+def test_report_of_a_file_that_is_not_json_text_is_one_line(tmp_path, capsys):
+    stats = tmp_path / "calib.npz"
+    np.savez(stats, x=np.zeros(4, np.float32))
+    assert main(["report", str(stats), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a report" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()

@@ -26,14 +26,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="qlinear", description="ONNX linear quantization, exact to the specification.")
     parser.add_argument("--version", action="version", version=f"qlinear {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules = {}
+    modules, parsers = {}, {}
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        sub = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__)
-        module.add_arguments(sub)
+        parsers[name] = commands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__)
+        module.add_arguments(parsers[name])
         modules[name] = module
-    args = parser.parse_args(argv)
-    return modules[args.command].run(args)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand's parser, so the error names it ("qlinear quantize: error: ...")
+        parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return modules[args.command].run(args)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, no traceback; a quantizer run leaves no file behind (it writes beside the output, then
+        # renames) and its worker processes end with it.
+        sys.stderr.write(f"qlinear {args.command}: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

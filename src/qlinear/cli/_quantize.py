@@ -15,6 +15,7 @@ line on stderr, no file written).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 from importlib import resources
@@ -110,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
+        _check_report_path(args.report)
         if _streams(args):
             return _stream(args)
         result = _quantize(args, err)
@@ -226,6 +228,15 @@ def _stream(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
     return 0
+
+
+def _check_report_path(path: str | None) -> None:
+    """Refuse, before any work, an HTML report that cannot be drawn."""
+    if path is not None and path.lower().endswith((".html", ".htm")) and importlib.util.find_spec("plotly") is None:
+        raise QuantizationError(
+            f"--report {path}: the HTML report draws its charts with plotly, which is not installed: "
+            "pip install 'qlinear[report]', or write the report as JSON (--report REPORT.json)"
+        )
 
 
 def _write_text(path: str, text: str) -> None:

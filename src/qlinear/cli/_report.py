@@ -28,9 +28,13 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         try:
-            text = Path(args.report).read_text()
+            text = Path(args.report).read_text(encoding="utf-8")
         except OSError as e:
             raise QuantizationError(f"cannot read {args.report}: {e.strerror}") from None
+        except UnicodeDecodeError:  # a binary file: statistics (.npz) or a model
+            raise QuantizationError(
+                f"{args.report} is not a report: expected the JSON that qlinear quantize --report REPORT.json writes, got a binary file"
+            ) from None
         page = render_html(report_from_json(text))
         write_page(args.output, page)
     except QuantizationError as e:
