@@ -327,3 +327,45 @@ def test_float8e4m3fn_overflow_is_nan():
         got = run_qlinear(case, backend=backend)[0].astype(np.float32)
         np.testing.assert_array_equal(got, np.concatenate([want, -want]), err_msg=backend)
     np.testing.assert_array_equal(run_onnx_reference(case)[0].astype(np.float32), np.concatenate([want, -want]))
+
+
+def test_python_numbers_take_the_default_types():
+    x = np.array([0.0, 0.1, -0.2, 3.0], np.float32)
+    # The same bits as the typed call the defaults stand for.
+    want = qlinear.quantize_linear(x, np.float32(0.05), np.uint8(128))
+    got = qlinear.quantize_linear(x, 0.05, 128)
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    signed = qlinear.quantize_linear(x, 0.05, 0, output_dtype="int8")
+    assert signed.dtype == np.int8 and np.array_equal(signed, qlinear.quantize_linear(x, np.float32(0.05), np.int8(0)))
+    # A list x is float32; a scale beside a float16 x is float16 (opset 19 takes no other).
+    assert np.array_equal(qlinear.quantize_linear([0.0, 0.1, -0.2, 3.0], 0.05), qlinear.quantize_linear(x, np.float32(0.05)))
+    half = x.astype(np.float16)
+    assert np.array_equal(
+        qlinear.quantize_linear(half, 0.05, opset=19), qlinear.quantize_linear(half, np.float16(0.05), opset=19)
+    )
+    # Per-axis parameters as lists; DequantizeLinear's zero point takes x's type.
+    w = np.array([[1.0, -1.0], [0.5, 2.0]], np.float32)
+    q = qlinear.quantize_linear(w, [0.01, 0.02], [0, 0], axis=0, output_dtype="int8")
+    assert np.array_equal(q, qlinear.quantize_linear(w, np.array([0.01, 0.02], np.float32), np.zeros(2, np.int8), axis=0))
+    typed = qlinear.dynamic_quantize_linear(np.array([0.0, 0.5, 1.0], np.float32))
+    got = qlinear.dynamic_quantize_linear([0.0, 0.5, 1.0])  # float32, its only type
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(got, typed, strict=True))
+    back = qlinear.dequantize_linear(q, [0.01, 0.02], [0, 0], axis=0)
+    assert back.dtype == np.float32
+    assert np.array_equal(back, qlinear.dequantize_linear(q, np.array([0.01, 0.02], np.float32), np.zeros(2, np.int8), axis=0))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda x: qlinear.quantize_linear(x, 0.05, 300), r"y_zero_point must be in \[0, 255\] \(type uint8\), got 300"),
+        (lambda x: qlinear.quantize_linear(x, 0.05, -9, output_dtype="int4"), r"y_zero_point must be in \[-8, 7\]"),
+        (lambda x: qlinear.quantize_linear(x, 0.05, 1.5), r"y_zero_point must be integers \(it takes type uint8\)"),
+        (lambda x: qlinear.quantize_linear(x, [[0.1], [0.1, 0.2]]), "y_scale must be a number or a rectangular list"),
+        (lambda x: qlinear.quantize_linear(x, True), "y_scale must be a numpy array, got bool"),
+        (lambda x: qlinear.dequantize_linear([1, 2], 0.05), "x must be a numpy array, got list"),
+    ],
+)
+def test_python_values_out_of_their_type_are_refused(call, message):
+    with pytest.raises(qlinear.QuantizationError, match=message):
+        call(np.array([0.0, 0.1], np.float32))

@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 
 from qlinear._errors import QuantizationError
+from qlinear.dtypes import element_type
 from qlinear.kernels import quantize as _quantize
-from qlinear.spec import check_array, plan_quantize
+from qlinear.spec import from_python, plan_quantize
 
 __all__ = ["dynamic_quantize_linear"]
 
@@ -41,7 +42,7 @@ def dynamic_quantize_linear(x: Any, *, backend: str = "auto") -> tuple[np.ndarra
     ([153, 255, 0, 26, 221, 179], 0.019607843831181526, 153)
     """
     caller = "dynamic_quantize_linear"
-    x = check_array(x, "x", caller)
+    x = from_python(x, "x", caller, element_type("float32"))  # a Python number or list: float32, its only type
     if x.dtype != np.float32:
         raise QuantizationError(
             f"{caller}: x has type {x.dtype}, expected float32 for DynamicQuantizeLinear version 11 (ai.onnx)"

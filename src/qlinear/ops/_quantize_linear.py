@@ -42,6 +42,9 @@ def quantize_linear(
         y_scale: scalar (per-tensor), 1-D along ``axis`` (per-axis), or the
             shape of ``x`` with ``ceil(D/block_size)`` along ``axis`` (blocked).
         y_zero_point: same shape as ``y_scale``; its type is the output type.
+            Python numbers and lists take the types the defaults give: x
+            float32, the scale x's float type, the zero point
+            ``output_dtype`` or uint8 (docs/reference/semantics.md).
         axis: quantization axis for per-axis and blocked; negative counts
             from the back.
         block_size: elements per block along ``axis``; 0 means not blocked.
@@ -78,6 +81,8 @@ def quantize_linear(
     [0, 2, 2, 255]
     >>> quantize_linear(np.array([1.0, -1.0, 3.0], np.float32), np.float32(1.0), output_dtype="int4", packed=True).tolist()
     [241, 3]
+    >>> quantize_linear([0.0, 0.1, 0.2], 0.05, 128).tolist()
+    [128, 130, 132]
     """
     plan, x, y_scale, y_zero_point = plan_quantize(
         x,

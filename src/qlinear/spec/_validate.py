@@ -12,7 +12,7 @@ from qlinear.dtypes import ElementType, element_type
 from qlinear.spec._plan import DequantizePlan, Granularity, QuantizePlan
 from qlinear.spec._versions import OperatorVersion, operator_version
 
-__all__ = ["plan_quantize", "plan_dequantize", "check_array"]
+__all__ = ["plan_quantize", "plan_dequantize", "check_array", "from_python"]
 
 
 def check_array(value: Any, arg: str, caller: str) -> np.ndarray:
@@ -22,6 +22,27 @@ def check_array(value: Any, arg: str, caller: str) -> np.ndarray:
     if not isinstance(value, np.ndarray):
         raise QuantizationError(f"{caller}: {arg} must be a numpy array, got {type(value).__name__}")
     return value
+
+
+def from_python(value: Any, arg: str, caller: str, t: ElementType) -> np.ndarray:
+    """``value`` as an ndarray; a Python number or (nested) list of numbers becomes an array of type ``t``.
+
+    ``t`` is the type the call's defaults give the argument (docs/reference/semantics.md, "Python numbers and
+    lists"). A float rounds to ``t`` once, to nearest even; an integer type takes integers in its range only.
+    """
+    # numpy scalars keep their type (np.float64 is a Python float too); bool is no number here.
+    if not isinstance(value, (int, float, list, tuple)) or isinstance(value, (bool, np.generic)):
+        return check_array(value, arg, caller)
+    try:
+        a = np.asarray(value)
+    except ValueError:  # ragged lists
+        raise QuantizationError(f"{caller}: {arg} must be a number or a rectangular list of numbers, got {value!r}") from None
+    if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and t.kind == "int" and not np.all(a == np.round(a))):
+        what = "integers" if t.kind == "int" else "numbers"
+        raise QuantizationError(f"{caller}: {arg} must be {what} (it takes type {t}), got {value!r}")
+    if t.kind == "int" and a.size and (a.min() < t.qmin or a.max() > t.qmax):
+        raise QuantizationError(f"{caller}: {arg} must be in [{t.qmin}, {t.qmax}] (type {t}), got {value!r}")
+    return a.astype(t.dtype)
 
 
 def _type_of(a: np.ndarray, arg: str, allowed: frozenset[str], version: OperatorVersion, caller: str) -> ElementType:
@@ -127,17 +148,25 @@ def _default_precision(scale_type: ElementType) -> np.dtype:
     return scale_type.dtype if scale_type.kind == "wide" else np.dtype(np.float32)
 
 
-def _operator_arrays(op: str, prefix: str, x: Any, scale: Any, zero_point: Any, opset: int | None, domain: str) -> tuple:
+def _operator_arrays(op: str, prefix: str, x: Any, scale: Any, zero_point: Any, opset: int | None, domain: str,
+                     quantized: ElementType | None = None) -> tuple:  # fmt: skip
     """The version in force and the checked arrays of a Q or DQ call: ``(version, x, scale, zero_point, x_type)``.
 
     ``prefix`` names the parameters as ONNX does (``y_scale`` for QuantizeLinear, ``x_scale`` for DequantizeLinear).
+    Python numbers and lists take the types the call's defaults give (:func:`from_python`): a QuantizeLinear's x
+    float32, a scale x's type where x is a float (else float32), a zero point the quantized type (``quantized``:
+    QuantizeLinear's output type; DequantizeLinear's x, which must be an array, holds it).
     """
     caller = "quantize_linear" if op == "QuantizeLinear" else "dequantize_linear"
     version = operator_version(op, opset, domain, caller=caller)
-    x = check_array(x, "x", caller)
-    scale = check_array(scale, f"{prefix}_scale", caller)
-    zero_point = None if zero_point is None else check_array(zero_point, f"{prefix}_zero_point", caller)
-    return version, x, scale, zero_point, _type_of(x, "x", version.x_types, version, caller)
+    float32 = element_type("float32")
+    x = from_python(x, "x", caller, float32) if op == "QuantizeLinear" else check_array(x, "x", caller)
+    x_type = _type_of(x, "x", version.x_types, version, caller)
+    scale_type = x_type if op == "QuantizeLinear" and x_type.kind == "wide" else float32
+    scale = from_python(scale, f"{prefix}_scale", caller, scale_type)
+    zero_type = quantized if op == "QuantizeLinear" else x_type
+    zero_point = None if zero_point is None else from_python(zero_point, f"{prefix}_zero_point", caller, zero_type)
+    return version, x, scale, zero_point, x_type
 
 
 def plan_quantize(
@@ -155,11 +184,13 @@ def plan_quantize(
 ) -> tuple[QuantizePlan, np.ndarray, np.ndarray, np.ndarray | None]:
     """Validate a QuantizeLinear call; return the plan and the arrays."""
     caller = "quantize_linear"
-    version, x, y_scale, y_zero_point, x_type = _operator_arrays("QuantizeLinear", "y", x, y_scale, y_zero_point, opset, domain)
+    requested = _requested_type(output_dtype, "output_dtype", caller)
+    version, x, y_scale, y_zero_point, x_type = _operator_arrays(
+        "QuantizeLinear", "y", x, y_scale, y_zero_point, opset, domain, quantized=requested or element_type("uint8")
+    )
     if version.scale_types is None and y_scale.dtype != x.dtype:
         raise QuantizationError(f"{caller}: y_scale has type {y_scale.dtype}, expected {x_type} (the type of x) for {version}")
     scale_type = _type_of(y_scale, "y_scale", version.scale_types or frozenset({x_type.name}), version, caller)
-    requested = _requested_type(output_dtype, "output_dtype", caller)
     if requested is not None:
         _check_attr("output_dtype", version, caller, requested.name)
     if y_zero_point is not None:
