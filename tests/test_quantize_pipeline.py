@@ -497,3 +497,18 @@ def test_every_float_output_is_judged_and_the_worst_counts():
     assert scores < boxes
     searched = qq.quantize_model(model, None, data, target_sqnr_db=(boxes + scores) / 2).report["promotions"]
     assert searched["before"] == pytest.approx(scores) and searched["steps"] and searched["after"] >= (boxes + scores) / 2
+
+
+def test_too_little_data_and_unread_arrays_are_said():
+    # 3 samples: 2 calibrate and 1 judges a 99% agreement target; an array no input reads is named, not dropped silently.
+    cal = dict(np.load(CALIBRATION))
+    r = qq.quantize_model(MODEL, None, {"image": cal["image"][:3], "extra": np.zeros(3)}).report
+    warned = "\n".join(r["warnings"])
+    assert "calibrated on 2 sample(s)" in warned
+    assert "was judged on 1 held-out sample(s), each 100.0% of the agreement" in warned
+    assert "holds arrays no model input reads, ignored: extra" in warned
+    enough = qq.quantize_model(MODEL, None, cal).report
+    assert not [w for w in enough["warnings"] if "sample(s)" in w or "ignored" in w]
+    # One sample: nothing to hold out, said as such (not "the eval data holds no batch", which was never given).
+    with pytest.raises(QuantizationError, match="holds 1 sample: too few to hold out a share for the accuracy figures"):
+        qq.quantize_model(MODEL, None, {"image": cal["image"][:1]})

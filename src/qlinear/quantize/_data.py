@@ -112,6 +112,7 @@ class Dataset:
         self.source = source
         self.labels: np.ndarray | None = None
         self.random = False  # uniform random samples: a smoke test
+        self.unused: list[str] = []  # arrays of the data that no model input reads (the report names them)
 
     @property
     def samples(self) -> int | None:
@@ -124,6 +125,11 @@ class Dataset:
         n = self.samples
         if n is None:
             raise QuantizationError("quantize: a stream of batches cannot be split; pass eval data")
+        if n < 2:
+            raise QuantizationError(
+                f"quantize: {self.source} holds {n} sample: too few to hold out a share for the accuracy figures; "
+                "give more samples, or eval data"
+            )
         k = min(n - 1, max(1, round(n * held_out)))
         if multiple > 1 and n >= 2 * multiple:
             k = min(n - multiple, max(multiple, round(n * held_out / multiple) * multiple))
@@ -137,6 +143,7 @@ class Dataset:
             None, f"{self.source} samples {n - k}-{n - 1} (held out)", axes,
         )  # fmt: skip
         first.random = last.random = self.random
+        first.unused = self.unused  # said once, of the data given
         if self.labels is not None:
             first.labels, last.labels = self.labels[: n - k], self.labels[n - k :]
         return first, last
@@ -201,6 +208,7 @@ def load_dataset(data: Any, fm: FloatModel, *, what: str, labels: str | None = N
             raise QuantizationError(f"quantize: labels {labels!r} hold {label_array.shape[0]} values for {n} samples")
         ds = Dataset(fed, None, source, axes)
         ds.labels = label_array
+        ds.unused = sorted(set(arrays) - set(fed))
         return ds
     if isinstance(data, Iterable):
         return Dataset(None, _checked_batches(data, specs, what), source, {s.name: s.batch_axis for s in specs})

@@ -81,6 +81,11 @@ class ReportInputs:
         )  # fmt: skip
 
 
+# Below these the report warns: activation ranges from fewer calibration samples are rough, and fewer held-out
+# samples judge no figure (a sample's agreement is all or nothing).
+FEW_CALIBRATION_SAMPLES = 16
+FEW_HELD_OUT_SAMPLES = 16
+
 # Algorithms whose results the report shows under keys of their own (the rest under their names).
 _REPORTED_APART = frozenset({"smoothquant", "awq", "equalize", "finetune"})
 
@@ -132,6 +137,7 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
         warnings.append(f"finetune: {r.finetuned.note.removeprefix('finetune: ')}")
     if run is not None and r.calibration_data.random:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
+    warnings += _data_warnings(r, run)
     no_output_q = {p.name for p in r.plan.nodes if p.op_type == "Conv" and p.activations and p.output is None}
     by_design = {
         n["name"]: why
@@ -223,6 +229,26 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
         **{name: done.to_dict() for name, done in r.algorithms.items() if name not in _REPORTED_APART},
         "warnings": warnings,
     }
+
+
+def _data_warnings(r: ReportInputs, run: CalibrationRun | None) -> list[str]:
+    """What the data leaves unjudged: too few samples to calibrate or to judge the target on, arrays no input reads."""
+    out = []
+    if run is not None and not r.calibration_data.random and 0 < run.samples < FEW_CALIBRATION_SAMPLES:
+        out.append(f"calibrated on {run.samples} sample(s): ranges from so few are rough; give more calibration data")
+    held = r.evaluation.samples
+    goal = r.search.target if r.search is not None else None
+    if 0 < held < FEW_HELD_OUT_SAMPLES:
+        # One sample more or less moves the agreement by 1/held: what was met on so few says little.
+        judged = f"the accuracy target ({goal.describe()}) was judged" if goal is not None else "the figures rest"
+        out.append(
+            f"{judged} on {held} held-out sample(s), each {1 / held:.1%} of the agreement: too few to tell; "
+            "give more data, or eval data of your own"
+        )
+    for what, ds in (("calibration data", r.calibration_data), ("eval data", r.eval_data)):
+        if ds.unused:
+            out.append(f"the {what} holds arrays no model input reads, ignored: {listed(ds.unused, _UNFUSED_SHOWN)}")
+    return list(dict.fromkeys(out))
 
 
 def _figure(figures: dict[str, NodeSensitivity], name: str, attr: str) -> float | None:
