@@ -7,6 +7,7 @@ import json
 import math
 import time
 import tracemalloc
+from collections import Counter
 from importlib import resources
 
 import numpy as np
@@ -512,3 +513,23 @@ def test_too_little_data_and_unread_arrays_are_said():
     # One sample: nothing to hold out, said as such (not "the eval data holds no batch", which was never given).
     with pytest.raises(QuantizationError, match="holds 1 sample: too few to hold out a share for the accuracy figures"):
         qq.quantize_model(MODEL, None, {"image": cal["image"][:1]})
+
+
+def test_the_summary_says_the_types_the_model_holds_where_promotions_changed_them():
+    # Asked for int4 weights, every node promoted: the summary says what was asked and what the model holds.
+    from rich.console import Console
+
+    from qlinear.quantize._report_print import print_report
+
+    cal = dict(np.load(CALIBRATION))
+    r = qq.quantize_model(MODEL, None, cal, weights="int4", target_sqnr_db=200, max_float=0.25).report
+    held = Counter(n["weight_type"] for n in r["nodes"])
+    assert "int4" not in held and r["left_float"]
+    buf = io.StringIO()
+    print_report(r, Console(file=buf, width=200))
+    row = next(line for line in buf.getvalue().splitlines() if line.startswith("types"))
+    assert "weights int4 per-channel asked, held as int8 x3, float x1" in row
+    assert "activations uint8 asked, held as uint16 x3, float x1" in row
+    plain = io.StringIO()
+    print_report(qq.quantize_model(MODEL, None, cal, promote=False).report, Console(file=plain, width=200))
+    assert "weights int8 per-channel, activations uint8, opset" in plain.getvalue()

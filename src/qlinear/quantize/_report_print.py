@@ -25,6 +25,24 @@ def _bytes(n: int) -> str:
 _LEFT_FLOAT_SHOWN = 4  # nodes named in the summary's "left float" row; the JSON report has them all
 
 
+def _types_text(report: dict[str, Any]) -> str:
+    """The types asked for, and the types the model holds where promotions (or the runtime's rules) changed them."""
+    settings = report["settings"]
+    promoted = sum(n["reason"] == PROMOTED_TO_FLOAT for n in report.get("left_float", []))
+
+    def side(asked: str | None, key: str) -> str:
+        held = Counter(n[key] for n in report["nodes"] if n[key])
+        if not (set(held) - {asked} or (promoted and asked)):
+            return ""
+        parts = [f"{t} x{k}" for t, k in held.most_common()] + ([f"float x{promoted}"] if promoted else [])
+        return f" asked, held as {', '.join(parts)}"
+
+    weights = f"weights {settings['weights']} {settings['granularity']}" + side(settings["weights"], "weight_type")
+    acts = settings["activations"]
+    activations = f"activations {acts}" + side(acts, "activation_type") if acts else "activations float (weight-only)"
+    return f"{weights}, {activations}, opset {settings['opset']}"
+
+
 def print_report(report: dict[str, Any], console: Console, *, analysis: bool = False) -> None:
     """A summary table, the promotions, and the most degraded nodes (at most :data:`MOST_DEGRADED`).
 
@@ -35,11 +53,7 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     summary.add_column()
     size = report["size_bytes"]
     summary.add_row("model", f"{report['model']['input']} -> {report['model']['output']}")
-    settings = report["settings"]
-    acts = settings["activations"] or "float (weight-only)"
-    summary.add_row(
-        "types", f"weights {settings['weights']} {settings['granularity']}, activations {acts}, opset {settings['opset']}"
-    )
+    summary.add_row("types", _types_text(report))
     summary.add_row("size", f"{_bytes(size['before'])} -> {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)")
     lat = report.get("latency_ms")
     if lat:
