@@ -533,3 +533,20 @@ def test_the_summary_says_the_types_the_model_holds_where_promotions_changed_the
     plain = io.StringIO()
     print_report(qq.quantize_model(MODEL, None, cal, promote=False).report, Console(file=plain, width=200))
     assert "weights int8 per-channel, activations uint8, opset" in plain.getvalue()
+
+
+def test_a_model_onnx_runtime_cannot_load_is_never_written_silently(tmp_path):
+    # float8 activations: ONNX Runtime's optimizer fuses their Q/DQ into kernels it has no float8 form of, and the
+    # session fails. The model is still standard ONNX (qlinear runs it); the report says so, why, and what loads.
+    import onnxruntime as ort
+
+    cal = dict(np.load(CALIBRATION))
+    out = tmp_path / "f8.onnx"
+    r = qq.quantize_model(MODEL, out, cal, weights="float8e4m3fn", activations="float8e4m3fn", promote=False).report
+    with pytest.raises(Exception, match="INVALID_GRAPH"):
+        ort.InferenceSession(str(out))
+    assert r["eval"]["backend"] == "onnxruntime+qlinear" and "INVALID_GRAPH" in r["eval"]["onnxruntime_error"]
+    warned = [w for w in r["warnings"] if w.startswith("ONNX Runtime cannot load the quantized model")]
+    assert len(warned) == 1 and "--activations uint8" in warned[0] and "--weights int8" in warned[0]
+    plain = qq.quantize_model(MODEL, None, cal, promote=False).report
+    assert plain["eval"]["onnxruntime_error"] is None and not [w for w in plain["warnings"] if "cannot load" in w]

@@ -43,10 +43,12 @@ class Runner:
         self.model = with_outputs(model, outputs)
         self.outputs = [o.name for o in self.model.graph.output]
         self._mixed = None
+        self.onnxruntime_error: str | None = None  # why ONNX Runtime cannot load it, where it cannot
         try:
             self._session = session(self.model, arena=not outputs)  # many tensors: see session()
             self.backend = "onnxruntime"
-        except QuantizationError:  # no kernels for its types (float4, int2)
+        except QuantizationError as e:  # no kernels for its types (float4, int2), or a fusion it cannot run
+            self.onnxruntime_error = str(e).removeprefix("quantize: ONNX Runtime cannot load the model: ")
             self._session = None
             self._mixed = MixedRunner(self.model)
             self.backend = "onnxruntime+qlinear"
@@ -178,6 +180,7 @@ class Evaluation:
     accuracy_after: float | None = None
     node_sqnr_db: dict[str, float | None] = field(default_factory=dict)
     backend: str = "onnxruntime"
+    onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the quantized model (backend onnxruntime+qlinear)
     first_batch: dict[str, np.ndarray] | None = None  # kept for the latency runs: a stream of batches cannot be read twice
 
 
@@ -247,6 +250,7 @@ def evaluate(
     if first_batch is None:
         raise QuantizationError("quantize: the eval data holds no batch")
     result = Evaluation(samples=samples, backend=candidate.backend, first_batch=first_batch)
+    result.onnxruntime_error = candidate.onnxruntime_error
     result.output_sqnr_db, result.output_sqnr_db_by_output = out_power.db, out_power.by_output
     result.output_part_sqnr_db = out_power.outputs[first].part_dbs
     result.top1_agreement = agree / rows if rows else None

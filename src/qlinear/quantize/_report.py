@@ -138,6 +138,8 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
     if run is not None and r.calibration_data.random:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
     warnings += _data_warnings(r, run)
+    if evaluation.onnxruntime_error is not None:
+        warnings.append(_unloadable_text(evaluation.onnxruntime_error, options))
     no_output_q = {p.name for p in r.plan.nodes if p.op_type == "Conv" and p.activations and p.output is None}
     by_design = {
         n["name"]: why
@@ -187,7 +189,12 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             "peak_rss_bytes": run.peak_rss_bytes if run else 0,
             "from_stats": r.stats_path,
         },
-        "eval": {"source": r.eval_data.source, "samples": evaluation.samples, "backend": evaluation.backend},
+        "eval": {
+            "source": r.eval_data.source,
+            "samples": evaluation.samples,
+            "backend": evaluation.backend,
+            "onnxruntime_error": evaluation.onnxruntime_error,
+        },
         "output": {
             "sqnr_db": evaluation.output_sqnr_db,
             "sqnr_db_parts": evaluation.output_part_sqnr_db,
@@ -229,6 +236,20 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
         **{name: done.to_dict() for name, done in r.algorithms.items() if name not in _REPORTED_APART},
         "warnings": warnings,
     }
+
+
+def _unloadable_text(error: str, options: QuantizeOptions) -> str:
+    """What to do about a model ONNX Runtime cannot load: where it runs, and the flags that give one it loads."""
+    flags = []
+    if not (options.weight_type.is_integer and options.weight_type.bits in (4, 8)):
+        flags.append("--weights int8 (or int4)")
+    if options.activation_type is not None and not options.activation_type.is_integer:
+        flags.append("--activations uint8 (or int8)")
+    fix = f"; for a model it loads, use {' and '.join(flags)}" if flags else ""
+    return (
+        f"ONNX Runtime cannot load the quantized model ({error}): the figures are qlinear's, its kernels running the "
+        f"Q/DQ nodes between ONNX Runtime's (qlinear.onnx.run(model, feeds, backend='onnxruntime+qlinear')){fix}"
+    )
 
 
 def _data_warnings(r: ReportInputs, run: CalibrationRun | None) -> list[str]:
