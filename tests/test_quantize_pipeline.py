@@ -550,3 +550,20 @@ def test_a_model_onnx_runtime_cannot_load_is_never_written_silently(tmp_path):
     assert len(warned) == 1 and "--activations uint8" in warned[0] and "--weights int8" in warned[0]
     plain = qq.quantize_model(MODEL, None, cal, promote=False).report
     assert plain["eval"]["onnxruntime_error"] is None and not [w for w in plain["warnings"] if "cannot load" in w]
+
+
+def test_an_input_with_a_fixed_batch_of_1_beside_open_ones_sets_the_batch():
+    # A streaming model: audio frames at an open batch, a recurrent state declared (1, 8). Batches of 16 would feed
+    # the state 16 rows, which ONNX Runtime refuses; the state's fixed 1 is the batch, and the report says why.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("stateful", opset=17)
+    x = g.input("audio", "float", ("N", 16))
+    h = g.input("h", "float", (1, 8))
+    y = g.op("Gemm", [x, rng.standard_normal((16, 8)).astype(np.float32), np.zeros(8, np.float32)], name="frame")
+    g.output(g.op("Add", [g.op("Relu", [y], name="act"), h], name="state", output_names=["h_next"]))
+    data = {"audio": rng.standard_normal((40, 16)).astype(np.float32), "h": rng.standard_normal((40, 8)).astype(np.float32)}
+    r = qq.quantize_model(g.to_model(), None, data, promote=False).report
+    assert r["calibration"]["batch_size"] == 1 and r["calibration"]["batch_fixed_by"] == "h"
+    assert r["settings"]["batch_size"] == 1 and r["output"]["sqnr_db"] > 30
+    plain = qq.quantize_model(MODEL, None, dict(np.load(CALIBRATION)), promote=False).report
+    assert plain["calibration"]["batch_fixed_by"] is None

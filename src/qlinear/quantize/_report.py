@@ -62,6 +62,7 @@ class ReportInputs:
     finetuned: Any = None  # a FinetuneResult, where fine-tuning was asked for
     gates: list[str] = field(default_factory=list)  # gates written for integer kernels (_integer_gates)
     algorithms: dict[str, Any] = field(default_factory=dict)  # what each algorithm that ran gave, by name
+    batch_fixed_by: str | None = None  # the input whose fixed batch dimension set the batch
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
@@ -77,7 +78,7 @@ class ReportInputs:
             fusion=fusion, latency=latency, latency_batch=samples_in(evaluation.first_batch), sensitivity=met.sensitivity,
             requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
-            gates=built.gates, algorithms=algorithms,
+            gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
         )  # fmt: skip
 
 
@@ -188,6 +189,7 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             "seconds": run.seconds if run else 0.0,
             "peak_rss_bytes": run.peak_rss_bytes if run else 0,
             "from_stats": r.stats_path,
+            "batch_fixed_by": r.batch_fixed_by,  # the input whose fixed batch dimension set the batch, if one did
         },
         "eval": {
             "source": r.eval_data.source,

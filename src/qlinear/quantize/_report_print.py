@@ -85,8 +85,9 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         summary.add_row(
             "calibration",
             f"{cal['method']} on {cal['source']}: {cal['samples']} samples in {cal['batches']} batches "
-            f"of {cal.get('batch_size') or report['settings']['batch_size']}, "
-            f"{cal['seconds']:.2f} s, peak RSS {_bytes(cal['peak_rss_bytes'])}",
+            f"of {cal.get('batch_size') or report['settings']['batch_size']}"
+            + (f" (input {cal['batch_fixed_by']} fixes the batch)" if cal.get("batch_fixed_by") else "")
+            + f", {cal['seconds']:.2f} s, peak RSS {_bytes(cal['peak_rss_bytes'])}",
         )
     summary.add_row(
         "evaluation", f"{report['eval']['source']} ({report['eval']['samples']} samples, {report['eval']['backend']})"

@@ -49,6 +49,7 @@ class RunData:
     eval: Dataset
     fixed_batch: int | None
     facts: Facts
+    fixed_by: str | None = None  # the input whose fixed batch dimension sets the batch
 
 
 @dataclass
@@ -78,7 +79,7 @@ def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
 def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_data: Any, labels: str | None,
              calibrate_random: int | None, stats: Any) -> RunData:  # fmt: skip
     """The calibration and eval datasets (the eval data defaults to the calibration data's last fifth)."""
-    fixed = _fixed_batch(fm)
+    fixed, fixed_by = _fixed_batch(fm)
     weight_only = options.activations is None
     if calibrate_random is not None and calibration is not None:
         raise QuantizationError("quantize: give calibration data or calibrate_random, not both")
@@ -109,7 +110,7 @@ def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_da
                     f"samples, not a multiple of it"
                 )
     has_inputs = calibration is not None or calibrate_random is not None
-    return RunData(cal, ev, fixed, Facts(calibration is not None, has_inputs, cal.arrays is not None))
+    return RunData(cal, ev, fixed, Facts(calibration is not None, has_inputs, cal.arrays is not None), fixed_by)
 
 
 def float_rewrites(fm: FloatModel, options: QuantizeOptions, data: Dataset, bars: Bars) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def calibration(
         return calibrate(
             fm, tensors, data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams,
             workers=execution.workers, ray_address=execution.ray, resume=_str(execution.resume),
-            state_path=_str(execution.save_stats_to), fixed_batch=_fixed_batch(fm) is not None,
+            state_path=_str(execution.save_stats_to), fixed_batch=_fixed_batch(fm)[0] is not None,
         )  # fmt: skip
 
 
@@ -235,13 +236,15 @@ def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> Calibrat
     return run
 
 
-def _fixed_batch(fm: FloatModel) -> int | None:
-    """The batch size the model's inputs fix (the batch axis of each, a number), or None where one is symbolic."""
-    firsts = {s.shape[s.batch_axis] if s.shape else None for s in input_specs(fm) if s.batch_axis is not None}
-    if len(firsts) != 1:
-        return None
-    (first,) = firsts
-    return first if isinstance(first, int) and first > 0 else None
+def _fixed_batch(fm: FloatModel) -> tuple[int | None, str | None]:
+    """The batch the model's inputs fix, and the input that fixes it; ``(None, None)`` where every batch axis is open.
+
+    The smallest fixed batch axis wins: a stateful streaming model reads its audio at an open batch beside
+    recurrent states fixed at 1, and ONNX Runtime runs it at a batch of 1 only.
+    """
+    fixed = [(s.shape[s.batch_axis], s.name) for s in input_specs(fm) if s.batch_axis is not None and s.shape]
+    fixed = [(n, name) for n, name in fixed if isinstance(n, int) and n > 0]
+    return min(fixed) if fixed else (None, None)
 
 
 def _str(path: Any) -> str | None:
