@@ -213,3 +213,25 @@ def test_a_table_dequantized_whole_for_a_gather_is_a_warning():
 
     model, data = layernorm_attention()
     assert not [w for w in inspect_model(qq.quantize_model(model, None, data, promote=False).model).warnings if "table" in w]
+
+
+def test_a_weight_two_layers_share_is_counted_once():
+    # Two Gemms read one weight: the quantized model stores its codes once, and the totals count them once.
+    import qlinear.quantize as qq
+
+    rng = np.random.default_rng(0)
+    g = Graph("shared", opset=17)
+    x = g.input("x", "float", ("N", 64))
+    w = g.initializer("W", rng.standard_normal((64, 64)).astype(np.float32))
+    hidden = g.op("Relu", [g.op("Gemm", [x, w], name="fc1")], name="act")
+    g.output(g.op("Gemm", [hidden, w], name="fc2"))
+    q = qq.quantize_model(g.to_model(), None, {"x": rng.standard_normal((32, 64)).astype(np.float32)}, promote=False).model
+    readers = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "W_quantized"]
+    report = inspect_model(q)
+    weight = [n for n in report.qdq_nodes if n.stored == "W_quantized"]
+    assert len(weight) == len(readers) >= 1
+    biases = sum(n.float_bytes for n in report.qdq_nodes if n.stored and n.stored != "W_quantized")
+    assert report.float_bytes == 64 * 64 * 4 + biases  # once, however many layers read it
+    assert report.quantized_bytes == weight[0].quantized_bytes + sum(
+        n.quantized_bytes for n in report.qdq_nodes if n.stored and n.stored != "W_quantized"
+    )

@@ -42,6 +42,8 @@ class QDQNodeReport:
         problem: why the node is invalid at the model's opset; None when it is valid.
         subgraph: for a node inside an If, Loop or Scan body, the node and
             attribute holding that body (``"loop_1.body"``); None in the main graph.
+        stored: the constant quantized tensor it reads (None: none); a
+            weight shared by several layers is counted once in the totals.
     """
 
     name: str
@@ -61,6 +63,7 @@ class QDQNodeReport:
     float_bytes: int = 0
     problem: str | None = None
     subgraph: str | None = None
+    stored: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,23 @@ class ModelReport:
 
     @property
     def quantized_bytes(self) -> int:
-        return sum(n.quantized_bytes for n in (*self.qdq_nodes, *self.gathered_tables))
+        return sum(n.quantized_bytes for n in self._each_constant_once())
 
     @property
     def float_bytes(self) -> int:
-        return sum(n.float_bytes for n in (*self.qdq_nodes, *self.gathered_tables))
+        return sum(n.float_bytes for n in self._each_constant_once())
+
+    def _each_constant_once(self) -> list:
+        """The nodes and tables whose constants the totals count: a constant read by several DequantizeLinear nodes
+        (a weight two layers share) once."""
+        seen: set[tuple[str | None, str]] = set()
+        out = []
+        for n in self.qdq_nodes:
+            key = (n.subgraph, n.stored or f"node {n.name}")
+            if n.stored is None or key not in seen:
+                seen.add(key)
+                out.append(n)
+        return [*out, *self.gathered_tables]
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready data, totals included."""
@@ -292,6 +307,7 @@ def _qdq_report(
         quantized_bytes=quantized_bytes,
         float_bytes=float_bytes,
         problem=problem,
+        stored=None if stored is None else stored.name,
     )
 
 
