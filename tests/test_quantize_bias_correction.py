@@ -91,3 +91,19 @@ def test_saved_statistics_carry_the_input_means(tmp_path):
     assert again.model.SerializeToString(deterministic=True) == direct.model.SerializeToString(deterministic=True)
     with pytest.raises(QuantizationError, match="bias correction needs the calibration data's input means"):
         qq.quantize_model(model, None, None, eval=data, stats=without, bias_correction=True)
+
+
+def test_a_float16_layer_without_a_bias_gets_a_float16_one():
+    # Found by the graph fuzzer (case 44): bias correction gave a bias-free Gemm of a float16 model a float32 bias,
+    # and the model failed onnx's checker.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("half", opset=21)
+    x = g.input("x", "float16", ("N", 8))
+    w = g.initializer("W", (rng.standard_normal((8, 8)) * 0.3).astype(np.float16))
+    g.output(g.op("Gemm", [g.op("Sigmoid", [g.op("Gemm", [x, w], name="fc1")], name="act"), w], name="fc2"))
+    data = {"x": rng.standard_normal((24, 8)).astype(np.float16)}
+    r = qq.quantize_model(g.to_model(), None, data, weights="int2", activations="int16", promote=False, bias_correction=True)
+    onnx.checker.check_model(r.model, full_check=True)
+    fc2 = next(n for n in r.model.graph.node if n.name == "fc2")
+    biases = {t.name: t.data_type for t in r.model.graph.initializer}
+    assert len(fc2.input) == 3 and biases[fc2.input[2]] == onnx.TensorProto.FLOAT16

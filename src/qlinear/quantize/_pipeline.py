@@ -21,6 +21,7 @@ from qlinear.quantize._execution import Bars, Execution, checked_output, write_a
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._options import QuantizeOptions, given, resolve
 from qlinear.quantize._report import ReportInputs, build_report
+from qlinear.quantize._session import load_error
 from qlinear.quantize.targets import target
 
 __all__ = ["HELD_OUT", "QuantizeResult", "quantize_model"]
@@ -120,6 +121,7 @@ def quantize_model(
     runtime.finalize(qmodel)
     quantized = [p.name for p in met.built.plan.nodes]
     fusion = runtime.check_fusion(qmodel, quantized)
+    unloadable = load_error(qmodel) if fusion is None else None  # the fusion check loads it as written
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
         evaluation = evaluate(
             fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, eval_data,
@@ -130,6 +132,7 @@ def quantize_model(
         ReportInputs.of(
             model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=run, data=data, eval_data=eval_data,
             stats=stats, evaluation=evaluation, fusion=fusion, latency=latency, algorithms={**rewritten, **refined},
+            onnxruntime_error=unloadable,
         )
     )  # fmt: skip
     if out_path is not None:

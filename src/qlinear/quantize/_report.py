@@ -63,11 +63,13 @@ class ReportInputs:
     gates: list[str] = field(default_factory=list)  # gates written for integer kernels (_integer_gates)
     algorithms: dict[str, Any] = field(default_factory=dict)  # what each algorithm that ran gave, by name
     batch_fixed_by: str | None = None  # the input whose fixed batch dimension set the batch
+    onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the model as written, where it cannot
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
            data: Any, eval_data: Dataset, stats: Any, evaluation: Evaluation, fusion: FusionCheck | None,
-           latency: tuple[float, float] | None, algorithms: dict[str, Any]) -> ReportInputs:  # fmt: skip
+           latency: tuple[float, float] | None, algorithms: dict[str, Any],
+           onnxruntime_error: str | None = None) -> ReportInputs:  # fmt: skip
         """The inputs of one run's report: ``met`` is the run's TargetResult, ``algorithms`` what each algorithm did."""
         built = met.built
         return cls(
@@ -79,6 +81,7 @@ class ReportInputs:
             requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
+            onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error,
         )  # fmt: skip
 
 
@@ -139,8 +142,13 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
     if run is not None and r.calibration_data.random:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
     warnings += _data_warnings(r, run)
-    if evaluation.onnxruntime_error is not None:
-        warnings.append(_unloadable_text(evaluation.onnxruntime_error, options))
+    if r.size_after > r.size_before:
+        warnings.append(
+            f"the quantized model is larger than the float model ({r.size_before} -> {r.size_after} bytes): its Q/DQ "
+            "nodes, scales and zero points outweigh what its weights save; a model of so few weights gains no size"
+        )
+    if r.onnxruntime_error is not None:
+        warnings.append(_unloadable_text(r.onnxruntime_error, options))
     no_output_q = {p.name for p in r.plan.nodes if p.op_type == "Conv" and p.activations and p.output is None}
     by_design = {
         n["name"]: why
@@ -195,7 +203,7 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             "source": r.eval_data.source,
             "samples": evaluation.samples,
             "backend": evaluation.backend,
-            "onnxruntime_error": evaluation.onnxruntime_error,
+            "onnxruntime_error": r.onnxruntime_error,
         },
         "output": {
             "sqnr_db": evaluation.output_sqnr_db,

@@ -12,7 +12,9 @@ import onnxruntime as ort
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 
-__all__ = ["MATMUL_NBITS_ACCURACY_LEVEL", "PROVIDERS", "optimized_graph", "run_batch", "session", "with_outputs"]
+__all__ = [
+    "MATMUL_NBITS_ACCURACY_LEVEL", "PROVIDERS", "load_error", "optimized_graph", "run_batch", "session", "with_outputs",
+]  # fmt: skip
 
 # The quantizer's figures are ONNX Runtime's CPU provider's.
 PROVIDERS = ["CPUExecutionProvider"]
@@ -117,3 +119,16 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
             out.graph.output.append(onnx.ValueInfoProto(name=name))
             present.add(name)
     return out
+
+
+def load_error(model: onnx.ModelProto) -> str | None:
+    """Why ONNX Runtime cannot load ``model`` as it is (its default optimizations on), or None where it loads it.
+
+    The model as written, not one with more outputs: an output added to
+    watch a tensor can keep a fusion from happening that fails to load.
+    """
+    try:
+        session(model)
+    except QuantizationError as e:
+        return str(e).removeprefix("quantize: ONNX Runtime cannot load the model: ")
+    return None

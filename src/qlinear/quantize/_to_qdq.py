@@ -234,7 +234,9 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
     bias_name, bias = p.bias, (fm.constant(p.bias) if p.bias else None)
     shift, where = _bias_shift(node, p, stored, ctx)
     if shift is not None and where.add is None:
-        base = fm.constant(where.tensor) if where.tensor is not None else np.zeros(shift.shape, np.float32)
+        # A layer without a bias gets one of its weight's float type (float16 in a float16 model).
+        layer_type = helper.tensor_dtype_to_np_dtype(fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT))
+        base = fm.constant(where.tensor) if where.tensor is not None else np.zeros(shift.shape, layer_type)
         bias = (base.astype(np.float64) - shift).astype(base.dtype)
         bias_name = where.tensor or ctx.names.fresh(f"{p.name}_bias")
         result.bias_corrected = True

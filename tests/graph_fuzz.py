@@ -1,0 +1,193 @@
+"""A seeded generator of small valid float ONNX models, from a grammar of the ops real exporters write.
+
+``fuzz_case(seed)`` gives a model (as a path-free ModelProto), calibration
+data for it, and random quantizer options. tests/test_quantize_fuzz.py runs
+the quantizer on each case and checks what the quantizer promises whatever
+the model: a clear error or a valid model that its runtime loads (or that
+the report says it cannot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["FuzzCase", "fuzz_case"]
+
+ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "HardSwish", "Sigmoid", "SiLU", "Tanh", "None")
+WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "float8e4m3fn", "float4e2m1")
+ACTIVATION_TYPES = ("uint8", "int8", "uint16", "int16", "float8e4m3fn", None)
+
+
+@dataclass
+class FuzzCase:
+    seed: int
+    model: onnx.ModelProto
+    data: dict[str, np.ndarray]
+    options: dict[str, Any]
+    description: list[str] = field(default_factory=list)
+
+
+class _Builder:
+    def __init__(self, rng: np.random.Generator, float_type: int, opset: int) -> None:
+        self.rng, self.float_type, self.opset = rng, float_type, opset
+        self.np_float = np.float16 if float_type == TensorProto.FLOAT16 else np.float32
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.count = 0
+        self.extra_outputs: list[str] = []
+
+    def name(self, base: str) -> str:
+        self.count += 1
+        return f"{base}{self.count}"
+
+    def const(self, array: np.ndarray, base: str, *, constant_node: bool = False) -> str:
+        name = self.name(base)
+        tensor = numpy_helper.from_array(array, name)
+        if constant_node:  # as some exporters write weights: a Constant node, not an initializer
+            self.nodes.append(helper.make_node("Constant", [], [name], name=f"{name}_const", value=tensor))
+        else:
+            self.inits.append(tensor)
+        return name
+
+    def weight(self, *shape: int, constant_node: bool = False) -> str:
+        w = (self.rng.standard_normal(shape) * 0.3).astype(self.np_float)
+        return self.const(w, "w", constant_node=constant_node)
+
+    def node(self, op: str, inputs: list[str], base: str | None = None, **attrs: Any) -> str:
+        out = self.name(base or op.lower())
+        self.nodes.append(helper.make_node(op, inputs, [out], name=f"{out}_node", **attrs))
+        return out
+
+    def activation(self, x: str, kind: str) -> str:
+        if kind == "None":
+            return x
+        if kind == "HardSwish" and self.opset < 14:  # an op of opset 14
+            kind = "HardSigmoid"
+        if kind == "LeakyRelu":
+            return self.node("LeakyRelu", [x], alpha=0.1)
+        if kind == "Clip":
+            lo = self.const(np.array(0.0, self.np_float), "lo")
+            hi = self.const(np.array(6.0, self.np_float), "hi")
+            return self.node("Clip", [x, lo, hi])
+        if kind == "SiLU":
+            return self.node("Mul", [x, self.node("Sigmoid", [x])])
+        return self.node(kind, [x])
+
+
+def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int, desc: list[str]) -> tuple[str, int]:
+    for _ in range(int(rng.integers(1, 4))):
+        out = int(rng.choice([4, 6, 8]))
+        inputs = [x, b.weight(out, channels, 3, 3, constant_node=bool(rng.random() < 0.2))]
+        if rng.random() < 0.7:
+            inputs.append(b.const((rng.standard_normal(out) * 0.1).astype(b.np_float), "bias"))
+        y = b.node("Conv", inputs, pads=[1, 1, 1, 1])
+        if rng.random() < 0.4:
+            stats = [np.abs(rng.standard_normal(out)) + 0.5, rng.standard_normal(out) * 0.1, rng.standard_normal(out) * 0.1]
+            params = [b.const(p.astype(b.np_float), "bn") for p in (stats[0], stats[1], stats[2], np.abs(stats[0]))]
+            y = b.node("BatchNormalization", [y, *params])
+            desc.append("batchnorm")
+        kind = str(rng.choice(ACTIVATIONS))
+        y = b.activation(y, kind)
+        desc.append(f"conv{out}+{kind}")
+        if out == channels and rng.random() < 0.4:
+            y = b.node("Add", [y, x])
+            desc.append("residual")
+        if size >= 4 and rng.random() < 0.4:
+            pool = str(rng.choice(["MaxPool", "AveragePool"]))
+            y = b.node(pool, [y], kernel_shape=[2, 2], strides=[2, 2])
+            size //= 2
+            desc.append(pool)
+        if rng.random() < 0.15:
+            b.extra_outputs.append(y)  # a graph output in the middle
+            desc.append("middle output")
+        x, channels = y, out
+    if rng.random() < 0.5:
+        x = b.node("GlobalAveragePool", [x])
+        return b.node("Flatten", [x]), channels
+    return b.node("Flatten", [x]), channels * size * size
+
+
+def _mlp(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: list[str]) -> tuple[str, int]:
+    shared = None
+    for _ in range(int(rng.integers(1, 4))):
+        out = width if rng.random() < 0.3 else int(rng.choice([8, 12, 16]))
+        if shared is not None and shared[1] == width and out == width and rng.random() < 0.5:
+            w = shared[0]  # a square weight two layers share
+            desc.append("shared weight")
+        else:
+            w = b.weight(width, out)
+        if out == width:
+            shared = (w, width)
+        if rng.random() < 0.5:
+            inputs = [x, w] + ([b.const(np.zeros(out, b.np_float), "bias")] if rng.random() < 0.7 else [])
+            y = b.node("Gemm", inputs)
+            desc.append(f"gemm{out}")
+        else:
+            y = b.node("MatMul", [x, w])
+            if rng.random() < 0.6:
+                y = b.node("Add", [y, b.const((rng.standard_normal(out) * 0.1).astype(b.np_float), "bias")])
+            desc.append(f"matmul{out}")
+        kind = str(rng.choice(ACTIVATIONS))
+        x, width = b.activation(y, kind), out
+        desc.append(kind)
+    return x, width
+
+
+def fuzz_case(seed: int) -> FuzzCase:
+    """Case number ``seed``: the same model, data and options every time."""
+    rng = np.random.default_rng(seed)
+    float_type = TensorProto.FLOAT16 if rng.random() < 0.15 else TensorProto.FLOAT
+    opset = int(rng.choice([13, 15, 17, 19, 21]))
+    b = _Builder(rng, float_type, opset)
+    batch: Any = "N" if rng.random() < 0.8 else 1
+    desc = [f"opset {opset}", "float16" if float_type == TensorProto.FLOAT16 else "float32", f"batch {batch}"]
+    samples = 24
+    if rng.random() < 0.5:
+        channels, size = int(rng.choice([1, 3])), int(rng.choice([8, 12]))
+        shape = [batch, channels, size, size]
+        x, width = _cnn(b, rng, "x", channels, size, desc)
+    else:
+        width = int(rng.choice([8, 16]))
+        shape = [batch, width]
+        x, width = _mlp(b, rng, "x", width, desc)
+    classes = 5
+    logits = b.node("Gemm", [x, b.weight(width, classes), b.const(np.zeros(classes, b.np_float), "bias")], base="logits")
+    if rng.random() < 0.3:
+        logits = b.node("Softmax", [logits], axis=-1)
+        desc.append("softmax")
+    outputs = [helper.make_tensor_value_info(logits, float_type, None)]
+    outputs += [helper.make_tensor_value_info(t, float_type, None) for t in b.extra_outputs]
+    graph = helper.make_graph(b.nodes, f"fuzz{seed}", [helper.make_tensor_value_info("x", float_type, shape)], outputs, b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    data_shape = [samples, *shape[1:]]
+    data = {"x": rng.standard_normal(data_shape).astype(b.np_float)}
+    # The outputs' shapes as ONNX Runtime computes them (onnx's inference leaves some open), batch axis as the input's.
+    import onnxruntime as ort
+
+    feeds = {"x": data["x"][: 1 if batch == 1 else 2]}
+    values = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for output, value in zip(model.graph.output, values, strict=True):
+        output.CopyFrom(helper.make_tensor_value_info(output.name, float_type, [batch, *value.shape[1:]]))
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.checker.check_model(model, full_check=True)
+    options: dict[str, Any] = {
+        "weights": str(rng.choice(WEIGHTS)),
+        "activations": ACTIVATION_TYPES[int(rng.integers(len(ACTIVATION_TYPES)))],
+        "granularity": str(rng.choice(["per-tensor", "per-channel", "blocked"])),
+        "method": str(rng.choice(["minmax", "mse", "percentile", "entropy"])),
+        "promote": bool(rng.random() < 0.15),
+    }
+    if rng.random() < 0.3:
+        options["bias_correction"] = bool(rng.random() < 0.5)
+    if rng.random() < 0.2:
+        options["smoothquant"] = bool(rng.random() < 0.5)
+    if rng.random() < 0.15:
+        compute = [nd.name for nd in b.nodes if nd.op_type in ("Conv", "Gemm", "MatMul")]
+        options["exclude"] = (str(rng.choice(compute)),)
+    return FuzzCase(seed, model, data, options, desc)
