@@ -233,3 +233,37 @@ def test_report_of_a_file_that_is_not_json_text_is_one_line(tmp_path, capsys):
     assert main(["report", str(stats), "-o", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err
     assert "is not a report" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+
+
+def test_sigterm_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    import signal
+
+    import qlinear.quantize._stages as stages
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler stops a job
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(stages, "calibrate", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["quantize", MODEL, "-o", str(out / "q.onnx"), "--calibration", CALIBRATION, "--quiet"]) == 143
+    assert capsys.readouterr().err == "qlinear quantize: terminated\n"
+    assert list(out.iterdir()) == [] and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
+    import qlinear.quantize._execution as execution
+
+    def full(model, path):
+        path.write_bytes(b"part of a model")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(execution, "save", full)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["quantize", MODEL, "-o", str(out / "q.onnx"), "--calibration", CALIBRATION, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"qlinear quantize: output {out / 'q.onnx'} cannot be written: No space left on device"
+    assert list(out.iterdir()) == []

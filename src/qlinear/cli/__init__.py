@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 
 from qlinear import __version__
 from qlinear.cli._args import Parser
@@ -35,13 +37,28 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the subcommand's parser, so the error names it ("qlinear quantize: error: ...")
         parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    # Ctrl-C and SIGTERM: one line, no traceback; a quantizer run leaves no file behind (it writes beside the output,
+    # then renames) and its worker processes end with it.
+    previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
     try:
         return modules[args.command].run(args)
+    except _Terminated:
+        sys.stderr.write(f"qlinear {args.command}: terminated\n")
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        # Ctrl-C: one line, no traceback; a quantizer run leaves no file behind (it writes beside the output, then
-        # renames) and its worker processes end with it.
         sys.stderr.write(f"qlinear {args.command}: interrupted\n")
-        return 130
+        return 128 + signal.SIGINT
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, so that it unwinds as Ctrl-C does."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 if __name__ == "__main__":

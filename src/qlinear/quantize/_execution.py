@@ -72,13 +72,21 @@ def checked_output(model: Any, output: Any) -> Path | None:
 
 def write_atomically(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` (and its external data file, if any) to a temporary folder beside ``path``, then move it in place."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.resolve().parent))
     try:
-        save(model, tmp / path.name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.resolve().parent))
+    except OSError as e:  # the folder went away, or no space is left
+        raise QuantizationError(f"quantize: output {path} cannot be written: {e.strerror}") from None
+    try:
+        try:
+            save(model, tmp / path.name)
+        except QuantizationError as e:  # say the output's path, not the temporary one
+            raise QuantizationError(f"quantize: output {path} cannot be written: {str(e).rsplit(': ', 1)[-1]}") from None
         if large.is_large(model) or large.has_markers(model):  # the full check of the weights, by path
             check_quantized(tmp / path.name)
         for f in sorted(tmp.iterdir()):
             os.replace(f, path.resolve().parent / f.name)
+    except OSError as e:  # a full disk, a folder removed while writing
+        raise QuantizationError(f"quantize: output {path} cannot be written: {e.strerror or e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
