@@ -80,12 +80,27 @@ class _Builder:
 
 
 def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int, desc: list[str]) -> tuple[str, int]:
+    if size <= 8 and rng.random() < 0.15:  # an exporter's upsampling of the input
+        scales = b.const(np.array([1, 1, 2, 2], np.float32), "scales")
+        x = b.node("Resize", [x, "", scales], mode="nearest")
+        size *= 2
+        desc.append("Resize")
     for _ in range(int(rng.integers(1, 4))):
         out = int(rng.choice([4, 6, 8]))
-        inputs = [x, b.weight(out, channels, 3, 3, constant_node=bool(rng.random() < 0.2))]
+        if rng.random() < 0.2:  # two 1x1 branches concatenated along the channels
+            left = b.node("Conv", [x, b.weight(out // 2, channels, 1, 1)])
+            right = b.node("Conv", [x, b.weight(out - out // 2, channels, 1, 1)])
+            x, channels = b.node("Concat", [left, right], axis=1), out
+            desc.append("concat")
+        pads, conv_in = [1, 1, 1, 1], x
+        if rng.random() < 0.15:  # padding as its own node
+            conv_in = b.node("Pad", [x, b.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")])
+            pads = [0, 0, 0, 0]
+            desc.append("Pad")
+        inputs = [conv_in, b.weight(out, channels, 3, 3, constant_node=bool(rng.random() < 0.2))]
         if rng.random() < 0.7:
             inputs.append(b.const((rng.standard_normal(out) * 0.1).astype(b.np_float), "bias"))
-        y = b.node("Conv", inputs, pads=[1, 1, 1, 1])
+        y = b.node("Conv", inputs, pads=pads)
         if rng.random() < 0.4:
             stats = [np.abs(rng.standard_normal(out)) + 0.5, rng.standard_normal(out) * 0.1, rng.standard_normal(out) * 0.1]
             params = [b.const(p.astype(b.np_float), "bn") for p in (stats[0], stats[1], stats[2], np.abs(stats[0]))]
@@ -135,7 +150,69 @@ def _mlp(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: list[s
         kind = str(rng.choice(ACTIVATIONS))
         x, width = b.activation(y, kind), out
         desc.append(kind)
+        if b.opset >= 17 and rng.random() < 0.2:
+            gamma, beta = b.const(np.ones(width, b.np_float), "gamma"), b.const(np.zeros(width, b.np_float), "beta")
+            x = b.node("LayerNormalization", [x, gamma, beta], axis=-1)
+            desc.append("LayerNormalization")
+        elif rng.random() < 0.1:
+            x = _written_out_layernorm(b, x)
+            desc.append("written-out LayerNorm")
+        if width % 2 == 0 and rng.random() < 0.15:  # a MatMul on 3-D activations between Reshapes
+            half = width // 2
+            y = b.node("Reshape", [x, b.const(np.array([-1, 2, half], np.int64), "shape")])
+            y = b.node("MatMul", [y, b.weight(half, half)])
+            x = b.node("Reshape", [y, b.const(np.array([-1, width], np.int64), "shape")])
+            desc.append("3-D MatMul")
+        if rng.random() < 0.1:
+            x = b.node("Cast", [b.node("Cast", [x], to=TensorProto.DOUBLE)], to=b.float_type)
+            desc.append("Cast")
     return x, width
+
+
+def _written_out_layernorm(b: _Builder, x: str) -> str:
+    """LayerNorm as older exporters write it: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div."""
+
+    def mean(t: str) -> str:
+        if b.opset >= 18:
+            return b.node("ReduceMean", [t, b.const(np.array([-1], np.int64), "axes")], keepdims=1)
+        return b.node("ReduceMean", [t], axes=[-1], keepdims=1)
+
+    centred = b.node("Sub", [x, mean(x)])
+    var = mean(b.node("Pow", [centred, b.const(np.array(2.0, b.np_float), "two")]))
+    std = b.node("Sqrt", [b.node("Add", [var, b.const(np.array(1e-5, b.np_float), "eps")])])
+    return b.node("Div", [centred, std])
+
+
+def _tokens(b: _Builder, rng: np.random.Generator, desc: list[str]) -> tuple[str, int]:
+    """A token model's front: an embedding table gathered by int64 ids, a dense layer on (batch, length, width), a mean."""
+    width = int(rng.choice([8, 16]))
+    table = b.weight(20, width)
+    x = b.node("Gather", [table, "x"])
+    x = b.node("MatMul", [x, b.weight(width, width)])
+    if rng.random() < 0.5:
+        x = b.node("Add", [x, b.const(np.zeros(width, b.np_float), "bias")])
+    x = b.activation(x, str(rng.choice(ACTIVATIONS)))
+    if b.opset >= 18:
+        x = b.node("ReduceMean", [x, b.const(np.array([1], np.int64), "axes")], keepdims=0)
+    else:
+        x = b.node("ReduceMean", [x], axes=[1], keepdims=0)
+    desc.append(f"embedding {width}")
+    return x, width
+
+
+def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: list[str]) -> tuple[str, int]:
+    """A GRU or LSTM over (batch, length, width) inputs: its weights stay float on ONNX Runtime."""
+    hidden = 8
+    op = str(rng.choice(["GRU", "LSTM"]))
+    gates = 3 if op == "GRU" else 4
+    seq = b.node("Transpose", [x], perm=[1, 0, 2])
+    w, r = b.weight(1, gates * hidden, width), b.weight(1, gates * hidden, hidden)
+    out = b.name(op.lower())
+    outputs = ["", f"{out}_h"] + ([f"{out}_c"] if op == "LSTM" else [])
+    b.nodes.append(helper.make_node(op, [seq, w, r], outputs, name=f"{out}_node", hidden_size=hidden))
+    last = b.node("Squeeze", [f"{out}_h", b.const(np.array([0], np.int64), "axes")])
+    desc.append(op)
+    return last, hidden
 
 
 def fuzz_case(seed: int) -> FuzzCase:
@@ -147,14 +224,23 @@ def fuzz_case(seed: int) -> FuzzCase:
     batch: Any = "N" if rng.random() < 0.8 else 1
     desc = [f"opset {opset}", "float16" if float_type == TensorProto.FLOAT16 else "float32", f"batch {batch}"]
     samples = 24
-    if rng.random() < 0.5:
+    kind = rng.random()
+    input_type = float_type
+    if kind < 0.45:
         channels, size = int(rng.choice([1, 3])), int(rng.choice([8, 12]))
         shape = [batch, channels, size, size]
         x, width = _cnn(b, rng, "x", channels, size, desc)
-    else:
+    elif kind < 0.8:
         width = int(rng.choice([8, 16]))
         shape = [batch, width]
         x, width = _mlp(b, rng, "x", width, desc)
+    elif kind < 0.9:
+        shape, input_type = [batch, 6], TensorProto.INT64
+        x, width = _tokens(b, rng, desc)
+    else:
+        width = 8
+        shape = [batch, 5, width]
+        x, width = _recurrent(b, rng, "x", width, desc)
     classes = 5
     logits = b.node("Gemm", [x, b.weight(width, classes), b.const(np.zeros(classes, b.np_float), "bias")], base="logits")
     if rng.random() < 0.3:
@@ -162,11 +248,14 @@ def fuzz_case(seed: int) -> FuzzCase:
         desc.append("softmax")
     outputs = [helper.make_tensor_value_info(logits, float_type, None)]
     outputs += [helper.make_tensor_value_info(t, float_type, None) for t in b.extra_outputs]
-    graph = helper.make_graph(b.nodes, f"fuzz{seed}", [helper.make_tensor_value_info("x", float_type, shape)], outputs, b.inits)
+    graph = helper.make_graph(b.nodes, f"fuzz{seed}", [helper.make_tensor_value_info("x", input_type, shape)], outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     data_shape = [samples, *shape[1:]]
-    data = {"x": rng.standard_normal(data_shape).astype(b.np_float)}
+    if input_type == TensorProto.INT64:
+        data = {"x": rng.integers(0, 20, data_shape).astype(np.int64)}
+    else:
+        data = {"x": rng.standard_normal(data_shape).astype(b.np_float)}
     # The outputs' shapes as ONNX Runtime computes them (onnx's inference leaves some open), batch axis as the input's.
     import onnxruntime as ort
 
@@ -190,4 +279,9 @@ def fuzz_case(seed: int) -> FuzzCase:
     if rng.random() < 0.15:
         compute = [nd.name for nd in b.nodes if nd.op_type in ("Conv", "Gemm", "MatMul")]
         options["exclude"] = (str(rng.choice(compute)),)
+    for name, share in (("symmetric", 0.1), ("equalize", 0.1), ("empirical_bias_correction", 0.1)):
+        if rng.random() < share:
+            options[name] = True
+    if rng.random() < 0.1:
+        options["weight_clip"] = "mse"
     return FuzzCase(seed, model, data, options, desc)

@@ -14,9 +14,11 @@ import hashlib
 import os
 import signal
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import qlinear.quantize as qq
 from graph_fuzz import fuzz_case
@@ -79,22 +81,102 @@ def test_generated_model(seed, tmp_path):
         assert sqnr is None or sqnr > SIXTEEN_BIT_DB, f"{what}: output SQNR {sqnr} dB at 16-bit activations"
 
 
+def _conv_model(activation: str = "LeakyRelu"):
+    """x (N, 1, 8, 8) -> Conv 8 (bias) -> ``activation`` -> Flatten -> Gemm "logits": the layout the fuzzer's finds had."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((8, 1, 3, 3)) * 0.3).astype(np.float32), "w")
+    b = numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "b")
+    head = numpy_helper.from_array((rng.standard_normal((512, 5)) * 0.05).astype(np.float32), "head")
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node(activation, ["c"], ["a"], name="act", **({"alpha": 0.1} if activation == "LeakyRelu" else {})),
+        helper.make_node("Flatten", ["a"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "head"], ["logits"], name="logits"),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5])], [w, b, head],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 8
+    return model, {"x": rng.standard_normal((24, 1, 8, 8)).astype(np.float32)}
+
+
+def _token_model():
+    """ids (N, 6) -> Gather of a 20 x 16 table -> MatMul 16 x 16 -> ReduceMean over the length -> Gemm "logits"."""
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array((rng.standard_normal((20, 16)) * 0.3).astype(np.float32), "table")
+    w = numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w")
+    head = numpy_helper.from_array((rng.standard_normal((16, 5)) * 0.3).astype(np.float32), "head")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w"], ["m"], name="dense"),
+        helper.make_node("ReduceMean", ["m", "axes"], ["r"], name="mean", keepdims=0),
+        helper.make_node("Gemm", ["r", "head"], ["logits"], name="logits"),
+    ]
+    graph = helper.make_graph(
+        nodes, "tokens", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 6])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5])], [table, w, head, axes],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model, {"ids": rng.integers(0, 20, (24, 6)).astype(np.int64)}
+
+
 def test_found_a_float8_conv_that_loads_only_with_extra_outputs_is_said(tmp_path):
-    # Found by case 270: the evaluation, which adds outputs to watch tensors, ran on ONNX Runtime, while the model as
+    # Found by the fuzzer: the evaluation, which adds outputs to watch tensors, ran on ONNX Runtime, while the model as
     # written fused its float8 Q/DQ into a QLinearConv that ONNX Runtime cannot load; the report said nothing.
-    case = fuzz_case(270)
-    assert case.options["activations"] == "float8e4m3fn" and "conv8+LeakyRelu" in case.description
+    model, data = _conv_model()
     out = tmp_path / "q.onnx"
-    r = qq.quantize_model(case.model, out, case.data, eval=case.data, **case.options).report
+    options = {"weights": "int2", "activations": "float8e4m3fn", "granularity": "per-tensor", "promote": False}
+    r = qq.quantize_model(model, out, data, eval=data, exclude=("logits",), **options).report
     with pytest.raises(Exception, match="QLinearConv"):
         ort.InferenceSession(str(out))
     assert "QLinearConv" in r["eval"]["onnxruntime_error"]
     assert any(w.startswith("ONNX Runtime cannot load the quantized model") for w in r["warnings"])
 
 
-def test_found_a_float16_layer_without_a_bias_is_a_valid_model():
-    # Found by case 44; its own test is tests/test_quantize_bias_correction.py's float16 one.
-    case = fuzz_case(44)
-    assert "float16" in case.description and case.options["activations"] == "int16"
-    r = qq.quantize_model(case.model, None, case.data, eval=case.data, bias_correction=True, **case.options)
-    onnx.checker.check_model(r.model, full_check=True)
+def test_found_rows_gathered_straight_into_a_matmul_stay_a_whole_table():
+    # Found by the fuzzer: an embedding's rows, gathered as codes and dequantized with their blocks' zero points, went
+    # straight into a MatMul; ONNX Runtime fused that DequantizeLinear into MatMulIntegerToFloat, which takes one zero
+    # point, and failed on the first evaluation batch. Such a table stays dequantized whole.
+    model, data = _token_model()
+    options = {"weights": "uint8", "activations": "int16", "granularity": "blocked", "promote": False}
+    r = qq.quantize_model(model, None, data, eval=data, **options)
+    assert r.report["eval"]["backend"] == "onnxruntime" and r.report["eval"]["onnxruntime_error"] is None
+    gather = next(n for n in r.model.graph.node if n.op_type == "Gather")
+    assert gather.input[0] not in {t.name for t in r.model.graph.initializer}  # the dequantized table, not codes
+
+
+@pytest.mark.parametrize(
+    "types", [{"weights": "float4e2m1", "activations": None}, {"weights": "float4e2m1", "activations": "float8e4m3fn"}]
+)
+def test_found_empirical_bias_correction_runs_where_onnx_runtime_cannot_load_the_model(types):
+    # Found by the fuzzer: the correction ran the quantized model on ONNX Runtime alone, and failed where ONNX Runtime
+    # has no kernel for its types; it runs as the evaluation does now, with qlinear's kernels where it must.
+    model, data = _conv_model()
+    r = qq.quantize_model(model, None, data, eval=data, promote=False, empirical_bias_correction=True, **types).report
+    assert r["eval"]["backend"] == "onnxruntime+qlinear" and r["empirical_bias_correction"]["layers"]
+
+
+def test_found_blocked_conv_weights_go_with_float_activations(monkeypatch):
+    # Found by case 544 (concatenated 1x1 branches between Convs): a Conv of blocked int8 weights between int8
+    # activations was fused by ONNX Runtime into a QLinearConv, which takes per-channel filter scales only, and the
+    # run failed on the first evaluation batch. (The case is read from the generator: if its grammar changes, the
+    # description below no longer matches, and the case must be found again.)
+    import dataclasses
+
+    from qlinear.quantize.targets import TARGETS
+    from qlinear.quantize.targets.ort_cpu import ORT_CPU
+
+    case = fuzz_case(544)
+    assert case.description[3:5] == ["concat", "conv6+Tanh"] and case.options["granularity"] == "blocked"
+    r = qq.quantize_model(case.model, None, case.data, eval=case.data, **case.options).report
+    assert r["eval"]["onnxruntime_error"] is None
+    assert all(n["activation_type"] is None for n in r["nodes"] if n["op_type"] == "Conv")
+    # Without the rule, the same run fails: ONNX Runtime's QLinearConv refuses the blocked filter scale.
+    rule_off = dataclasses.replace(ORT_CPU.placement, blocked_float_ops=frozenset({"MatMul", "Gemm"}))
+    monkeypatch.setitem(TARGETS, "ort-cpu", dataclasses.replace(ORT_CPU, placement=rule_off))
+    with pytest.raises(QuantizationError, match="filter scale shape invalid"):
+        qq.quantize_model(case.model, None, case.data, eval=case.data, **case.options)

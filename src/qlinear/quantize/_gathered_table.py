@@ -53,6 +53,12 @@ def gather_tables(model: onnx.ModelProto) -> list[str]:
         if table is None or dq.output[0] in outputs or not gathers or not all(_gathers_rows(n, dq.output[0]) for n in gathers):
             continue
         scale, zero_point, block = table
+        if scale.ndim and any(
+            _fused_reader(n, gather.output[0]) for gather in gathers for n in reading.get(gather.output[0], [])
+        ):
+            # Rows dequantized with per-row parameters straight into a MatMul, Gemm or Conv: ONNX Runtime fuses that
+            # DequantizeLinear as an integer input, which takes one zero point only, and fails at run time.
+            continue
         for gather in gathers:
             after[id(gather)] = _gather_codes(gather, dq.input[0], scale, zero_point, block, g, taken)
             gathered.append(gather.name)
@@ -98,6 +104,11 @@ def _table(dq: onnx.NodeProto, inits: dict[str, TensorProto]):
     if block and scale.ndim == 2 and axis == 1:  # the DequantizeLinear read is blocked already: opset 21
         return scale, zero_point, block
     return None
+
+
+def _fused_reader(node: onnx.NodeProto, tensor: str) -> bool:
+    """Whether ``node`` reads ``tensor`` as an input that ONNX Runtime's QDQ fusions take from a DequantizeLinear."""
+    return node.op_type in ("MatMul", "Gemm", "Conv") and tensor in node.input[:2]
 
 
 def _gathers_rows(node: onnx.NodeProto, table: str) -> bool:

@@ -7,6 +7,7 @@ one node and its neighbours.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 
@@ -57,9 +58,9 @@ def node_plan(
     weights_pair: bool,
     graph_outputs: set[str],
     before_log: set[str],
-    clamps_folded: frozenset[str],
+    placement: Any,
 ) -> NodePlan | str:
-    """The node's plan, or the reason it stays float; ``clamps_folded``: what a Q after a Conv absorbs on the target."""
+    """The node's plan, or the reason it stays float; ``placement``: what the target's runtime fuses (its Placement)."""
     inputs = list(node.input)
     op = node.op_type
     const = [bool(i) and i in fm.initializers for i in inputs]
@@ -76,10 +77,9 @@ def node_plan(
         weight = _weight(fm, node, 1)
     elif op == "MatMul" and const[0] and fm.is_float(inputs[0]) and len(fm.shapes.get(inputs[0], ())) == 2:
         weight = WeightPlan(inputs[0], 0, 0, 1)
-    # Blocked weights on MatMul/Gemm go with float activations: ONNX Runtime runs that as MatMulNBits,
-    # while its integer MatMul kernels take per-tensor or per-column weights only (a blocked DQ there is
-    # fused into MatMulIntegerToFloat all the same, which then fails at run time).
-    blocked_matmul = blocked and op in ("MatMul", "Gemm") and weight is not None
+    # Blocked weights go with float activations where the runtime's integer kernels take none (ONNX Runtime runs
+    # a blocked MatMul as MatMulNBits; a blocked DQ fused into its integer kernels fails at run time).
+    blocked_matmul = blocked and op in placement.blocked_float_ops and weight is not None
     # Integer activations pair only with 8- and 4-bit integer weights: ONNX Runtime fuses the other
     # weight types (2-bit, float8, float4) into QLinearConv or MatMulIntegerToFloat all the same, which
     # then reject them and the model does not load.
@@ -97,9 +97,9 @@ def node_plan(
         bias = _usable_bias(fm, node, weight)
     output = None
     if quantize_activations and op in ("Conv", "ConvTranspose") and activations:
-        output = _output_for_q(fm, node, graph_outputs, clamps_folded)
+        output = _output_for_q(fm, node, graph_outputs, placement.clamps_folded)
     elif quantize_activations and op in ("MatMul", "Gemm") and activations:
-        output = _output_for_q(fm, node, graph_outputs, clamps_folded, clamp_only=True)
+        output = _output_for_q(fm, node, graph_outputs, placement.clamps_folded, clamp_only=True)
     return NodePlan(node.name, op, weight, activations, bias, output)
 
 

@@ -28,10 +28,9 @@ from qlinear._errors import QuantizationError
 from qlinear.dtypes._tensor_proto import to_tensor_proto
 from qlinear.onnx._graph import producers
 from qlinear.quantize._data import Dataset
-from qlinear.quantize._evaluate import Reference, output_figures
+from qlinear.quantize._evaluate import Reference, Runner, output_figures
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._option_fields import option
-from qlinear.quantize._session import run_batch, session, with_outputs
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
 
 __all__ = ["MAX_BATCHES", "Corrected", "correct_biases"]
@@ -102,12 +101,16 @@ def _biased_layers(qmodel: onnx.ModelProto, fm: FloatModel) -> dict[str, tuple[s
 
 
 def _channel_means(model: onnx.ModelProto, names: list[str], batches: list[dict]) -> dict[str, np.ndarray]:
-    """The mean of each of ``names`` per channel (axis 1) over ``batches``, in float64."""
-    sess = session(with_outputs(model, names), arena=False)
+    """The mean of each of ``names`` per channel (axis 1) over ``batches``, in float64.
+
+    Run as the evaluation runs a model: on ONNX Runtime, or with qlinear's Q/DQ kernels where it cannot load it.
+    """
+    runner = Runner(model, names)
     sums: dict[str, np.ndarray] = {}
     counts = dict.fromkeys(names, 0)
-    for k, feeds in enumerate(batches):
-        for name, value in zip(names, run_batch(sess, names, feeds, f"empirical bias correction batch {k}"), strict=True):
+    for feeds in batches:
+        got = runner(feeds)
+        for name, value in ((n, got[n]) for n in names):
             v = np.asarray(value, np.float64)
             sums[name] = sums.get(name, 0.0) + v.sum(axis=tuple(a for a in range(v.ndim) if a != 1))
             counts[name] += v.size // v.shape[1]

@@ -68,6 +68,8 @@ ORT_CPU = Target(
         unfused_weight_ops=("LSTM", "GRU", "RNN", "Einsum"),
         fused_pools=frozenset({"GlobalAveragePool", "AveragePool"}),  # QLinearGlobalAveragePool, QLinearAveragePool
         clamps_folded=frozenset({"Relu", "Clip"}),  # its redundant-clip rule
+        # MatMul and Gemm run blocked weights as MatMulNBits; QLinearConv takes no blocked filter scale.
+        blocked_float_ops=frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"}),
     ),
 )
 
