@@ -176,7 +176,9 @@ def test_found_blocked_conv_weights_go_with_float_activations(monkeypatch):
     assert r["eval"]["onnxruntime_error"] is None
     assert all(n["activation_type"] is None for n in r["nodes"] if n["op_type"] == "Conv")
     # Without the rule, the same run fails: ONNX Runtime's QLinearConv refuses the blocked filter scale.
-    rule_off = dataclasses.replace(ORT_CPU.placement, blocked_float_ops=frozenset({"MatMul", "Gemm"}))
+    rule_off = dataclasses.replace(
+        ORT_CPU.placement, blocked_float_ops={k: v for k, v in ORT_CPU.placement.blocked_float_ops.items() if k != "Conv"}
+    )
     monkeypatch.setitem(TARGETS, "ort-cpu", dataclasses.replace(ORT_CPU, placement=rule_off))
     with pytest.raises(QuantizationError, match="filter scale shape invalid"):
         qq.quantize_model(case.model, None, case.data, eval=case.data, **case.options)

@@ -100,10 +100,12 @@ def test_every_weight_type_and_granularity(op, granularity, weights):
     report = result.report
     assert report["output"]["sqnr_db"] is None or report["output"]["sqnr_db"] > MIN_SQNR[weights]
     node_report = report["nodes"][0]
-    # Blocked MatMul/Gemm weights go with float activations (MatMulNBits), and so do 2-bit and float
-    # weights everywhere (ONNX Runtime mis-fuses them with integer activations); the rest with uint8.
+    # Blocked MatMul/Gemm weights go with float activations (MatMulNBits), so do blocked 8-bit Conv weights
+    # (QLinearConv takes no blocked filter scale), and 2-bit and float weights everywhere (ONNX Runtime mis-fuses
+    # them with integer activations); the rest with uint8.
     unpaired = weights not in ("int8", "uint8", "int4", "uint4")
-    float_activations = (granularity == "blocked" and op in ("Gemm", "MatMul")) or unpaired
+    blocked_float = op in ("Gemm", "MatMul") or (op == "Conv" and weights in ("int8", "uint8"))
+    float_activations = (granularity == "blocked" and blocked_float) or unpaired
     assert node_report["weight_type"] == weights and node_report["activation_type"] == (None if float_activations else "uint8")
     assert node_report["weight_bytes"]["after"] < node_report["weight_bytes"]["before"]
     # The evaluation ran on ONNX Runtime wherever it loads the model, with qlinear's Q/DQ kernels elsewhere.

@@ -59,6 +59,7 @@ def node_plan(
     graph_outputs: set[str],
     before_log: set[str],
     placement: Any,
+    weight_type: str | None = None,
 ) -> NodePlan | str:
     """The node's plan, or the reason it stays float; ``placement``: what the target's runtime fuses (its Placement)."""
     inputs = list(node.input)
@@ -79,7 +80,8 @@ def node_plan(
         weight = WeightPlan(inputs[0], 0, 0, 1)
     # Blocked weights go with float activations where the runtime's integer kernels take none (ONNX Runtime runs
     # a blocked MatMul as MatMulNBits; a blocked DQ fused into its integer kernels fails at run time).
-    blocked_matmul = blocked and op in placement.blocked_float_ops and weight is not None
+    float_types = placement.blocked_float_ops.get(op, ())
+    blocked_matmul = blocked and weight is not None and (float_types is None or weight_type in float_types)
     # Integer activations pair only with 8- and 4-bit integer weights: ONNX Runtime fuses the other
     # weight types (2-bit, float8, float4) into QLinearConv or MatMulIntegerToFloat all the same, which
     # then reject them and the model does not load.

@@ -161,6 +161,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
         weights_pair = not (act is not None and act.is_integer) or p.weights in placement.integer_weight_types
         planned = node_plan(
             fm, node, act is not None, options.granularity == "blocked", weights_pair, graph_outputs, before_log, placement,
+            p.weights,
         )  # fmt: skip
         if isinstance(planned, str):
             result.left_float.append((node.name, node.op_type, planned))

@@ -125,9 +125,12 @@ def calibration(
 
     None: nothing to calibrate (weight-only with no algorithm that reads the data).
     """
-    # With 8-bit integer weights every node pairs with integer activations: the widest set of tensors.
-    widest = plan(fm, replace(options, weights="int8", activations=options.activations or "uint8"))
-    tensors = widest.activations if options.activations is not None else []
+    # With 8-bit integer weights every node pairs with integer activations: the widest set of tensors, but for the
+    # nodes whose blocked 8-bit weights the target runs with float activations, which the types asked for may not.
+    activations = options.activations or "uint8"
+    widest = plan(fm, replace(options, weights="int8", activations=activations))
+    asked = plan(fm, replace(options, activations=activations)) if options.weights != "int8" else widest
+    tensors = list(dict.fromkeys([*widest.activations, *asked.activations])) if options.activations is not None else []
     nodes = [fm.node(p.name) for p in widest.nodes]
     needs = {a.name: a.calibrates(fm, nodes) for a in at_stage("calibration", options)}
     axes, grams = needs.get("bias_correction", {}), needs.get("gptq", [])

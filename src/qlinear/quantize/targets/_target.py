@@ -45,9 +45,11 @@ class Placement:
         clamps_folded: activations right after a Conv that a QuantizeLinear
             after them absorbs (its range clamps as they do).
         blocked_float_ops: ops whose blocked weights go with float
-            activations (its integer kernels take per-tensor or per-channel
-            weight scales only, and a blocked DequantizeLinear fused into one
-            fails at run time).
+            activations, each with the weight types this holds for (None:
+            every type; its
+            integer kernels take per-tensor or per-channel weight scales
+            only, and a blocked DequantizeLinear it fuses into one fails at
+            run time).
     """
 
     integer_weight_types: frozenset[str]
@@ -56,7 +58,7 @@ class Placement:
     unfused_weight_ops: tuple[str, ...]
     fused_pools: frozenset[str]
     clamps_folded: frozenset[str]
-    blocked_float_ops: frozenset[str]
+    blocked_float_ops: Mapping[str, frozenset[str] | None]
 
 
 @dataclass(frozen=True)

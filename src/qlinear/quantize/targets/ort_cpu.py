@@ -68,8 +68,9 @@ ORT_CPU = Target(
         unfused_weight_ops=("LSTM", "GRU", "RNN", "Einsum"),
         fused_pools=frozenset({"GlobalAveragePool", "AveragePool"}),  # QLinearGlobalAveragePool, QLinearAveragePool
         clamps_folded=frozenset({"Relu", "Clip"}),  # its redundant-clip rule
-        # MatMul and Gemm run blocked weights as MatMulNBits; QLinearConv takes no blocked filter scale.
-        blocked_float_ops=frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"}),
+        # MatMul and Gemm run blocked weights of every type as MatMulNBits; a blocked 8-bit Conv weight it fuses
+        # into QLinearConv, which takes no blocked filter scale (4-bit ones it leaves a float Conv).
+        blocked_float_ops={"MatMul": None, "Gemm": None, "Conv": frozenset({"int8", "uint8"})},
     ),
 )
 
