@@ -98,7 +98,7 @@ def test_readme_is_short():
 
 
 def test_semantics_doc_names_only_existing_tests():
-    text = (DOCS / "reference" / "semantics.md").read_text()
+    text = (DOCS / "semantics.md").read_text()
     tests = (ROOT / "tests" / "test_semantics.py").read_text()
     named = re.findall(r"[(,] ?`(test_[a-z0-9_]+)`", text)
     assert len(named) >= 15

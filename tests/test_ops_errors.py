@@ -122,7 +122,7 @@ def test_scale_of_the_wrong_type():
 
 @pytest.mark.parametrize("bad", [None, "x", {"x": 1.0}])
 def test_non_array_input(bad):
-    # Python numbers and lists are taken (docs/reference/semantics.md); other values are not arrays.
+    # Python numbers and lists are taken (docs/semantics.md); other values are not arrays.
     with pytest.raises(QuantizationError, match="x must be a numpy array"):
         quantize_linear(bad, np.float32(1))
     with pytest.raises(QuantizationError, match="x must be a numpy array"):

@@ -2,7 +2,7 @@
 
 Three oracles: qlinear's element-by-element transcription of the spec (on
 every input), ``onnx.reference`` and ONNX Runtime (on every input outside the
-divergences written in docs/reference/semantics.md, each of which has its own test in
+divergences written in docs/semantics.md, each of which has its own test in
 test_semantics.py).
 """
 
@@ -127,7 +127,7 @@ def test_qlinear_matches_spec_model(case, backend):
 
 def _quotient_stays_finite(case):
     """False when a 16-bit x / scale overflows to inf: onnx.reference and ONNX
-    Runtime turn that infinity into the wrong end of the range (docs/reference/semantics.md)."""
+    Runtime turn that infinity into the wrong end of the range (docs/semantics.md)."""
     if case.op != "QuantizeLinear" or case.inputs[0].dtype.itemsize != 2:
         return True
     with np.errstate(all="ignore"):
@@ -152,7 +152,7 @@ def test_qlinear_matches_onnx_reference(case):
     want = run_onnx_reference(case)
     got = run_qlinear(case)
     if float8_out and case.inputs[2] is not None:
-        # onnx.reference ignores a float8 zero point, so x/scale = -0 stays -0 there (docs/reference/semantics.md).
+        # onnx.reference ignores a float8 zero point, so x/scale = -0 stays -0 there (docs/semantics.md).
         got, want = _unsigned_zeros(got), _unsigned_zeros(want)
     _agree(got, want)
 
@@ -164,7 +164,7 @@ def _unsigned_zeros(arrays):
 @SETTINGS
 @given(case=node_cases(tame=True, max_opset=25))
 def test_qlinear_matches_onnxruntime(case):
-    # ONNX Runtime divides 16-bit operands in float32, not in the scale's type (docs/reference/semantics.md).
+    # ONNX Runtime divides 16-bit operands in float32, not in the scale's type (docs/semantics.md).
     assume(case.op == "DequantizeLinear" or case.inputs[1].dtype.itemsize == 4)
     try:
         want = run_onnxruntime(case)
@@ -172,9 +172,9 @@ def test_qlinear_matches_onnxruntime(case):
         return
     got = run_qlinear(case)
     if case.op == "QuantizeLinear" and got[0].dtype.kind not in "iu":
-        # ONNX Runtime ignores float8 zero points: -0 stays -0 there (docs/reference/semantics.md).
+        # ONNX Runtime ignores float8 zero points: -0 stays -0 there (docs/semantics.md).
         got, want = _unsigned_zeros(got), _unsigned_zeros(want)
-        # ... and answers some float8 overflows (saturate=0) its own way (docs/reference/semantics.md).
+        # ... and answers some float8 overflows (saturate=0) its own way (docs/semantics.md).
         got, want = _overflow_ties_as_nan(case, got, want)
     _agree(got, want)
 
@@ -232,7 +232,7 @@ def test_dynamic_quantize_matches_spec_model(x):
 
 
 @SETTINGS
-# A range below ~1e-36 makes the float32 scale underflow to 0 (docs/reference/semantics.md).
+# A range below ~1e-36 makes the float32 scale underflow to 0 (docs/semantics.md).
 @given(
     x=st.lists(st.floats(-1e4, 1e4, width=32, allow_nan=False), min_size=1, max_size=40).filter(
         lambda v: max(map(abs, v)) > 1e-30

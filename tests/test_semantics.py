@@ -1,4 +1,4 @@
-"""Each decision of docs/reference/semantics.md: qlinear follows the spec, hand-computed,
+"""Each decision of docs/semantics.md: qlinear follows the spec, hand-computed,
 and the divergence from onnx.reference or ONNX Runtime is real."""
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ def test_dynamic_ignores_nan():
 
 def test_float8e4m3fn_overflow_is_nan():
     # saturate=0: quotients up to 464 round to 448 (464 is the tie, to even); beyond, NaN. ONNX Runtime 1.31
-    # gives 448 for quotients in [480, 496) instead (docs/reference/semantics.md).
+    # gives 448 for quotients in [480, 496) instead (docs/semantics.md).
     q = np.array([448.0, 460.0, 464.0, 465.0, 480.0, 490.0, 496.0, 600.0], np.float32)
     x = np.concatenate([q, -q]) * np.float32(2)
     case = NodeCase("over", "QuantizeLinear", 21, [x, np.float32(2), ml_dtypes.float8_e4m3fn(0)], {"saturate": 0})

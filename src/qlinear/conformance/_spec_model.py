@@ -173,7 +173,7 @@ def quantize(plan: QuantizePlan, x: np.ndarray, scale: np.ndarray, zero_point: n
         zp = None if zero_point is None else _value(_param(zero_point, plan.granularity, index))
         if t.is_integer:
             if isinstance(q, float) and math.isnan(q):
-                y: float | int = 0  # NaN has no integer: the zero point (docs/reference/semantics.md)
+                y: float | int = 0  # NaN has no integer: the zero point (docs/semantics.md)
             elif isinstance(q, float):
                 y = q  # inf or signed zero
             else:

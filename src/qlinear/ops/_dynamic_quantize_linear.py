@@ -23,7 +23,7 @@ def dynamic_quantize_linear(x: Any, *, backend: str = "auto") -> tuple[np.ndarra
     ``zero_point = saturate(round(0 - min(0, min(x)) / scale))``, then
     ``y = saturate(round(x / scale) + zero_point)``; all in float32, rounding
     half to even. NaN elements are left out of the range and quantize to the
-    zero point; an all-zero (or empty) ``x`` gets scale 1.0 (docs/reference/semantics.md).
+    zero point; an all-zero (or empty) ``x`` gets scale 1.0 (docs/semantics.md).
 
     Args:
         x: the float32 array.

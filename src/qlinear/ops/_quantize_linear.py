@@ -44,7 +44,7 @@ def quantize_linear(
         y_zero_point: same shape as ``y_scale``; its type is the output type.
             Python numbers and lists take the types the defaults give: x
             float32, the scale x's float type, the zero point
-            ``output_dtype`` or uint8 (docs/reference/semantics.md).
+            ``output_dtype`` or uint8 (docs/semantics.md).
         axis: quantization axis for per-axis and blocked; negative counts
             from the back.
         block_size: elements per block along ``axis``; 0 means not blocked.

@@ -27,7 +27,7 @@ def check_array(value: Any, arg: str, caller: str) -> np.ndarray:
 def from_python(value: Any, arg: str, caller: str, t: ElementType) -> np.ndarray:
     """``value`` as an ndarray; a Python number or (nested) list of numbers becomes an array of type ``t``.
 
-    ``t`` is the type the call's defaults give the argument (docs/reference/semantics.md, "Python numbers and
+    ``t`` is the type the call's defaults give the argument (docs/semantics.md, "Python numbers and
     lists"). A float rounds to ``t`` once, to nearest even; an integer type takes integers in its range only.
     """
     # numpy scalars keep their type (np.float64 is a Python float too); bool is no number here.

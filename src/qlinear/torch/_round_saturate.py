@@ -23,7 +23,7 @@ def to_integer(quotient: torch.Tensor, zero_point: torch.Tensor | None, t: Eleme
     float32 is enough where the reference uses float64: a rounded quotient
     above 2**24 may absorb the zero point inexactly, but it stays beyond
     every qmax (at most 65535), so it saturates to the same value. NaN
-    quantizes to the zero point (docs/reference/semantics.md).
+    quantizes to the zero point (docs/semantics.md).
     """
     rounded = torch.round(quotient.to(torch.float32))
     rounded = torch.where(torch.isnan(rounded), torch.zeros_like(rounded), rounded)

@@ -159,7 +159,7 @@ def affine(v, z, s):
     The processor returns one of two NaN operands by the operand order its
     compiler chose; DequantizeLinear keeps ``v``'s over the zero point's,
     and the difference's over the scale's, as the reference kernel does
-    (docs/reference/semantics.md). Integer codes never are NaN, and skip this.
+    (docs/semantics.md). Integer codes never are NaN, and skip this.
     """
     d = v - z
     d = v if v != v else d

@@ -157,7 +157,7 @@ def add_zero_point(q, z):
 
     Where two NaNs meet, the processor returns one of them by the operand
     order its compiler chose; QuantizeLinear keeps the quotient's, the first
-    in the formula, as the reference kernel does (docs/reference/semantics.md).
+    in the formula, as the reference kernel does (docs/semantics.md).
     """
     v = q + z
     return q if q != q else v

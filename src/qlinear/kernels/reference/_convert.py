@@ -14,7 +14,7 @@ def keep_first_nan(first: np.ndarray, result: np.ndarray) -> np.ndarray:
 
     Where two NaNs meet, which one the processor returns depends on the
     operand order its compiler chose; the operators keep the one that comes
-    first in the formula (docs/reference/semantics.md), so both backends say so
+    first in the formula (docs/semantics.md), so both backends say so
     explicitly.
     """
     return np.where(np.isnan(first), first, result)
@@ -26,7 +26,7 @@ def to_integer(quotient: np.ndarray, zero_point: np.ndarray | None, t: ElementTy
     The sum is taken in float64: exact for every rounded quotient below 2**53
     and still ordered correctly beyond it, so values far outside int32 and
     infinities saturate instead of wrapping. NaN has no integer, so it
-    quantizes to the zero point (docs/reference/semantics.md).
+    quantizes to the zero point (docs/semantics.md).
     """
     rounded = np.rint(quotient.astype(np.float64))
     rounded = np.where(np.isnan(rounded), 0.0, rounded)
