@@ -31,6 +31,7 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Reference, Runner, output_figures
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._option_fields import option
+from qlinear.quantize.algorithms._held_out import better, figures_dict
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
 
 __all__ = ["MAX_BATCHES", "Corrected", "correct_biases"]
@@ -51,10 +52,7 @@ class Corrected:
     def to_dict(self) -> dict[str, Any]:
         return {
             "layers": self.layers,
-            "sqnr_db_before": self.figures_before[0],
-            "sqnr_db_after": self.figures_after[0],
-            "agreement_before": self.figures_before[1],
-            "agreement_after": self.figures_after[1],
+            **figures_dict(self.figures_before, self.figures_after),
             "kept": self.kept,
         }
 
@@ -75,13 +73,14 @@ def correct_biases(
         return qmodel, Corrected([], before, before, False)
     batches = [feeds for _, feeds in zip(range(MAX_BATCHES), data.batches(batch_size), strict=False)]
     float_means = _channel_means(fm.model, [f for _, f in layers.values()], batches)
-    corrected = qmodel
+    corrected = onnx.ModelProto()
+    corrected.CopyFrom(qmodel)  # one copy, its biases moved in place layer after layer
     for name, (q_out, f_out) in layers.items():
         (q_mean,) = _channel_means(corrected, [q_out], batches).values()
-        corrected = _shifted(corrected, name, q_mean - float_means[f_out])
+        _shift(corrected, name, q_mean - float_means[f_out])
     after = output_figures(corrected, reference)
-    better = _better(after, before)
-    return (corrected if better else qmodel), Corrected(list(layers), before, after, better)
+    kept = better(after, before)
+    return (corrected if kept else qmodel), Corrected(list(layers), before, after, kept)
 
 
 def _biased_layers(qmodel: onnx.ModelProto, fm: FloatModel) -> dict[str, tuple[str, str]]:
@@ -121,13 +120,19 @@ def _shifted(qmodel: onnx.ModelProto, layer: str, shift: np.ndarray) -> onnx.Mod
     """A copy of ``qmodel`` whose node ``layer`` has its bias lowered by ``shift`` (one value per output channel)."""
     out = onnx.ModelProto()
     out.CopyFrom(qmodel)
-    g = out.graph
+    _shift(out, layer, shift)
+    return out
+
+
+def _shift(model: onnx.ModelProto, layer: str, shift: np.ndarray) -> None:
+    """Lower the bias of node ``layer`` of ``model`` by ``shift``, in place: a float bias, or its int32 codes."""
+    g = model.graph
     values = {t.name: t for t in g.initializer}
     bias = next(n for n in g.node if n.name == layer).input[2]
     if bias in values:  # a float bias
         b = numpy_helper.to_array(values[bias])
         values[bias].CopyFrom(to_tensor_proto((b.astype(np.float64) - shift).astype(b.dtype), bias))
-        return out
+        return
     dq = producers(g)[bias]
     codes = numpy_helper.to_array(values[dq.input[0]])
     scale = numpy_helper.to_array(values[dq.input[1]]).astype(np.float64)
@@ -135,16 +140,6 @@ def _shifted(qmodel: onnx.ModelProto, layer: str, shift: np.ndarray) -> onnx.Mod
         q = np.rint((codes.astype(np.float64) * scale - shift) / scale)
     q = np.clip(np.where(np.isfinite(q), q, codes), _INT32.min, _INT32.max).astype(codes.dtype)
     values[dq.input[0]].CopyFrom(to_tensor_proto(q, dq.input[0]))
-    return out
-
-
-def _better(after: tuple, before: tuple) -> bool:
-    """Higher output SQNR, and no lower agreement where there is one."""
-    if after[0] is None or before[0] is None:
-        return False
-    if after[1] is not None and before[1] is not None and after[1] < before[1]:
-        return False
-    return after[0] > before[0]
 
 
 def _check(options, facts: Facts) -> None:

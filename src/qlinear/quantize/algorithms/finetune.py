@@ -32,6 +32,7 @@ from qlinear.quantize._evaluate import Reference, output_figures
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._option_fields import option
 from qlinear.quantize._session import run_batch, session
+from qlinear.quantize.algorithms._held_out import better, figures_dict
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
 
 __all__ = ["FinetuneResult", "finetune"]
@@ -64,10 +65,7 @@ class FinetuneResult:
             "seconds": self.seconds,
             "loss_before": self.loss_before,
             "loss_after": self.loss_after,
-            "sqnr_db_before": self.figures_before[0],
-            "sqnr_db_after": self.figures_after[0],
-            "agreement_before": self.figures_before[1],
-            "agreement_after": self.figures_after[1],
+            **figures_dict(self.figures_before, self.figures_after),
             "kept": self.kept,
             "note": self.note,
         }
@@ -135,9 +133,9 @@ def finetune(
     tuned = _written_back(qmodel, module)
     after = output_figures(tuned, reference)
     seconds = time.perf_counter() - start
-    better = _better(after, before)
-    result = FinetuneResult(steps, seconds, first, last, before, after, better)
-    if not better:
+    kept = better(after, before)
+    result = FinetuneResult(steps, seconds, first, last, before, after, kept)
+    if not kept:
         result.note = "the fine-tuned model was not better on the held-out data; the post-training model is kept"
         return qmodel, result
     return tuned, result
@@ -158,15 +156,6 @@ def _loss(y: Any, t: Any, *, classifies: bool) -> Any:
 
 def _skipped(steps: int, before: tuple, note: str) -> FinetuneResult:
     return FinetuneResult(steps, 0.0, float("nan"), float("nan"), before, before, False, note)
-
-
-def _better(after: tuple, before: tuple) -> bool:
-    """Higher output SQNR, and no lower agreement where there is one."""
-    if after[0] is None or before[0] is None:
-        return False
-    if after[1] is not None and before[1] is not None and after[1] < before[1]:
-        return False
-    return after[0] > before[0]
 
 
 def _float_weights(fm: FloatModel, qmodel: onnx.ModelProto) -> dict[str, np.ndarray]:
