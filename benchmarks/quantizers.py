@@ -31,8 +31,8 @@ activations, int8 weights; MinMax, Entropy and Percentile),
 ``quantize_dynamic`` (int8 weights) and its 4-bit ``MatMulNBitsQuantizer``
 (round to nearest, symmetric blocks of 32; MatMul only). Each result is then evaluated against the float model on
 the same held-out data: top-1 agreement, accuracy, output SQNR, file size,
-and ONNX Runtime latency against the float model (one batch, alternating
-pairs, medians).
+and ONNX Runtime latency against the float model (batches of 1 and 16,
+alternating pairs, the median of the pairs' ratios).
 
     pip install -e '.[examples]'
     python benchmarks/quantizers.py [--json results.json] [--models speech,text]
@@ -264,7 +264,8 @@ def memory_growth(d: dict, work: Path) -> None:
 
 
 def evaluate(float_path: str, path: str, feeds: dict, labels: np.ndarray) -> dict:
-    from qlinear.quantize._evaluate import Runner, latency_ms
+    from qlinear.quantize._evaluate import Runner
+    from qlinear.quantize._latency import PairTimer
 
     fm, qm = onnx.load(float_path), onnx.load(path)
     ref = Runner(fm, [])(feeds)
@@ -273,8 +274,7 @@ def evaluate(float_path: str, path: str, feeds: dict, labels: np.ndarray) -> dic
     name = fm.graph.output[0].name
     r, g = ref[name].astype(np.float64), got[name].astype(np.float64)
     noise = float(((r - g) ** 2).sum())
-    batch = {k: v[:16] for k, v in feeds.items()}
-    lat = latency_ms(fm, qm, batch, repeats=21)
+    lat = {b: PairTimer(fm, {k: v[:b] for k, v in feeds.items()}).time(qm) for b in (1, 16)}
     size = os.path.getsize(path) + (os.path.getsize(path + ".data") if os.path.exists(path + ".data") else 0)
     return {
         "agreement": float((r.argmax(-1) == g.argmax(-1)).mean()),
@@ -283,7 +283,7 @@ def evaluate(float_path: str, path: str, feeds: dict, labels: np.ndarray) -> dic
         "sqnr_db": 10 * np.log10(float((r**2).sum()) / noise) if noise else None,
         "size_bytes": size,
         "float_size_bytes": os.path.getsize(float_path),
-        "latency_ratio": None if lat is None else lat[1] / lat[0],
+        "latency_ratio": {str(b): None if t is None else t.ratio for b, t in lat.items()},
         "runs_on": runner.backend,
     }
 
@@ -341,7 +341,7 @@ def _print_row(r: dict) -> None:
     print(
         f"| {r['model']} | {r['run']} | {100 * r['agreement']:.2f}% | {100 * r['float_accuracy']:.2f}% -> {100 * r['accuracy']:.2f}% "
         f"| {_fmt(r['sqnr_db'], '.1f')} | {r['size_bytes'] / 1024:.0f} / {r['float_size_bytes'] / 1024:.0f} KiB "
-        f"| {_fmt(r['latency_ratio'], '.2f')} | {r['seconds']:.2f} s | {r['peak_rss_bytes'] / 2**20:.0f} MiB | {r['runs_on']} "
+        f"| {_fmt(r['latency_ratio']['1'], '.2f')} / {_fmt(r['latency_ratio']['16'], '.2f')} | {r['seconds']:.2f} s | {r['peak_rss_bytes'] / 2**20:.0f} MiB | {r['runs_on']} "
         f"| {_fmt(r.get('calibration_seconds'), '.2f')} / {_fmt(r.get('inference_seconds'), '.2f')} s | {_fmt(r.get('promotions'), 'd')} |",
         flush=True,
     )
@@ -349,7 +349,7 @@ def _print_row(r: dict) -> None:
 
 if __name__ == "__main__":
     print(
-        "| model | quantizer | top-1 agreement | accuracy | output SQNR dB | size | ORT latency / float | time | peak RSS | runs on "
+        "| model | quantizer | top-1 agreement | accuracy | output SQNR dB | size | ORT latency / float (batch 1 / 16) | time | peak RSS | runs on "
         "| calibration / plain inference | promotions |"
     )
     print("| --- | --- | --: | --: | --: | --: | --: | --: | --: | --- | --: | --: |")

@@ -181,11 +181,15 @@ def test_sensitivity_is_the_output_sqnr_with_only_that_node_quantized(outliers):
 
 def test_a_missed_target_is_reported_and_the_best_model_kept(outliers):
     model, cal, ev = outliers
-    result = qq.quantize_model(model, None, cal, eval=ev, target_sqnr_db=200.0, max_float=0.0, smoothquant=False)
+    result = qq.quantize_model(model, None, cal, eval=ev, target_sqnr_db=200.0, max_float=0.5, smoothquant=False)
     assert not result.target_met and not result.report["promotions"]["met"]
     assert any(w.startswith("target not met (output SQNR >= 200 dB)") for w in result.report["warnings"])
     assert result.report["output"]["sqnr_db"] > result.report["requested"]["sqnr_db"]
-    assert all(n["activation_type"] == "uint16" for n in result.report["nodes"])  # no node left float
+    # Half the nodes at most went float (ONNX Runtime's ladder has no 16-bit step), the rest kept their types.
+    promoted = [n for n in result.report["left_float"] if n["reason"] == "promoted to float"]
+    assert 0 < len(promoted) <= len(result.report["analysis"]) / 2
+    assert all(n["activation_type"] == "uint8" for n in result.report["nodes"])
+    assert result.report["decision"]["target_met"] is False and "target NOT met" in result.report["decision"]["line"]
 
 
 def test_target_options_are_checked():

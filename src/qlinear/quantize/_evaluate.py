@@ -12,8 +12,6 @@ ONNX Runtime has none for its types (int2, float4).
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +25,7 @@ from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._session import run_batch, session, with_outputs
 from qlinear.quantize._to_qdq import sqnr_db
 
-__all__ = ["Evaluation", "Reference", "Runner", "evaluate", "latency_ms", "output_figures"]
+__all__ = ["Evaluation", "Reference", "Runner", "evaluate", "output_figures"]
 
 
 class Runner:
@@ -181,7 +179,6 @@ class Evaluation:
     node_sqnr_db: dict[str, float | None] = field(default_factory=dict)
     backend: str = "onnxruntime"
     onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the quantized model (backend onnxruntime+qlinear)
-    first_batch: dict[str, np.ndarray] | None = None  # kept for the latency runs: a stream of batches cannot be read twice
 
 
 def evaluate(
@@ -206,15 +203,14 @@ def evaluate(
     judged = known.outputs if known is not None else judged_outputs(float_model)
     out_power: _OutputsPower | None = None
     node_power = {t: _Power() for t in tensors}
-    agree = correct_before = correct_after = rows = samples = 0
+    agree = correct_before = correct_after = rows = samples = batches = 0
     offset = 0
     labels = data.labels
-    first_batch = None
     scores: bool | None = None if known is None else known.classifies
     if known is not None:
         out_power = _OutputsPower(known.parts)
     for feeds in data.batches(batch_size):
-        first_batch = first_batch or feeds
+        batches += 1
         ref, got = reference(feeds), candidate(feeds)
         if out_power is None:
             out_power = _OutputsPower(concat_parts(float_model, judged, feeds))
@@ -247,9 +243,9 @@ def evaluate(
         samples += n
         if progress:
             progress(1)
-    if first_batch is None:
+    if not batches:
         raise QuantizationError("quantize: the eval data holds no batch")
-    result = Evaluation(samples=samples, backend=candidate.backend, first_batch=first_batch)
+    result = Evaluation(samples=samples, backend=candidate.backend)
     result.onnxruntime_error = candidate.onnxruntime_error
     result.output_sqnr_db, result.output_sqnr_db_by_output = out_power.db, out_power.by_output
     result.output_part_sqnr_db = out_power.outputs[first].part_dbs
@@ -353,22 +349,3 @@ def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float 
             agree += int((np.argmax(first, axis=-1) == np.argmax(got_first, axis=-1)).sum())
             rows += first[..., 0].size
     return power.db, (agree / rows if rows else None)
-
-
-def latency_ms(
-    float_model: onnx.ModelProto, quant_model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, repeats: int = 15
-) -> tuple[float, float] | None:
-    """Median ONNX Runtime latency of one batch, float and quantized, timed in alternating pairs; None if ORT cannot run both."""
-    try:
-        sessions = [session(float_model), session(quant_model)]
-    except QuantizationError:  # no ONNX Runtime kernels for the quantized types: no latency to give
-        return None
-    times: list[list[float]] = [[], []]
-    for s in sessions:  # warm-up: first runs allocate and pick kernels
-        s.run(None, feeds)
-    for _ in range(repeats):
-        for k, s in enumerate(sessions):
-            start = time.perf_counter()
-            s.run(None, feeds)
-            times[k].append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times[0]), statistics.median(times[1])

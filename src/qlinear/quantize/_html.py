@@ -31,6 +31,7 @@ th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #ddd; text-align: left;
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.sortable th { cursor: pointer; user-select: none; background: #f4f4f4; }
 table.sortable th:after { content: " \\2195"; color: #aaa; }
+.decision { background: #e8f6ea; border-left: 4px solid #2e8b40; padding: 0.4em 0.8em; margin: 0.4em 0; }
 .warning { background: #fff4e0; border-left: 4px solid #e69500; padding: 0.4em 0.8em; margin: 0.4em 0; }
 .bad { color: #b00020; font-weight: 600; } .good { color: #1b7f3b; font-weight: 600; }
 code { background: #f4f4f4; padding: 0.1em 0.3em; }
@@ -81,6 +82,7 @@ def render_html(report: dict[str, Any]) -> str:
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
+        _decision(report),
         _summary(report),
         *(f'<p class="warning">{_e(w)}</p>' for w in report.get("warnings", [])),
         "<h2>Every node along the graph</h2>",
@@ -88,6 +90,7 @@ def render_html(report: dict[str, Any]) -> str:
         "quantized model against the float model (the error of everything up to it). Promoted nodes are marked; "
         "nodes promoted to float have no output figure.</p>",
         f'<div id="chart">{chart}</div>',
+        _tradeoff(report),
         _promotions(report),
         _left_float(report),
         _fusion(report, nodes),
@@ -179,12 +182,11 @@ def _summary(report: dict[str, Any]) -> str:
         ("model", f"{report['model']['input']} → {report['model']['output'] or '(not written)'}"),
         ("size", f"{_bytes(size['before'])} → {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)"),
     ]
-    lat = report.get("latency_ms")
-    if lat:
+    for lat in report.get("latency_ms") or []:
         rows.append(
             (
                 "latency (ONNX Runtime)",
-                f"{lat['before']:.3f} ms → {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['after'] / lat['before']:.2f}x)",
+                f"{lat['before']:.3f} ms → {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['ratio']:.2f}x, pairs' median)",
             )
         )
     requested = report.get("requested") or {}
@@ -229,6 +231,37 @@ def _command(report: dict[str, Any]) -> str:
     if cal.get("from_stats"):
         parts += ["--stats", cal["from_stats"]]
     return " ".join(parts)
+
+
+def _decision(report: dict[str, Any]) -> str:
+    decision = report.get("decision")
+    if not decision:
+        return ""
+    good = decision["faster"] is not False and decision["target_met"] is not False
+    return f'<p class="{"decision" if good else "warning"}"><strong>{_e(decision["line"])}</strong></p>'
+
+
+def _tradeoff(report: dict[str, Any]) -> str:
+    rows = report.get("tradeoff") or []
+    if not rows:
+        return ""
+    metric = (report.get("promotions") or {}).get("target", {}).get("metric", "sqnr")
+
+    def latency(c: dict[str, Any]) -> str:
+        return "-" if c["latency"] is None else f"{c['latency']['ratio']:.2f}x at {c['latency']['batch']}"
+
+    body = "".join(
+        f"<tr><td>{c['promotions']}{' (written)' if c['chosen'] else ''}</td>"
+        f'<td class="num">{_figure(c["figure"], metric)}</td><td class="num">{latency(c)}</td>'
+        f'<td class="num">{_bytes(c["size_bytes"])}</td><td><code>{_e(c["flags"])}</code></td></tr>'
+        for c in rows
+    )
+    return (
+        "<h2>The trade-off measured</h2><p>Models the search built, timed against the float model in alternating pairs "
+        "at the batch the users run (latency over the float model's, below 1 is faster).</p>"
+        "<table><thead><tr><th>promotions</th><th>accuracy</th><th>latency</th><th>size</th><th>flags</th></tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
 
 
 def _promotions(report: dict[str, Any]) -> str:

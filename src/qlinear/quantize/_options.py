@@ -145,6 +145,18 @@ _CORE_FIELDS = (
         ),
     ),
     (
+        "latency_budget",
+        float | None,
+        option(
+            None,
+            type=float,
+            metavar="RATIO",
+            group=_TARGET,
+            help="the most accurate model whose latency is at most RATIO times the float model's at the batch its users "
+            "run, e.g. 0.8 (a target given beside it must be met too)",
+        ),
+    ),
+    (
         "target",
         str,
         option(
@@ -189,6 +201,17 @@ class _Checked:
             raise QuantizationError(f"quantize: target_agreement must be in (0, 1], got {self.target_agreement!r}")
         if self.target_sqnr_db is not None and not isinstance(self.target_sqnr_db, (int, float)):
             raise QuantizationError(f"quantize: target_sqnr_db must be a number of dB, got {self.target_sqnr_db!r}")
+        if self.latency_budget is not None:
+            if (
+                isinstance(self.latency_budget, bool)
+                or not isinstance(self.latency_budget, (int, float))
+                or not self.latency_budget > 0
+            ):
+                raise QuantizationError(
+                    f"quantize: latency_budget must be a ratio > 0 of the float model's latency, e.g. 0.8, got {self.latency_budget!r}"
+                )
+            if not self.promote:
+                raise QuantizationError("quantize: latency_budget needs promotion (it picks the promotions); drop promote=False")
         if not 0.0 <= float(self.max_float) <= 1.0:
             raise QuantizationError(f"quantize: max_float must be in [0, 1], got {self.max_float!r}")
         if self.symmetric and self.activations in ("uint8", "uint16"):

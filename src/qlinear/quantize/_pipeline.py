@@ -16,8 +16,9 @@ from rich.console import Console
 
 from qlinear.onnx import _large as large
 from qlinear.quantize import _stages as stage
-from qlinear.quantize._evaluate import Reference, evaluate, latency_ms
+from qlinear.quantize._evaluate import Reference, evaluate
 from qlinear.quantize._execution import Bars, Execution, checked_output, write_atomically
+from qlinear.quantize._latency import PairTimer, batch_feeds, latencies, user_batches
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._options import QuantizeOptions, given, resolve
 from qlinear.quantize._report import ReportInputs, build_report
@@ -116,7 +117,9 @@ def quantize_model(
         options = replace(options, batch_size=run.batch_size)
     builder, requested = stage.build(fm, options, run, bars)
     reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
-    met = stage.meet_target(builder, requested, reference, options, runtime.ladder, bars)
+    batches = user_batches(data.fixed_batch, options.batch_size)
+    timer = PairTimer(fm.model, batch_feeds(eval_data, batches[0]))
+    met = stage.meet_target(builder, requested, reference, options, runtime, timer, bars)
     qmodel, refined = stage.refine(fm, met.built.model, data.calibration, reference, options, bars)
     runtime.finalize(qmodel)
     quantized = [p.name for p in met.built.plan.nodes]
@@ -127,7 +130,7 @@ def quantize_model(
             fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, eval_data,
             batch_size=options.batch_size, progress=step, known=reference,
         )  # fmt: skip
-    latency = latency_ms(fm.model, qmodel, evaluation.first_batch)
+    latency = latencies(fm.model, qmodel, eval_data, batches, timer)
     report = build_report(
         ReportInputs.of(
             model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=run, data=data, eval_data=eval_data,

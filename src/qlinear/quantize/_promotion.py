@@ -24,7 +24,7 @@ from qlinear.dtypes import element_type
 from qlinear.quantize._precision import FLOAT, FULL_LADDER, Ladder, NodePrecision, candidate_steps
 from qlinear.quantize._sensitivity import NodeSensitivity
 
-__all__ = ["PRUNE_TRIALS", "Promotion", "Search", "Target", "promotion_steps", "search"]
+__all__ = ["PRUNE_TRIALS", "Promotion", "Search", "Target", "promotion_steps", "search", "search_within"]
 
 # Nodes the search tries to do without once the target holds (one evaluation each), least sensitive first.
 PRUNE_TRIALS = 16
@@ -69,6 +69,8 @@ class Search:
     met: bool
     promotions: list[Promotion] = field(default_factory=list)
     evaluations: int = 0
+    tried: dict[int, float | None] = field(default_factory=dict)  # each prefix length evaluated -> its figure
+    budget: float | None = None  # the latency budget the search kept to (the result's over the float model's)
 
     @property
     def precision(self) -> dict[str, NodePrecision]:
@@ -149,7 +151,58 @@ def search(
     figure, pruned = figures[found], 0
     if met:
         kept, figure, pruned = _prune(kept, figure, target, measure)
-    return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned)
+    return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned, dict(figures))
+
+
+def search_within(
+    steps: list[Promotion],
+    start_figure: float | None,
+    target: Target,
+    budget: float,
+    ratio: Callable[[dict[str, NodePrecision]], float | None],
+    measure: Callable[[dict[str, NodePrecision]], float | None],
+    *,
+    binding: bool,
+) -> Search:
+    """The longest prefix of ``steps`` whose model's latency ``ratio`` (over the float model's) stays within ``budget``.
+
+    Each step keeps or adds accuracy and adds latency, so the longest prefix
+    within the budget is the most accurate model in it: the doubling and
+    halving of :func:`search`, on the timed ratio instead of the figure.
+    ``met``: the result is within the budget and, where the target is
+    ``binding`` (the user asked for one), meets it. Where even the types
+    asked for run over the budget, they are the result.
+    """
+    ratios: dict[int, float | None] = {}
+
+    def within(k: int) -> bool:
+        if k not in ratios:
+            ratios[k] = ratio({s.node: s.after for s in steps[:k]})
+        got = ratios[k]
+        return got is not None and got <= budget
+
+    found = 0
+    if within(0) and steps:
+        low, k = 0, 1
+        while True:
+            k = min(k, len(steps))
+            if not within(k):
+                break
+            low = k
+            if k == len(steps):
+                break
+            k *= 2
+        high = k if low < k else low
+        while high - low > 1:  # within at ``low``, over at ``high``
+            mid = (low + high) // 2
+            low, high = (mid, high) if within(mid) else (low, mid)
+        found = low
+    figure = start_figure if found == 0 else measure({s.node: s.after for s in steps[:found]})
+    met = within(0) and (not binding or target.met(figure))
+    kept = [Promotion(s.node, s.before, s.after) for s in steps[:found]]
+    if kept:
+        kept[-1] = Promotion(kept[-1].node, kept[-1].before, kept[-1].after, figure, True)
+    return Search(target, start_figure, figure, met, kept, len(ratios) + (found > 0), {0: start_figure, found: figure}, budget)
 
 
 def _prune(

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from qlinear.onnx import _large as large
 from qlinear.quantize._calibrate import CalibrationRun
-from qlinear.quantize._data import Dataset, samples_in
+from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import MODEL_OUTPUT_CONV, FusionCheck, float_by_design
+from qlinear.quantize._latency import Latency
 from qlinear.quantize._placement import Plan, listed
 from qlinear.quantize._promotion import Search
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL
 from qlinear.quantize._to_qdq import ConvertedNode
+from qlinear.quantize._tradeoff import Candidate
 from qlinear.quantize.algorithms._channel_scaling import ScaledActivation
 from qlinear.quantize.algorithms.equalize import Equalized
 from qlinear.quantize.targets import target
@@ -51,8 +53,7 @@ class ReportInputs:
     eval_data: Dataset
     evaluation: Evaluation
     fusion: FusionCheck | None  # None: ONNX Runtime cannot load the model
-    latency: tuple[float, float] | None
-    latency_batch: int
+    latency: list[Latency]  # at each batch the users run (none where the runtime cannot load the model)
     sensitivity: dict[str, NodeSensitivity] = field(default_factory=dict)  # every node the requested types quantize
     requested_figures: tuple[float | None, float | None] = (None, None)  # output SQNR, agreement at the requested types
     search: Search | None = None  # None: no target
@@ -64,11 +65,12 @@ class ReportInputs:
     algorithms: dict[str, Any] = field(default_factory=dict)  # what each algorithm that ran gave, by name
     batch_fixed_by: str | None = None  # the input whose fixed batch dimension set the batch
     onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the model as written, where it cannot
+    tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
            data: Any, eval_data: Dataset, stats: Any, evaluation: Evaluation, fusion: FusionCheck | None,
-           latency: tuple[float, float] | None, algorithms: dict[str, Any],
+           latency: list[Latency], algorithms: dict[str, Any],
            onnxruntime_error: str | None = None) -> ReportInputs:  # fmt: skip
         """The inputs of one run's report: ``met`` is the run's TargetResult, ``algorithms`` what each algorithm did."""
         built = met.built
@@ -77,7 +79,7 @@ class ReportInputs:
             output=output, options=options, opset=built.opset, size_before=fm_size, size_after=large.byte_size(qmodel),
             plan=built.plan, converted=built.converted, calibration=run, calibration_data=data.calibration,
             stats_path=str(stats) if stats is not None else None, eval_data=eval_data, evaluation=evaluation,
-            fusion=fusion, latency=latency, latency_batch=samples_in(evaluation.first_batch), sensitivity=met.sensitivity,
+            fusion=fusion, latency=latency, sensitivity=met.sensitivity, tradeoff=met.tradeoff,
             requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
@@ -97,9 +99,9 @@ _REPORTED_APART = frozenset({"smoothquant", "awq", "equalize", "finetune"})
 SLOWER = 1.15
 
 
-def _slower_text(latency: tuple[float, float], batch: int, by_design: dict[str, str], fusion: FusionCheck | None) -> str:
+def _slower_text(latency: Latency, by_design: dict[str, str], fusion: FusionCheck | None) -> str:
     """Why the quantized model may be slower than the float one, as far as the run knows."""
-    before, after = latency
+    before, after, batch = latency.float_ms, latency.quantized_ms, latency.batch
     causes = []
     reasons = Counter(why.split(":")[0] for why in by_design.values())
     for what, n in reasons.most_common():
@@ -109,8 +111,37 @@ def _slower_text(latency: tuple[float, float], batch: int, by_design: dict[str, 
         causes.append(f"{fusion.qdq_nodes_left} Q/DQ nodes left around float operators, each a pass over its tensor")
     return (
         f"the quantized model is slower than the float one on ONNX Runtime: {after:.3f} ms against {before:.3f} ms a "
-        f"batch of {batch} ({after / before:.2f}x)" + "".join(f"; {c}" for c in causes)
+        f"batch of {batch} ({latency.ratio:.2f}x)" + "".join(f"; {c}" for c in causes)
     )
+
+
+def _decision(r: ReportInputs) -> dict[str, Any]:
+    """What a user decides on, in one line: faster or slower than float at the batches they run, the target met or not."""
+    faster = None if not r.latency else all(t.ratio <= 1.0 for t in r.latency)
+    speed = ", ".join(f"{t.ratio:.2f}x at a batch of {t.batch}" for t in r.latency) or "not timed (ONNX Runtime cannot run it)"
+    if faster is None:
+        head = f"latency {speed}"
+    else:
+        head = f"{'faster' if faster else 'SLOWER'} than the float model: {speed}"
+    search = r.search
+    if search is None:
+        goal = "the types asked for everywhere (no promotion)"
+    elif search.budget is not None:
+        goal = (
+            f"the most accurate model within {search.budget:g}x the float model's latency: "
+            f"{figure_text(search.figure, search.target.metric)}"
+            + ("" if search.met else f" (not met: {search.target.describe()})")
+        )
+    else:
+        goal = f"target {'met' if search.met else 'NOT met'} ({search.target.describe()}: {figure_text(search.figure, search.target.metric)})"
+    advice = ""
+    if faster is False or (search is not None and not search.met):
+        advice = (
+            "; the trade-off table gives the faster models measured and the flags that write them"
+            if r.tradeoff
+            else ("; --no-promote keeps the types asked for (the fastest), at their accuracy")
+        )
+    return {"faster": faster, "target_met": None if search is None else search.met, "line": f"{head}; {goal}{advice}"}
 
 
 def build_report(r: ReportInputs) -> dict[str, Any]:
@@ -173,8 +204,9 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             f"stays float, as the model says); its default, 4, quantizes their inputs to int8: set the session entry "
             f'"{MATMUL_NBITS_ACCURACY_LEVEL}" to "0" where you run the model'
         )
-    if r.latency is not None and r.latency[1] > SLOWER * r.latency[0]:
-        warnings.append(_slower_text(r.latency, r.latency_batch, by_design, fusion))
+    slowest = max(r.latency, key=lambda t: t.ratio, default=None)
+    if slowest is not None and slowest.ratio > SLOWER:
+        warnings.append(_slower_text(slowest, by_design, fusion))
     if r.search is not None and not r.search.met:
         warnings.append(
             f"target not met ({r.search.target.describe()}): the best model found has {figure_text(r.search.figure, r.search.target.metric)} "
@@ -187,7 +219,9 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
         "model": {"input": r.model_name, "output": str(r.output) if r.output else None},
         "settings": {**options.to_dict(), "opset": r.opset},
         "size_bytes": {"before": r.size_before, "after": r.size_after},
-        "latency_ms": None if r.latency is None else {"before": r.latency[0], "after": r.latency[1], "batch": r.latency_batch},
+        "decision": _decision(r),
+        "latency_ms": [t.to_dict() for t in r.latency],
+        "tradeoff": [c.to_dict() for c in r.tradeoff],
         "calibration": {
             "method": options.method if options.activations else None,
             "source": None if options.activations is None or r.stats_path else r.calibration_data.source,

@@ -43,11 +43,35 @@ def _types_text(report: dict[str, Any]) -> str:
     return f"{weights}, {activations}, opset {settings['opset']}"
 
 
+def _print_tradeoff(report: dict[str, Any], console: Console) -> None:
+    """The models the search built, timed, where the result is slower than float or misses its target."""
+    decision, rows = report.get("decision") or {}, report.get("tradeoff") or []
+    if not rows or (decision.get("faster") is not False and decision.get("target_met") is not False):
+        return
+    metric = (report.get("promotions") or {}).get("target", {}).get("metric", "sqnr")
+    table = Table(title="the trade-off measured (latency over the float model's, in pairs)")
+    for col in ("promotions", "accuracy", "latency", "size", "flags"):
+        table.add_column(col, no_wrap=col != "flags")
+    for row in rows:
+        lat = row["latency"]
+        latency = "-" if lat is None else f"{lat['ratio']:.2f}x at {lat['batch']}"
+        figure = figure_text(row["figure"], metric)
+        mark = " (written)" if row["chosen"] else ""
+        table.add_row(f"{row['promotions']}{mark}", figure, latency, _bytes(row["size_bytes"]), row["flags"])
+    console.print(table)
+
+
 def print_report(report: dict[str, Any], console: Console, *, analysis: bool = False) -> None:
     """A summary table, the promotions, and the most degraded nodes (at most :data:`MOST_DEGRADED`).
 
     ``analysis``: also every node's sensitivity, weight and activation SQNR.
     """
+    decision = report.get("decision")
+    if decision:  # the first line: what a user decides on
+        slower_or_missed = decision["faster"] is False or decision["target_met"] is False
+        console.print(
+            f"[{'bold yellow' if slower_or_missed else 'bold green'}]{decision['line']}[/]", highlight=False, soft_wrap=True
+        )
     summary = Table(title="qlinear quantize", show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
@@ -55,11 +79,10 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     summary.add_row("model", f"{report['model']['input']} -> {report['model']['output']}")
     summary.add_row("types", _types_text(report))
     summary.add_row("size", f"{_bytes(size['before'])} -> {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)")
-    lat = report.get("latency_ms")
-    if lat:
+    for lat in report.get("latency_ms") or []:
         summary.add_row(
             "latency (ORT)",
-            f"{lat['before']:.3f} ms -> {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['after'] / lat['before']:.2f}x)",
+            f"{lat['before']:.3f} ms -> {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['ratio']:.2f}x, pairs' median)",
         )
     out = report["output"]
     parts, outputs = out.get("sqnr_db_parts"), out.get("sqnr_db_outputs")
@@ -148,6 +171,7 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
             after = "-" if step["figure_after"] is None else figure_text(step["figure_after"], promotions["target"]["metric"])
             steps.add_row(step["node"], step["from"], step["to"], after)
         console.print(steps)
+    _print_tradeoff(report, console)
     if analysis and report.get("analysis"):
         rows = sorted(report["analysis"], key=lambda n: math.inf if n["sensitivity_db"] is None else n["sensitivity_db"])
         table = Table(title="sensitivity: output SQNR with only this node quantized (dB), lowest first")

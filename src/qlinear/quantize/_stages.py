@@ -10,27 +10,31 @@ that the target and the algorithms own; the stages here produce data.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import onnx
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx import _large as large
 from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._evaluate import Reference, output_figures
 from qlinear.quantize._execution import Bars, Execution
+from qlinear.quantize._latency import Latency, PairTimer
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._placement import left_float_text, plan
-from qlinear.quantize._precision import Ladder
-from qlinear.quantize._promotion import Search, Target, promotion_steps, search
+from qlinear.quantize._precision import NodePrecision
+from qlinear.quantize._promotion import Search, Target, promotion_steps, search, search_within
 from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first
 from qlinear.quantize._stats import load_calibration, save_stats
+from qlinear.quantize._tradeoff import Candidate, tradeoff
 from qlinear.quantize.algorithms import Facts, at_stage
+from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
     "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_plannable", "datasets",
@@ -60,6 +64,7 @@ class TargetResult:
     requested_figures: tuple[float | None, float | None]  # output SQNR, agreement at the requested types
     sensitivity: dict[str, NodeSensitivity]
     search: Search | None  # None: no target
+    tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
 
 
 def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
@@ -156,9 +161,15 @@ def build(fm: FloatModel, options: QuantizeOptions, run: CalibrationRun | None, 
     return builder, requested
 
 
-def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, options: QuantizeOptions, ladder: Ladder,
-                bars: Bars) -> TargetResult:  # fmt: skip
-    """Each node's sensitivity, then the most sensitive nodes promoted up ``ladder`` until the accuracy target holds."""
+def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, options: QuantizeOptions, runtime: Runtime,
+                timer: PairTimer, bars: Bars) -> TargetResult:  # fmt: skip
+    """Each node's sensitivity, then the most sensitive nodes promoted up the ``runtime``'s ladder until the target holds.
+
+    With a latency budget, the most accurate model within it instead
+    (``timer`` times each candidate against the float model at the batch
+    the users run). The models built on the way are the trade-off the
+    report shows.
+    """
     goal = _goal(options, reference)  # a target the outputs cannot meet is refused before any work
     with bars.task("analysing nodes", len(requested.plan.nodes)) as step:
         figures = analyze(builder, requested, reference.head(ANALYSIS_SAMPLES), progress=step)
@@ -169,21 +180,38 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     precisions = {p.name: p.precision for p in requested.plan.nodes}
     steps = promotion_steps(
         most_sensitive_first(figures), precisions, figures, max_float=math.ceil(options.max_float * len(precisions)),
-        allows=builder.allows, ladder=ladder,
+        allows=builder.allows, ladder=runtime.ladder,
     )  # fmt: skip
     pick = 0 if goal.metric == "sqnr" else 1
+
+    def timed(precision: dict[str, NodePrecision]) -> tuple[Latency | None, int]:
+        model = onnx.ModelProto()
+        model.CopyFrom(builder.build(precision).model)
+        runtime.finalize(model)  # timed as it will be written
+        return timer.time(model), large.byte_size(model)
+
     with bars.task("promoting to the target", None) as step:
 
         def measure(precision):
             step(1)
             return output_figures(builder.build(precision).model, reference)[pick]
 
-        found = search(steps, start[pick], goal, measure)
+        def ratio(precision):
+            step(1)
+            latency = timed(precision)[0]
+            return None if latency is None else latency.ratio
+
+        if options.latency_budget is None:
+            found = search(steps, start[pick], goal, measure)
+        else:
+            binding = options.target_agreement is not None or options.target_sqnr_db is not None
+            found = search_within(steps, start[pick], goal, float(options.latency_budget), ratio, measure, binding=binding)
+        candidates = tradeoff(found, steps, timed)
     built = requested
     if found.promotions:
         built = builder.build(found.precision)
         check_quantized(built.model)
-    return TargetResult(built, start, figures, found)
+    return TargetResult(built, start, figures, found, candidates)
 
 
 def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Reference, options: QuantizeOptions,

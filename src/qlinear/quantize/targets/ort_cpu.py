@@ -15,7 +15,7 @@ from qlinear.quantize import _prepare as rewrites
 from qlinear.quantize._fusion import check_fusion, float_by_design
 from qlinear.quantize._gathered_table import gather_tables
 from qlinear.quantize._model import FloatModel, index
-from qlinear.quantize._precision import FULL_LADDER
+from qlinear.quantize._precision import FULL_LADDER, Ladder
 from qlinear.quantize._session import PROVIDERS
 from qlinear.quantize._signed_layout import lay_out_signed
 from qlinear.quantize.targets._target import Placement, Target
@@ -56,8 +56,10 @@ ORT_CPU = Target(
     ),
     check_fusion=check_fusion,
     float_by_design=float_by_design,
-    # Every step the types allow, 16-bit activations included (which its CPU provider runs in float plus Q/DQ).
-    ladder=FULL_LADDER,
+    # Wider weights only: its CPU provider has no 16-bit integer kernels, so a 16-bit activation runs in float
+    # plus its Q/DQ (and spreads to its neighbours' outputs), slower than float and never more accurate; an
+    # activation that must widen goes float.
+    ladder=Ladder(FULL_LADDER.weights, {}),
     placement=Placement(
         integer_weight_types=frozenset({"int8", "uint8", "int4", "uint4"}),
         # Its Gather takes no 4- or 2-bit tensors, and a table dequantized whole on every run costs far more time

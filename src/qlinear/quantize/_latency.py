@@ -1,0 +1,101 @@
+"""The quantized model's speed against the float model's, at the batches its users run.
+
+People quantize to make a model faster, at the batch they run it at: the
+one the model's inputs fix; otherwise one sample (a stream, a request)
+and the calibration batch (a batch job), which can differ by 1.5x in the
+ratio (a small CNN's Q/DQ boundaries cost little beside a batch of 16's
+convolutions, much beside one sample's). Times are taken on the target's
+runtime in alternating pairs with the float model on the same cores, and
+the ratio is the median of the pairs' ratios, so a burst of other work
+slows both sides of the pairs it falls in.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize._data import Dataset, _take, samples_in
+from qlinear.quantize._session import session
+
+__all__ = ["Latency", "PairTimer", "batch_feeds", "latencies", "user_batches"]
+
+# Each side's runs a timing takes at most, and about how long it may take (seconds, both sides together).
+_MOST_PAIRS = 25
+_FEWEST_PAIRS = 5
+_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One batch's median times (ms) on the runtime, float and quantized, and the median of the pairs' ratios."""
+
+    batch: int
+    float_ms: float
+    quantized_ms: float
+    ratio: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"batch": self.batch, "before": self.float_ms, "after": self.quantized_ms, "ratio": self.ratio}
+
+
+def user_batches(fixed_batch: int | None, batch_size: int) -> tuple[int, ...]:
+    """The batches the model's users run: the one its inputs fix, else 1 and the calibration batch."""
+    if fixed_batch:
+        return (fixed_batch,)
+    return tuple(dict.fromkeys((1, batch_size)))
+
+
+def batch_feeds(data: Dataset, batch: int) -> dict[str, np.ndarray]:
+    """The first ``batch`` samples of ``data`` as feeds (fewer where it holds fewer; a stream's first batch cut down)."""
+    first = next(iter(data.batches(batch)), None)
+    if first is None:
+        raise QuantizationError("quantize: the eval data holds no batch to time the models on")
+    if samples_in(first) <= batch:
+        return dict(first)
+    return {name: _take(np.asarray(a), data.axes.get(name, 0), slice(0, batch)) for name, a in first.items()}
+
+
+class PairTimer:
+    """Times models against one float model at one batch, in alternating pairs; the float session is made once."""
+
+    def __init__(self, float_model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:
+        self.feeds = dict(feeds)
+        self.batch = samples_in(feeds)
+        self._float = session(float_model)
+        start = time.perf_counter()
+        self._float.run(None, self.feeds)  # warm-up: the first run allocates and picks kernels
+        self._float.run(None, self.feeds)
+        once = (time.perf_counter() - start) / 2
+        self.pairs = int(min(_MOST_PAIRS, max(_FEWEST_PAIRS, _SECONDS / max(2 * once, 1e-6))))
+
+    def time(self, model: onnx.ModelProto) -> Latency | None:
+        """``model``'s latency beside the float model's; None where the runtime cannot load it."""
+        try:
+            candidate = session(model)
+        except QuantizationError:  # no kernels for its types on this runtime: no latency to give
+            return None
+        candidate.run(None, self.feeds)
+        before, after = [], []
+        for _ in range(self.pairs):
+            for times, s in ((before, self._float), (after, candidate)):
+                start = time.perf_counter()
+                s.run(None, self.feeds)
+                times.append(time.perf_counter() - start)
+        ratio = statistics.median(a / b for a, b in zip(after, before, strict=True))
+        return Latency(self.batch, 1e3 * statistics.median(before), 1e3 * statistics.median(after), ratio)
+
+
+def latencies(
+    float_model: onnx.ModelProto, model: onnx.ModelProto, data: Dataset, batches: tuple[int, ...], first: PairTimer
+) -> list[Latency]:
+    """``model``'s latency at each of ``batches`` (``first`` times the first); none where the runtime cannot load it."""
+    timers = [first, *(PairTimer(float_model, batch_feeds(data, b)) for b in batches[1:])]
+    found = [t.time(model) for t in timers]
+    return [f for f in found if f is not None]

@@ -1,0 +1,87 @@
+"""The trade-off a run measured: each model the search built, its accuracy figure, latency and size, and the flags that give it.
+
+The search evaluates a few prefixes of its promotion list on the way to
+the target. Where the result runs slower than the float model, or misses
+the target, a user needs to see what else was on offer: the types asked
+for (the fastest), the result, and the prefixes between, each timed
+against the float model in pairs at the batch the users run, with the
+command-line flags that write it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from qlinear.quantize._latency import Latency
+from qlinear.quantize._precision import NodePrecision
+from qlinear.quantize._promotion import Search
+
+__all__ = ["Candidate", "tradeoff"]
+
+# Rows between the types asked for and the result, at most (each costs a build and a timing).
+_BETWEEN = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One model the search built: ``promotions`` steps of its list, and what it measured."""
+
+    promotions: int
+    figure: float | None
+    latency: Latency | None
+    size_bytes: int
+    flags: str
+    chosen: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "promotions": self.promotions,
+            "figure": self.figure,
+            "latency": None if self.latency is None else self.latency.to_dict(),
+            "size_bytes": self.size_bytes,
+            "flags": self.flags,
+            "chosen": self.chosen,
+        }
+
+
+def tradeoff(
+    search: Search,
+    steps: list[Any],
+    time: Callable[[dict[str, NodePrecision]], tuple[Latency | None, int]],
+) -> list[Candidate]:
+    """The types asked for, the evaluated prefixes between (at most a few) and the result, fastest first.
+
+    ``steps``: the search's promotion list; ``time``: a precision
+    assignment's latency and size, as the target runtime runs it.
+    """
+    chosen = {p.node: p.after for p in search.promotions}
+    result_is_a_prefix = _same_prefix(search, steps)
+    between = sorted(k for k in search.tried if k > 0 and not (result_is_a_prefix and k == len(search.promotions)))
+    if len(between) > _BETWEEN:
+        between = [between[round(i * (len(between) - 1) / (_BETWEEN - 1))] for i in range(_BETWEEN)]
+    rows = []
+    for k in [0, *between] if search.promotions else []:
+        precision = {s.node: s.after for s in steps[:k]}
+        latency, size = time(precision)
+        rows.append(Candidate(k, search.tried.get(k), latency, size, _flags(k, search, latency)))
+    latency, size = time(chosen)
+    rows.append(Candidate(len(search.promotions), search.figure, latency, size, "(this run's)", chosen=True))
+    return rows
+
+
+def _same_prefix(search: Search, steps: list[Any]) -> bool:
+    """Whether the result is the plain prefix of its length (no promotion pruned from it)."""
+    n = len(search.promotions)
+    return [(p.node, p.after) for p in search.promotions] == [(s.node, s.after) for s in steps[:n]]
+
+
+def _flags(k: int, search: Search, latency: Latency | None) -> str:
+    """The flags that write a model like the ``k``-step one: no promotion, or its latency as the budget."""
+    if k == 0:
+        return "--no-promote"
+    if latency is None:
+        return "-"
+    return f"--latency-budget {math.ceil(100 * latency.ratio - 1e-9) / 100:.2f}"  # up to the next hundredth

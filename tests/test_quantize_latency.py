@@ -1,0 +1,199 @@
+"""Latency as the quantizer measures and optimises it: the batches timed, the budget search, the decision and the trade-off.
+
+Timings on this machine are noise, so the tests that follow the search
+replace the runtime's timer with a deterministic one (a model's latency
+grows with the compute nodes it runs in float); the timer itself is
+checked for what it returns, not for how fast anything is.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from importlib import resources
+
+import numpy as np
+import pytest
+
+import qlinear.quantize as qq
+import qlinear.quantize._latency as latency_module
+from qlinear._errors import QuantizationError
+from qlinear.cli import main
+from qlinear.quantize._data import Dataset
+from qlinear.quantize._latency import Latency, PairTimer, batch_feeds, user_batches
+from qlinear.quantize._precision import FULL_LADDER, NodePrecision
+from qlinear.quantize._promotion import Promotion, Target, search_within
+from qlinear.quantize.targets import target
+from quantize_models import conv_batchnorm
+
+DEMO = resources.files("qlinear.quantize") / "_demo"
+MODEL, CALIBRATION = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz")
+COMPUTE = ("Conv", "Gemm", "MatMul")
+
+
+def _float_compute_nodes(model) -> int:
+    """Compute nodes whose weight is a float initializer (not read through a DequantizeLinear)."""
+    weights = {t.name for t in model.graph.initializer if t.data_type == 1}
+    return sum(n.op_type in COMPUTE and len(n.input) > 1 and n.input[1] in weights for n in model.graph.node)
+
+
+def _costs(monkeypatch, base: float, per_float_node: float) -> None:
+    """A timer whose ratio is ``base`` plus ``per_float_node`` for each compute node left float, as on the runtime."""
+
+    def fake_time(self, model):
+        ratio = base + per_float_node * _float_compute_nodes(model)
+        return Latency(self.batch, 1.0, ratio, ratio)
+
+    monkeypatch.setattr(latency_module.PairTimer, "time", fake_time)
+
+
+@pytest.fixture
+def float_costs(monkeypatch):
+    _costs(monkeypatch, 0.5, 0.1)
+
+
+def test_the_batches_timed_are_the_models_fixed_one_else_one_sample_and_the_batch_size():
+    assert user_batches(None, 16) == (1, 16)
+    assert user_batches(None, 1) == (1,)
+    assert user_batches(4, 16) == (4,)
+    data = Dataset({"x": np.arange(40.0).reshape(10, 4), "state": np.zeros((2, 10, 3))}, None, "d", {"x": 0, "state": 1})
+    feeds = batch_feeds(data, 3)
+    assert feeds["x"].shape == (3, 4) and feeds["state"].shape == (2, 3, 3)  # each input along its own batch axis
+    assert batch_feeds(data, 64)["x"].shape == (10, 4)  # fewer samples than the batch: what there is
+    stream = Dataset(None, [{"x": np.ones((5, 4))}], "stream")
+    assert batch_feeds(stream, 2)["x"].shape == (2, 4)  # a stream's first batch, cut down
+
+
+def test_the_timer_gives_both_medians_and_the_median_ratio():
+    model, data = conv_batchnorm()
+    timer = PairTimer(model, {"x": data["x"][:2]})
+    got = timer.time(model)
+    assert got.batch == 2 and got.float_ms > 0 and got.quantized_ms > 0 and 0.2 < got.ratio < 5
+    assert 5 <= timer.pairs <= 25
+
+
+def test_onnx_runtimes_ladder_offers_no_dominated_step():
+    # Its CPU provider runs a 16-bit activation in float plus its Q/DQ: slower than float and no more accurate.
+    ladder = target("ort-cpu").ladder
+    assert ladder.activations == {} and ladder.weights == FULL_LADDER.weights
+    r = qq.quantize_model(MODEL, None, CALIBRATION, target_sqnr_db=200, max_float=0.5).report
+    held = {n["activation_type"] for n in r["nodes"]}
+    assert held == {"uint8"} and r["promotions"]["steps"]
+    assert all(s["to"] == "float" for s in r["promotions"]["steps"])
+
+
+def _steps(n: int) -> list[Promotion]:
+    return [Promotion(f"n{k}", NodePrecision("int8", "uint8"), NodePrecision(None, None, quantized=False)) for k in range(n)]
+
+
+def test_the_budget_search_takes_the_longest_prefix_within_the_budget():
+    steps, asked = _steps(20), []
+
+    def ratio(precision):
+        asked.append(len(precision))
+        return 0.5 + 0.05 * len(precision)
+
+    def measure(precision):
+        return 10.0 + len(precision)  # each step adds accuracy
+
+    found = search_within(steps, 10.0, Target("sqnr", 30.0), 0.71, ratio, measure, binding=False)
+    assert len(found.promotions) == 4 and found.figure == 14.0 and found.met and found.budget == 0.71
+    assert len(asked) <= 2 * 5 + 1  # doubling then halving: about 2 log2(20) timings
+    # A target given beside the budget must hold too.
+    missed = search_within(steps, 10.0, Target("sqnr", 30.0), 0.71, ratio, measure, binding=True)
+    assert not missed.met and len(missed.promotions) == 4
+    # Even the types asked for run over the budget: they are the result, and it is not met.
+    over = search_within(steps, 10.0, Target("sqnr", 30.0), 0.4, ratio, measure, binding=False)
+    assert over.promotions == [] and not over.met and over.figure == 10.0
+    # Every step within the budget: all of them.
+    assert len(search_within(steps, 10.0, Target("sqnr", 30.0), 9.0, ratio, measure, binding=False).promotions) == 20
+
+
+def test_latency_budget_gives_the_most_accurate_model_within_it(float_costs):
+    r = qq.quantize_model(MODEL, None, CALIBRATION, target_sqnr_db=200, max_float=1.0, latency_budget=0.75)
+    report = r.report
+    # 0.5 + 0.1 a float compute node: two of them fit in 0.75, three do not.
+    assert len(report["promotions"]["steps"]) == 2 and _float_compute_nodes(r.model) == 2
+    assert [t["ratio"] for t in report["latency_ms"]] == pytest.approx([0.7, 0.7])
+    assert not r.target_met and report["decision"]["target_met"] is False  # 200 dB was asked for beside the budget
+    assert "the most accurate model within 0.75x" in report["decision"]["line"]
+    written = [c for c in report["tradeoff"] if c["chosen"]]
+    assert len(written) == 1 and written[0]["latency"]["ratio"] == pytest.approx(0.7)
+    # Without a target beside it, the budget alone decides, and the run succeeds.
+    alone = qq.quantize_model(MODEL, None, CALIBRATION, max_float=1.0, latency_budget=0.75)
+    assert alone.target_met and len(alone.report["promotions"]["steps"]) <= 2
+
+
+def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monkeypatch, tmp_path, capsys):
+    # Each compute node float costs 0.15 over 0.8: a target that needs several gives a model slower than float.
+    _costs(monkeypatch, 0.8, 0.15)
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--target-sqnr", "200",
+            "--max-float", "1.0", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    floats = len(report["promotions"]["steps"])
+    assert floats >= 2 and report["decision"]["faster"] is False
+    ratio = 0.8 + 0.15 * floats
+    assert report["decision"]["line"].startswith(f"SLOWER than the float model: {ratio:.2f}x at a batch of 1")
+    rows = report["tradeoff"]
+    assert rows[0]["promotions"] == 0 and rows[0]["flags"] == "--no-promote" and rows[0]["latency"]["ratio"] == pytest.approx(0.8)
+    assert rows[-1]["chosen"] and rows[-1]["latency"]["ratio"] == pytest.approx(ratio)
+    # Each row between: a prefix the search evaluated, its figure, and the budget that writes it.
+    for row in rows[1:-1]:
+        assert row["figure"] is not None and row["flags"] == f"--latency-budget {0.8 + 0.15 * row['promotions']:.2f}"
+    # Printed: the decision first, then the table.
+    assert main(argv[:-1]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[0].startswith("SLOWER than the float model")
+    assert "the trade-off measured" in out and "--no-promote" in out
+
+
+def test_the_decision_line_leads_the_printed_report_when_the_model_is_slower(monkeypatch, tmp_path, capsys):
+    def slower(self, model):
+        return Latency(self.batch, 1.0, 1.3, 1.3)
+
+    monkeypatch.setattr(latency_module.PairTimer, "time", slower)
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--target-sqnr", "45"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    first = out.strip().splitlines()[0]
+    assert first.startswith("SLOWER than the float model: 1.30x at a batch of 1, 1.30x at a batch of 16; target met")
+    assert "the trade-off measured" in out
+
+
+def test_latency_budget_is_checked():
+    for bad in (0, -0.5, True, "fast"):
+        with pytest.raises(QuantizationError, match=r"latency_budget must be a ratio > 0 of the float model's latency"):
+            qq.QuantizeOptions(latency_budget=bad)
+    with pytest.raises(QuantizationError, match="latency_budget needs promotion"):
+        qq.QuantizeOptions(latency_budget=0.8, promote=False)
+
+
+def test_latency_budget_flag_rejects_a_non_positive_ratio(tmp_path, capsys):
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--latency-budget", "0"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--latency-budget must be a ratio > 0" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_the_html_page_leads_with_the_decision_and_shows_the_tradeoff(float_costs):
+    pytest.importorskip("plotly")
+    from qlinear.quantize._html import render_html
+
+    r = qq.quantize_model(MODEL, None, CALIBRATION, target_sqnr_db=200, max_float=1.0, latency_budget=0.75).report
+    page = render_html(r)
+    assert page.index(r["decision"]["line"][:40]) < page.index("<table")
+    assert "The trade-off measured" in page and "--latency-budget" in page
+
+
+def test_printing_is_robust_to_a_report_without_timings():
+    from rich.console import Console
+
+    from qlinear.quantize._report_print import print_report
+
+    r = qq.quantize_model(MODEL, None, CALIBRATION, promote=False).report
+    r["latency_ms"], r["decision"]["faster"] = [], None
+    buf = io.StringIO()
+    print_report(r, Console(file=buf, width=120))
+    assert "latency (ORT)" not in buf.getvalue()
