@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 import qlinear.onnx as qo
+import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
 from qlinear.quantize import QuantizeOptions
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._placement import plan
@@ -416,3 +418,32 @@ def test_a_bias_add_after_a_conv_with_an_omitted_bias_fills_input_2():
     np.testing.assert_allclose(
         qo.run(fm.model, x, backend="onnxruntime")["y"], qo.run(model, x, backend="onnxruntime")["y"], rtol=1e-5, atol=1e-5
     )
+
+
+def test_exclude_patterns_name_nodes_by_glob_expression_op_type_and_region():
+    from qlinear.quantize._exclusion import excluded_nodes
+
+    model, _ = layernorm_attention()
+    fm = load_float_model(model)
+    assert excluded_nodes(fm, ["*_proj"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert excluded_nodes(fm, [r"re:^[qk]_p"]) == {"q_proj", "k_proj"}
+    assert excluded_nodes(fm, ["Gemm", "embed"]) == {"head", "embed"}
+    # A region: every node on a path from the tensor to the node, both ends included; the side branch to v is not.
+    assert excluded_nodes(fm, ["ln_div_output..scores"]) == {"q_proj", "k_proj", "k_t", "scores"}
+    assert excluded_nodes(fm, ["ids..ln_div"]) == {"embed", "ln_mean", "ln_sub", "ln_sq", "ln_var", "ln_eps", "ln_sqrt", "ln_div"}
+    _, p = _plan(model, exclude=("ln_div_output..scores",))
+    assert {n.name for n in p.nodes} == {"embed", "v_proj", "context", "o_proj", "head"}
+
+
+def test_an_exclude_pattern_that_names_no_node_is_refused_naming_it():
+    model, data = layernorm_attention()
+    with pytest.raises(QuantizationError, match=r"exclude pattern\(s\) 'q_prj', '/enc/\*' name no node of the model"):
+        qq.quantize_model(model, None, data, exclude=["q_proj", "q_prj", "/enc/*"])
+    with pytest.raises(QuantizationError, match=r"exclude pattern 're:\(' is not a regular expression"):
+        qq.quantize_model(model, None, data, exclude=["re:("])
+    with pytest.raises(QuantizationError, match=r"exclude region 'ids\.\.nowhere': no node is named 'nowhere'"):
+        qq.quantize_model(model, None, data, exclude=["ids..nowhere"])
+    with pytest.raises(QuantizationError, match=r"exclude region 'nothing\.\.head': no node reads a tensor named 'nothing'"):
+        qq.quantize_model(model, None, data, exclude=["nothing..head"])
+    with pytest.raises(QuantizationError, match=r"node 'embed' is not downstream of 'mask'"):
+        qq.quantize_model(model, None, data, exclude=["mask..embed"])

@@ -93,7 +93,13 @@ _CORE_FIELDS = (
     (
         "exclude",
         tuple[str, ...],
-        option(default_factory=tuple, form="list", metavar="NAME_OR_OP", help="node names or op types to leave in float"),
+        option(
+            default_factory=tuple,
+            form="list",
+            metavar="PATTERN",
+            help="nodes to leave in float: node names, op types, globs over names (/frontend/*), re:EXPRESSION, "
+            "or FROM..TO (every node on a path from tensor FROM to node TO)",
+        ),
     ),
     (
         "percentile",

@@ -108,6 +108,7 @@ def quantize_model(
     stage.check_plannable(fm, options)
     data = stage.datasets(fm, options, calibration, eval, labels, calibrate_random, stats)
     options = resolve(options, data.facts, batch_size=data.fixed_batch)
+    batches = user_batches(data.fixed_batch, options.batch_size)  # timed at the batch asked for, not a memory cut
     bars = Bars(console if progress else None)
     rewritten = stage.float_rewrites(fm, options, data.calibration, bars)
     eval_data = data.eval.replayable(options.batch_size)  # the analysis and the search walk it several times
@@ -117,7 +118,6 @@ def quantize_model(
         options = replace(options, batch_size=run.batch_size)
     builder, requested = stage.build(fm, options, run, bars)
     reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
-    batches = user_batches(data.fixed_batch, options.batch_size)
     timer = PairTimer(fm.model, batch_feeds(eval_data, batches[0]))
     met = stage.meet_target(builder, requested, reference, options, runtime, timer, bars)
     qmodel, refined = stage.refine(fm, met.built.model, data.calibration, reference, options, bars)

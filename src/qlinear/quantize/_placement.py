@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qlinear.dtypes import element_type
+from qlinear.quantize._exclusion import excluded_nodes
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._node_placement import NodePlan, node_plan
 from qlinear.quantize._precision import NodePrecision, wider_activation
@@ -126,7 +127,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     """The plan for ``fm`` under ``options``; ``precision`` gives some nodes other types than the options' (mixed precision)."""
     result = Plan()
     calibrated: dict[str, str] = {}  # tensor -> type, in the order met
-    excluded = set(options.exclude)
+    excluded = excluded_nodes(fm, options.exclude)
     requested = NodePrecision(options.weights, options.activations)
     precision = precision or {}
     graph_outputs = set(fm.output_names)

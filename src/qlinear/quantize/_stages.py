@@ -22,6 +22,7 @@ from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._evaluate import Reference, output_figures
+from qlinear.quantize._exclusion import unmatched
 from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._latency import Latency, PairTimer
 from qlinear.quantize._model import FloatModel
@@ -68,7 +69,13 @@ class TargetResult:
 
 
 def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
-    """Raise where the options leave no node of ``fm`` to quantize, saying why."""
+    """Raise where the options leave no node of ``fm`` to quantize, or an ``exclude`` pattern names none, saying why."""
+    missing = unmatched(fm, options.exclude)
+    if missing:
+        raise QuantizationError(
+            f"quantize: exclude pattern(s) {', '.join(map(repr, missing))} name no node of the model: give node names, op "
+            "types, globs (/encoder/*), re:EXPRESSION or FROM..TO (qlinear inspect lists the nodes)"
+        )
     planned = plan(fm, options)
     if planned.nodes:
         return

@@ -1,0 +1,93 @@
+"""Which nodes a user's ``exclude`` patterns name.
+
+Real exporters' node names are long and numerous (a CQT front end of 26
+Conv nodes named ``/frontend/conv_bank.17/Conv``), so a user names them by
+pattern, not one by one. Each pattern is one of:
+
+- a node name or an op type, exactly (``fc1``, ``Conv``);
+- a glob over node names, where it holds ``*``, ``?`` or ``[`` (``/frontend/*``);
+- a regular expression over node names after ``re:`` (``re:conv_bank\\.\\d+``),
+  found anywhere in the name;
+- a region, ``FROM..TO``: every node on a path from the tensor or input
+  ``FROM`` to the node ``TO``, both ends included (a front end from the
+  raw input to its last filter).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable
+
+from qlinear._errors import QuantizationError
+from qlinear.quantize._model import FloatModel
+
+__all__ = ["excluded_nodes", "unmatched"]
+
+_GLOB = frozenset("*?[")
+
+
+def excluded_nodes(fm: FloatModel, patterns: Iterable[str]) -> set[str]:
+    """The names of ``fm``'s nodes that any of ``patterns`` names (see the module's text)."""
+    found: set[str] = set()
+    for pattern in patterns:
+        found |= _matches(fm, pattern)
+    return found
+
+
+def unmatched(fm: FloatModel, patterns: Iterable[str]) -> list[str]:
+    """The patterns that name no node of ``fm`` (a typo, or a model other than the one meant)."""
+    return [p for p in patterns if not _matches(fm, p)]
+
+
+def _matches(fm: FloatModel, pattern: str) -> set[str]:
+    nodes = fm.graph.node
+    if pattern.startswith("re:"):
+        try:
+            expression = re.compile(pattern[3:])
+        except re.error as e:
+            raise QuantizationError(f"quantize: exclude pattern {pattern!r} is not a regular expression: {e}") from None
+        return {n.name for n in nodes if expression.search(n.name)}
+    if ".." in pattern:
+        start, _, end = pattern.partition("..")
+        return _region(fm, pattern, start, end)
+    if _GLOB & set(pattern):
+        return {n.name for n in nodes if fnmatch.fnmatchcase(n.name, pattern)}
+    return {n.name for n in nodes if pattern in (n.name, n.op_type)}
+
+
+def _region(fm: FloatModel, pattern: str, start: str, end: str) -> set[str]:
+    """The nodes on a path from tensor ``start`` to node ``end``: downstream of the one and upstream of the other."""
+    by_name = {n.name: n for n in fm.graph.node}
+    if end not in by_name:
+        raise QuantizationError(f"quantize: exclude region {pattern!r}: no node is named {end!r}")
+    known = {i for n in fm.graph.node for i in n.input} | {i.name for i in fm.graph.input}
+    if start not in known:
+        raise QuantizationError(f"quantize: exclude region {pattern!r}: no node reads a tensor named {start!r}")
+    downstream: set[str] = set()
+    tensors, frontier = {start}, [start]
+    readers: dict[str, list] = {}
+    for n in fm.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    while frontier:
+        for n in readers.get(frontier.pop(), []):
+            if n.name in downstream:
+                continue
+            downstream.add(n.name)
+            for o in n.output:
+                if o not in tensors:
+                    tensors.add(o)
+                    frontier.append(o)
+    upstream: set[str] = set()
+    stack = [by_name[end]]
+    while stack:
+        n = stack.pop()
+        if n.name in upstream:
+            continue
+        upstream.add(n.name)
+        stack.extend(p for i in n.input if (p := fm.producer.get(i)) is not None)
+    region = downstream & upstream
+    if not region:
+        raise QuantizationError(f"quantize: exclude region {pattern!r}: node {end!r} is not downstream of {start!r}")
+    return region
