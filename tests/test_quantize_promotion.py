@@ -195,7 +195,7 @@ def test_a_missed_target_is_reported_and_the_best_model_kept(outliers):
 def test_target_options_are_checked():
     for bad, match in (
         (dict(target_agreement=1.5), "target_agreement must be in"),
-        (dict(target_agreement=0.9, target_sqnr_db=20.0), "not both"),
+        (dict(target_agreement=0.9, target_sqnr_db=20.0), "give one target, got target_agreement and target_sqnr_db"),
         (dict(max_float=2.0), "max_float must be in"),
     ):
         with pytest.raises(QuantizationError, match=match):

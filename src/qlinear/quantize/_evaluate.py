@@ -22,10 +22,11 @@ from qlinear._errors import QuantizationError
 from qlinear.onnx._graph import producers
 from qlinear.onnx._ort_with_qlinear import MixedRunner
 from qlinear.quantize._data import Dataset, samples_in
+from qlinear.quantize._metric import Metric, checked_figure
 from qlinear.quantize._session import run_batch, session, with_outputs
 from qlinear.quantize._to_qdq import sqnr_db
 
-__all__ = ["Evaluation", "Reference", "Runner", "evaluate", "output_figures"]
+__all__ = ["Evaluation", "Reference", "Runner", "evaluate", "metric_figure", "output_figures"]
 
 
 class Runner:
@@ -310,9 +311,14 @@ class Reference:
         self.outputs = judged_outputs(float_model)
         runner = Runner(float_model, self.outputs)
         self.batches: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = []
+        self.labels: list[np.ndarray | None] = []  # each batch's labels, where the data has them
+        offset = 0
         for feeds in data.batches(batch_size):
             values = runner(feeds)
             self.batches.append((feeds, {name: np.asarray(values[name]) for name in self.outputs}))
+            n = samples_in(feeds)
+            self.labels.append(None if data.labels is None else data.labels[offset : offset + n])
+            offset += n
         if not self.batches:
             raise QuantizationError("quantize: the eval data holds no batch")
         first_feeds, first_values = self.batches[0]
@@ -323,12 +329,13 @@ class Reference:
         """The first batches holding ``max_samples`` samples, from the outputs already computed."""
         head = object.__new__(Reference)
         head.output, head.outputs, head.classifies, head.parts = self.output, self.outputs, self.classifies, self.parts
-        head.batches = []
+        head.batches, head.labels = [], []
         kept = 0
-        for feeds, out in self.batches:
+        for (feeds, out), labels in zip(self.batches, self.labels, strict=True):
             if kept >= max_samples:
                 break
             head.batches.append((feeds, out))
+            head.labels.append(labels)
             kept += samples_in(feeds)
         return head
 
@@ -349,3 +356,15 @@ def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float 
             agree += int((np.argmax(first, axis=-1) == np.argmax(got_first, axis=-1)).sum())
             rows += first[..., 0].size
     return power.db, (agree / rows if rows else None)
+
+
+def metric_figure(model: onnx.ModelProto, reference: Reference, metric: Metric, name: str) -> float:
+    """A user's ``metric`` of ``model`` against ``reference``: its mean over the batches, weighted by their samples."""
+    runner = Runner(model, reference.outputs)
+    total = weight = 0.0
+    for (feeds, ref), labels in zip(reference.batches, reference.labels, strict=True):
+        got = runner(feeds)
+        n = max(samples_in(feeds), 1)
+        total += n * checked_figure(metric, name, ref, {k: np.asarray(got[k]) for k in reference.outputs}, labels)
+        weight += n
+    return total / weight

@@ -17,50 +17,13 @@ import math
 from typing import Any
 
 from qlinear._errors import QuantizationError
+from qlinear.quantize._html_assets import SORT_SCRIPT, STYLE
 from qlinear.quantize._option_fields import command_words
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
+from qlinear.quantize._report import target_text
 
 __all__ = ["render_html", "report_from_json"]
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
-table { border-collapse: collapse; margin: 0.5em 0; }
-th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #ddd; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-table.sortable th { cursor: pointer; user-select: none; background: #f4f4f4; }
-table.sortable th:after { content: " \\2195"; color: #aaa; }
-.decision { background: #e8f6ea; border-left: 4px solid #2e8b40; padding: 0.4em 0.8em; margin: 0.4em 0; }
-.warning { background: #fff4e0; border-left: 4px solid #e69500; padding: 0.4em 0.8em; margin: 0.4em 0; }
-.bad { color: #b00020; font-weight: 600; } .good { color: #1b7f3b; font-weight: 600; }
-code { background: #f4f4f4; padding: 0.1em 0.3em; }
-"""
-
-# Sorts the table whose header cell was clicked: numbers as numbers, "exact" above every number, "-" last.
-_SORT_SCRIPT = """
-document.querySelectorAll("table.sortable").forEach(function (table) {
-  table.querySelectorAll("th").forEach(function (th, column) {
-    th.addEventListener("click", function () {
-      var body = table.tBodies[0], rows = Array.from(body.rows);
-      var up = th.dataset.order !== "up"; th.dataset.order = up ? "up" : "down";
-      function key(row) {
-        var text = row.cells[column].textContent.trim();
-        if (text === "exact") return [0, Infinity];
-        var n = parseFloat(text);
-        return isNaN(n) ? [text === "-" ? 2 : 1, text] : [0, n];
-      }
-      rows.sort(function (a, b) {
-        var ka = key(a), kb = key(b);
-        if (ka[0] !== kb[0]) return ka[0] - kb[0];
-        var d = ka[1] < kb[1] ? -1 : ka[1] > kb[1] ? 1 : 0;
-        return up ? d : -d;
-      });
-      rows.forEach(function (row) { body.appendChild(row); });
-    });
-  });
-});
-"""
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -80,7 +43,7 @@ def render_html(report: dict[str, Any]) -> str:
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         _decision(report),
         _summary(report),
@@ -95,7 +58,7 @@ def render_html(report: dict[str, Any]) -> str:
         _left_float(report),
         _fusion(report, nodes),
         _node_table(nodes),
-        f"<script>{_SORT_SCRIPT}</script>",
+        f"<script>{SORT_SCRIPT}</script>",
         "</body></html>",
     ]
     return "\n".join(p for p in parts if p)
@@ -199,7 +162,7 @@ def _summary(report: dict[str, Any]) -> str:
     promotions = report.get("promotions")
     if promotions:
         t = promotions["target"]
-        target = f"top-1 agreement ≥ {_share(t['value'])}" if t["metric"] == "agreement" else f"output SQNR ≥ {t['value']:g} dB"
+        target = target_text(t).replace(">=", "≥")
         state = '<span class="good">met</span>' if promotions["met"] else '<span class="bad">not met</span>'
         rows.append(("target", f"{_e(target)}: {state}, {len(promotions['steps'])} promotion(s)"))
     widened = report.get("widened") or []
@@ -373,6 +336,8 @@ def _share(v: float | None) -> str:
 def _figure(v: float | None, metric: str) -> str:
     if v is None:
         return "-"
+    if metric == "metric":
+        return f"{v:.4g}"
     return _share(v) if metric == "agreement" else f"{v:.1f} dB"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType, element_type
+from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._option_fields import option, option_fields
 from qlinear.quantize.algorithms import ALGORITHMS, Facts
 from qlinear.quantize.targets import DEFAULT_TARGET, TARGETS
@@ -151,6 +152,23 @@ _CORE_FIELDS = (
         ),
     ),
     (
+        "metric",
+        Any,
+        option(
+            None,
+            type=str,
+            metavar="MODULE:FUNCTION",
+            group=_TARGET,
+            help="your accuracy measure, metric(float_outputs, quantized_outputs, labels) -> number, higher better, "
+            "averaged over the eval batches (MODULE may be a file.py); with --target-metric, the target",
+        ),
+    ),
+    (
+        "target_metric",
+        float | None,
+        option(None, type=float, metavar="VALUE", group=_TARGET, help="the value --metric must reach"),
+    ),
+    (
         "latency_budget",
         float | None,
         option(
@@ -201,8 +219,21 @@ class _Checked:
             raise QuantizationError(f"quantize: percentile must be in [50, 100], got {self.percentile!r}")
         if self.opset is not None and not (isinstance(self.opset, int) and 10 <= self.opset):
             raise QuantizationError(f"quantize: opset must be an int >= 10, got {self.opset!r}")
-        if self.target_agreement is not None and self.target_sqnr_db is not None:
-            raise QuantizationError("quantize: give target_agreement or target_sqnr_db, not both")
+        targets = [t for t in ("target_agreement", "target_sqnr_db", "target_metric") if getattr(self, t) is not None]
+        if len(targets) > 1:
+            raise QuantizationError(f"quantize: give one target, got {' and '.join(targets)}")
+        if self.target_metric is not None and self.metric is None:
+            raise QuantizationError("quantize: target_metric needs metric, the function it is a value of")
+        if self.metric is not None:
+            load_metric(self.metric)  # a metric that cannot be imported is refused before any work
+            if self.target_metric is None and self.promote and self.latency_budget is None:
+                raise QuantizationError(
+                    "quantize: metric needs target_metric (the value to reach), or promote=False to only report it"
+                )
+            if self.target_metric is not None and (
+                isinstance(self.target_metric, bool) or not isinstance(self.target_metric, (int, float))
+            ):
+                raise QuantizationError(f"quantize: target_metric must be a number, got {self.target_metric!r}")
         if self.target_agreement is not None and not 0.0 < float(self.target_agreement) <= 1.0:
             raise QuantizationError(f"quantize: target_agreement must be in (0, 1], got {self.target_agreement!r}")
         if self.target_sqnr_db is not None and not isinstance(self.target_sqnr_db, (int, float)):
@@ -238,7 +269,10 @@ class _Checked:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as plain values, enough to repeat the run."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in dataclasses.fields(self)}
+        values = {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in dataclasses.fields(self)}
+        if values["metric"] is not None:
+            values["metric"] = metric_name(values["metric"])  # a function given in Python, by name
+        return values
 
 
 # The core fields, then each registered algorithm's in the registry's order: an algorithm adds its options by

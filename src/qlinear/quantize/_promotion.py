@@ -34,18 +34,21 @@ _DB_PER_BIT = 6.02
 
 @dataclass(frozen=True)
 class Target:
-    """What the output must reach: ``metric`` "agreement" (top-1 share) or "sqnr" (dB), at least ``value``."""
+    """What the output must reach, at least ``value``: ``metric`` "agreement" (top-1 share), "sqnr" (dB) or "metric" (the user's, ``name``)."""
 
     metric: str
     value: float
+    name: str = ""
 
     def met(self, figure: float | None) -> bool:
         return _as_number(figure, self.metric) >= self.value
 
     def describe(self) -> str:
-        return (
-            f"top-1 agreement >= {100 * self.value:.2f}%" if self.metric == "agreement" else f"output SQNR >= {self.value:g} dB"
-        )
+        if self.metric == "agreement":
+            return f"top-1 agreement >= {100 * self.value:.2f}%"
+        if self.metric == "metric":
+            return f"{self.name} >= {self.value:g}"
+        return f"output SQNR >= {self.value:g} dB"
 
 
 @dataclass(frozen=True)

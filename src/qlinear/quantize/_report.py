@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithm
     from qlinear.quantize._options import QuantizeOptions
 
 
-__all__ = ["ReportInputs", "build_report", "db_text", "figure_text", "report_json", "share_text"]
+__all__ = ["ReportInputs", "build_report", "db_text", "figure_text", "report_json", "share_text", "target_text"]
 
 _UNFUSED_SHOWN = 5  # names the unfused-node warning lists before ", and N more"
 
@@ -66,12 +66,13 @@ class ReportInputs:
     batch_fixed_by: str | None = None  # the input whose fixed batch dimension set the batch
     onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the model as written, where it cannot
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
+    metric: tuple[str, float] | None = None  # the user's measure of the model written: its name and value
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
            data: Any, eval_data: Dataset, stats: Any, evaluation: Evaluation, fusion: FusionCheck | None,
            latency: list[Latency], algorithms: dict[str, Any],
-           onnxruntime_error: str | None = None) -> ReportInputs:  # fmt: skip
+           onnxruntime_error: str | None = None, metric: tuple[str, float] | None = None) -> ReportInputs:  # fmt: skip
         """The inputs of one run's report: ``met`` is the run's TargetResult, ``algorithms`` what each algorithm did."""
         built = met.built
         return cls(
@@ -83,7 +84,7 @@ class ReportInputs:
             requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
-            onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error,
+            onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error, metric=metric,
         )  # fmt: skip
 
 
@@ -245,6 +246,7 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             "sqnr_db_outputs": evaluation.output_sqnr_db_by_output,  # each judged output's, where there are several
             "top1_agreement": evaluation.top1_agreement,
             "accuracy": accuracy,
+            "metric": None if r.metric is None else {"name": r.metric[0], "value": r.metric[1]},
         },
         "fusion": {
             "checked": fusion is not None,
@@ -329,9 +331,19 @@ def share_text(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
+def target_text(target: dict[str, Any]) -> str:
+    """A report's target in words (a report saved before it held its text: from the metric and value)."""
+    if "text" in target:
+        return target["text"]
+    value = target["value"]
+    return f"top-1 agreement >= {share_text(value)}" if target["metric"] == "agreement" else f"output SQNR >= {value:g} dB"
+
+
 def figure_text(value: float | None, metric: str) -> str:
     if metric == "agreement":
         return f"top-1 agreement {share_text(value)}"
+    if metric == "metric":
+        return f"metric {'-' if value is None else f'{value:.4g}'}"
     return f"output SQNR {db_text(value)} dB"
 
 
@@ -352,7 +364,7 @@ def _promotions(search: Search | None) -> dict[str, Any] | None:
     if search is None:
         return None
     return {
-        "target": {"metric": search.target.metric, "value": search.target.value},
+        "target": {"metric": search.target.metric, "value": search.target.value, "text": search.target.describe()},
         "met": search.met,
         "before": search.start_figure,
         "after": search.figure,

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
-from qlinear.quantize._report import db_text, figure_text, share_text
+from qlinear.quantize._report import db_text, figure_text, share_text, target_text
 
 __all__ = ["MOST_DEGRADED", "print_report"]
 
@@ -96,6 +96,8 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         worst += f" (the worst of {len(parts)} concatenated parts: {', '.join(db_text(p) for p in parts)} dB)"
     summary.add_row("output SQNR", f"{db_text(out['sqnr_db'])} dB{worst}")
     summary.add_row("top-1 agreement", share_text(out["top1_agreement"]))
+    if out.get("metric"):
+        summary.add_row("metric", f"{out['metric']['name']}: {out['metric']['value']:.6g}")
     if out.get("accuracy"):
         acc = out["accuracy"]
         summary.add_row("accuracy", f"{share_text(acc['before'])} -> {share_text(acc['after'])}")
@@ -150,8 +152,7 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     promotions = report.get("promotions")
     if promotions:
         metric = promotions["target"]["metric"]
-        value = promotions["target"]["value"]
-        target = f"top-1 agreement >= {share_text(value)}" if metric == "agreement" else f"output SQNR >= {value:g} dB"
+        target = target_text(promotions["target"])
         state = "met" if promotions["met"] else "[red]not met[/]"
         summary.add_row(
             "target",

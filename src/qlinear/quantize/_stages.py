@@ -21,10 +21,11 @@ from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
-from qlinear.quantize._evaluate import Reference, output_figures
+from qlinear.quantize._evaluate import Reference, metric_figure, output_figures
 from qlinear.quantize._exclusion import unmatched
 from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._latency import Latency, PairTimer
+from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
@@ -190,6 +191,14 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         allows=builder.allows, ladder=runtime.ladder,
     )  # fmt: skip
     pick = 0 if goal.metric == "sqnr" else 1
+    user_metric = load_metric(options.metric) if goal.metric == "metric" else None
+
+    def figure_of(model: onnx.ModelProto) -> float | None:
+        if user_metric is not None:
+            return metric_figure(model, reference, user_metric, goal.name)
+        return output_figures(model, reference)[pick]
+
+    start_figure = start[pick] if user_metric is None else figure_of(requested.model)
 
     def timed(precision: dict[str, NodePrecision]) -> tuple[Latency | None, int]:
         model = onnx.ModelProto()
@@ -201,7 +210,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
 
         def measure(precision):
             step(1)
-            return output_figures(builder.build(precision).model, reference)[pick]
+            return figure_of(builder.build(precision).model)
 
         def ratio(precision):
             step(1)
@@ -209,10 +218,10 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
             return None if latency is None else latency.ratio
 
         if options.latency_budget is None:
-            found = search(steps, start[pick], goal, measure)
+            found = search(steps, start_figure, goal, measure)
         else:
-            binding = options.target_agreement is not None or options.target_sqnr_db is not None
-            found = search_within(steps, start[pick], goal, float(options.latency_budget), ratio, measure, binding=binding)
+            binding = any(v is not None for v in (options.target_agreement, options.target_sqnr_db, options.target_metric))
+            found = search_within(steps, start_figure, goal, float(options.latency_budget), ratio, measure, binding=binding)
         candidates = tradeoff(found, steps, timed)
     built = requested
     if found.promotions:
@@ -246,6 +255,9 @@ def _goal(options: QuantizeOptions, reference: Reference) -> Target | None:
         return Target("sqnr", float(options.target_sqnr_db))
     if not options.promote:
         return None
+    if options.metric is not None:  # with a latency budget and no value, the budget alone decides
+        value = -math.inf if options.target_metric is None else float(options.target_metric)
+        return Target("metric", value, metric_name(options.metric))
     return Target("agreement", DEFAULT_AGREEMENT) if reference.classifies else Target("sqnr", DEFAULT_SQNR_DB)
 
 
