@@ -175,6 +175,7 @@ class Evaluation:
     output_part_sqnr_db: list[float | None] | None = None  # each part's, where the first output is a Concat
     output_sqnr_db_by_output: dict[str, float | None] | None = None  # each judged output's, where there are several
     top1_agreement: float | None = None
+    top1_decisions: int = 0  # the argmaxes compared (samples, or every time step of a sequence's)
     accuracy_before: float | None = None
     accuracy_after: float | None = None
     node_sqnr_db: dict[str, float | None] = field(default_factory=dict)
@@ -251,6 +252,7 @@ def evaluate(
     result.output_sqnr_db, result.output_sqnr_db_by_output = out_power.db, out_power.by_output
     result.output_part_sqnr_db = out_power.outputs[first].part_dbs
     result.top1_agreement = agree / rows if rows else None
+    result.top1_decisions = rows
     if labels is not None and rows:
         result.accuracy_before, result.accuracy_after = correct_before / rows, correct_after / rows
     result.node_sqnr_db = {node: node_power[t].db for node, t in node_outputs.items()}

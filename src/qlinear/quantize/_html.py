@@ -21,7 +21,7 @@ from qlinear.quantize._html_assets import SORT_SCRIPT, STYLE
 from qlinear.quantize._option_fields import command_words
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
-from qlinear.quantize._report import target_text
+from qlinear.quantize._report_text import target_text
 
 __all__ = ["render_html", "report_from_json"]
 

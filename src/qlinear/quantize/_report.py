@@ -15,9 +15,11 @@ from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import MODEL_OUTPUT_CONV, FusionCheck, float_by_design
+from qlinear.quantize._interval import wilson_interval
 from qlinear.quantize._latency import Latency
 from qlinear.quantize._placement import Plan, listed
 from qlinear.quantize._promotion import Search
+from qlinear.quantize._report_text import figure_text, share_text
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL
 from qlinear.quantize._to_qdq import ConvertedNode
@@ -30,7 +32,7 @@ if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithm
     from qlinear.quantize._options import QuantizeOptions
 
 
-__all__ = ["ReportInputs", "build_report", "db_text", "figure_text", "report_json", "share_text", "target_text"]
+__all__ = ["ReportInputs", "build_report", "report_json"]
 
 _UNFUSED_SHOWN = 5  # names the unfused-node warning lists before ", and N more"
 
@@ -134,7 +136,11 @@ def _decision(r: ReportInputs) -> dict[str, Any]:
             + ("" if search.met else f" (not met: {search.target.describe()})")
         )
     else:
-        goal = f"target {'met' if search.met else 'NOT met'} ({search.target.describe()}: {figure_text(search.figure, search.target.metric)})"
+        figure = figure_text(search.figure, search.target.metric)
+        interval = _interval(r.evaluation) if search.target.metric == "agreement" else None
+        if interval:  # 99% on 100 samples is not evidence of 99%
+            figure += f", 95% interval {share_text(interval['low'])} to {share_text(interval['high'])} on {interval['decisions']}"
+        goal = f"target {'met' if search.met else 'NOT met'} ({search.target.describe()}: {figure})"
     advice = ""
     if faster is False or (search is not None and not search.met):
         advice = (
@@ -245,6 +251,7 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             "sqnr_db_parts": evaluation.output_part_sqnr_db,
             "sqnr_db_outputs": evaluation.output_sqnr_db_by_output,  # each judged output's, where there are several
             "top1_agreement": evaluation.top1_agreement,
+            "top1_agreement_interval": _interval(evaluation),
             "accuracy": accuracy,
             "metric": None if r.metric is None else {"name": r.metric[0], "value": r.metric[1]},
         },
@@ -323,28 +330,13 @@ def _figure(figures: dict[str, NodeSensitivity], name: str, attr: str) -> float 
     return None if f is None else getattr(f, attr)
 
 
-def db_text(value: float | None) -> str:
-    return "exact" if value is None else f"{value:.1f}"
-
-
-def share_text(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
-
-
-def target_text(target: dict[str, Any]) -> str:
-    """A report's target in words (a report saved before it held its text: from the metric and value)."""
-    if "text" in target:
-        return target["text"]
-    value = target["value"]
-    return f"top-1 agreement >= {share_text(value)}" if target["metric"] == "agreement" else f"output SQNR >= {value:g} dB"
-
-
-def figure_text(value: float | None, metric: str) -> str:
-    if metric == "agreement":
-        return f"top-1 agreement {share_text(value)}"
-    if metric == "metric":
-        return f"metric {'-' if value is None else f'{value:.4g}'}"
-    return f"output SQNR {db_text(value)} dB"
+def _interval(evaluation: Evaluation) -> dict[str, Any] | None:
+    """The agreement's 95% Wilson interval and the decisions it was measured on."""
+    n = evaluation.top1_decisions
+    if evaluation.top1_agreement is None or not n:
+        return None
+    low, high = wilson_interval(round(evaluation.top1_agreement * n), n)
+    return {"low": low, "high": high, "decisions": n}
 
 
 def _scaled(done: list[ScaledActivation]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
-from qlinear.quantize._report import db_text, figure_text, share_text, target_text
+from qlinear.quantize._report_text import db_text, figure_text, share_text, target_text
 
 __all__ = ["MOST_DEGRADED", "print_report"]
 
@@ -95,7 +95,16 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     if parts:
         worst += f" (the worst of {len(parts)} concatenated parts: {', '.join(db_text(p) for p in parts)} dB)"
     summary.add_row("output SQNR", f"{db_text(out['sqnr_db'])} dB{worst}")
-    summary.add_row("top-1 agreement", share_text(out["top1_agreement"]))
+    interval = out.get("top1_agreement_interval")
+    summary.add_row(
+        "top-1 agreement",
+        share_text(out["top1_agreement"])
+        + (
+            f" (95% interval {share_text(interval['low'])} to {share_text(interval['high'])}, {interval['decisions']} decisions)"
+            if interval
+            else ""
+        ),
+    )
     if out.get("metric"):
         summary.add_row("metric", f"{out['metric']['name']}: {out['metric']['value']:.6g}")
     if out.get("accuracy"):
