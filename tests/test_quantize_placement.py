@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 import qlinear.onnx as qo
@@ -447,3 +448,59 @@ def test_an_exclude_pattern_that_names_no_node_is_refused_naming_it():
         qq.quantize_model(model, None, data, exclude=["nothing..head"])
     with pytest.raises(QuantizationError, match=r"node 'embed' is not downstream of 'mask'"):
         qq.quantize_model(model, None, data, exclude=["mask..embed"])
+
+
+def _front_end(tail: str) -> onnx.ModelProto:
+    """waveform -> a bank of 1-D Conv filters -> ``tail`` -> Conv -> Gemm; ``tail`` names the magnitude's form."""
+    rng = np.random.default_rng(0)
+    g = qo.Graph("front_end", opset=17)
+    wave = g.input("waveform", "float", ("N", 1, 256))
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    h = g.op("Conv", [wave, w(8, 1, 16)], name="filters", strides=[8])  # (N, 8, 31): 4 filters, re and im
+    if tail in ("cqt", "sqrt"):
+        h = g.op("Transpose", [h], name="t", perm=[0, 2, 1])
+        h = g.op("Reshape", [h, np.array([0, 31, 2, 4], np.int64)], name="pairs")
+        re_ = g.op("Slice", [h, np.array([0], np.int64), np.array([1], np.int64), np.array([2], np.int64)], name="re")
+        im = g.op("Slice", [h, np.array([1], np.int64), np.array([2], np.int64), np.array([2], np.int64)], name="im")
+        both = g.op("Concat", [g.op("Mul", [re_, re_], name="re2"), g.op("Mul", [im, im], name="im2")], name="join", axis=2)
+        power = g.op("ReduceSum", [both, np.array([2], np.int64)], name="sum", keepdims=0)  # (N, 31, 4)
+        h = g.op("Mul", [g.op("Sqrt", [power], name="magnitude"), np.float32(2.0)], name="gain")
+        if tail == "cqt":  # twelve ops between the filters and the Log: more than any fixed depth
+            h = g.op("Log", [g.op("Add", [h, np.float32(1e-6)], name="floor")], name="log")
+        h = g.op("Transpose", [h], name="channels", perm=[0, 2, 1])  # (N, 4, 31)
+    elif tail == "compressed":
+        h = g.op("Pow", [g.op("Relu", [h], name="rectify"), np.float32(0.3)], name="compress")
+    elif tail == "layernorm":  # a patch embedding's shape: Conv, then a LayerNorm written out
+        mean = g.op("ReduceMean", [h], name="mean", axes=[1])
+        centred = g.op("Sub", [h, mean], name="centre")
+        var = g.op("ReduceMean", [g.op("Pow", [centred, np.float32(2.0)], name="square")], name="var", axes=[1])
+        h = g.op("Div", [centred, g.op("Sqrt", [g.op("Add", [var, np.float32(1e-5)], name="eps")], name="std")], name="norm")
+    elif tail == "deep":  # the root comes after a second layer: not the front end's
+        h = g.op("Conv", [g.op("Relu", [h], name="r0"), w(8, 8, 1)], name="mix")
+        h = g.op("Sqrt", [g.op("Relu", [h], name="r1")], name="root")
+    channels = 4 if tail in ("cqt", "sqrt") else 8
+    h = g.op("Relu", [g.op("Conv", [h, w(6, channels, 3)], name="conv")], name="relu")
+    h = g.op("ReduceMean", [h], name="pool", axes=[-1], keepdims=0)
+    g.output(g.op("Gemm", [h, w(3, 6)], name="classifier", transB=1, output_names=["logits"]))
+    return g.to_model()
+
+
+@pytest.mark.parametrize(
+    ("tail", "left", "why"),
+    [
+        ("cqt", {"filters"}, "output reaches a Log"),
+        ("sqrt", {"filters"}, "a front end on the raw input whose output reaches a Sqrt"),
+        ("compressed", {"filters"}, "a front end on the raw input whose output reaches a Sqrt or fractional Pow"),
+        ("layernorm", set(), None),  # a normalization's root: the patch embedding is quantized
+        ("deep", set(), None),  # the root is the second layer's: both layers quantized
+    ],
+)
+def test_a_front_end_whose_magnitude_reaches_a_log_or_a_root_stays_float(tail, left, why):
+    _, p = _plan(_front_end(tail))
+    kept_float = {name for name, _, reason in p.left_float if why is not None and reason.startswith(why)}
+    assert kept_float == left
+    assert {n.name for n in p.nodes} >= {"conv", "classifier"}
+    assert not {n.name for n in p.nodes} & left

@@ -57,7 +57,7 @@ def node_plan(
     blocked: bool,
     weights_pair: bool,
     graph_outputs: set[str],
-    before_log: set[str],
+    before_log: dict[str, str],
     placement: Any,
     weight_type: str | None = None,
 ) -> NodePlan | str:
@@ -71,8 +71,8 @@ def node_plan(
         return NodePlan(node.name, op, WeightPlan(inputs[0], 0, 0, 1), ())
     if len(inputs) < 2 or not fm.is_float(inputs[0]):
         return "not a float operation"
-    if node.output[0] in before_log:
-        return "output reaches a Log (rounding error would be unbounded relative error)"
+    if node.output[0] in before_log:  # why it stays float (see _float_regions)
+        return before_log[node.output[0]]
     weight = None
     if const[1] and fm.is_float(inputs[1]):
         weight = _weight(fm, node, 1)

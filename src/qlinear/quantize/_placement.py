@@ -28,13 +28,11 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
 - Data movement (Reshape, Transpose, MaxPool, ...) on a quantized tensor:
   its output shares the input's scale and zero point, so the pair around it
   is exact and the runtime drops it; no requantization appears.
-- A compute node whose output reaches a Log (through element-wise
-  arithmetic and data movement) stays float, weight and activations: Log
-  turns a rounding error into an error relative to the value, unbounded
-  for the small values an audio front end's power spectrum is mostly
-  made of (a mel filterbank MatMul before ``Log(x + eps)``: at 8 bits,
-  and still at 16, its quiet bands round to 0 and come out as
-  ``log(eps)``).
+- A compute node whose output reaches a Log without passing another
+  compute node (through element-wise arithmetic, data movement, joins and
+  sums, however many), and a front-end node (one reading a graph input
+  that way) whose output reaches a Sqrt or a fractional Pow, stays float,
+  weight and activations: see :mod:`._float_regions`.
 - Everything else stays float: element-wise arithmetic (a LayerNorm written
   as ReduceMean/Sub/Mul, an attention mask of -3.4e38 added to scores),
   normalizations, Softmax, reductions, Concat; graph outputs are never
@@ -50,6 +48,7 @@ import numpy as np
 
 from qlinear.dtypes import element_type
 from qlinear.quantize._exclusion import excluded_nodes
+from qlinear.quantize._float_regions import float_regions
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._node_placement import NodePlan, node_plan
 from qlinear.quantize._precision import NodePrecision, wider_activation
@@ -72,8 +71,6 @@ DATA_MOVEMENT_OPS = frozenset(
 )
 # The reason given for a node the promotion search put back in float (the report shows those apart).
 PROMOTED_TO_FLOAT = "promoted to float"
-# Ops through which a value reaches a Log with its small values still small (see _tensors_before_a_log).
-_VALUE_PRESERVING_OPS = DATA_MOVEMENT_OPS | {"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Abs", "Identity"}
 
 
 @dataclass
@@ -131,7 +128,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     requested = NodePrecision(options.weights, options.activations)
     precision = precision or {}
     graph_outputs = set(fm.output_names)
-    before_log = _tensors_before_a_log(fm)
+    before_log = float_regions(fm)
     runtime = target(options.target)
     placement = runtime.placement
     for node in fm.graph.node:
@@ -197,25 +194,6 @@ def listed(texts: list[str], most: int, sep: str = ", ") -> str:
 def left_float_text(left_float: list[tuple[str, str, str]], most: int) -> str:
     """``name (op): reason; ...`` for the first ``most`` entries of a plan's ``left_float``, and how many more."""
     return listed([f"{name} ({op}): {why}" for name, op, why in left_float], most, "; ")
-
-
-def _tensors_before_a_log(fm: FloatModel, depth: int = 8) -> set[str]:
-    """The tensors that flow into a Log through at most ``depth`` element-wise or data-movement ops.
-
-    One walk back from every Log's input, so a plan costs one pass however
-    many compute nodes ask.
-    """
-    found: dict[str, int] = {}  # tensor -> fewest ops between it and a Log
-    frontier = [(n.input[0], 0) for n in fm.graph.node if n.op_type == "Log" and n.input]
-    while frontier:
-        tensor, ops = frontier.pop()
-        if found.get(tensor, depth + 1) <= ops:
-            continue
-        found[tensor] = ops
-        producer = fm.producer.get(tensor)
-        if producer is not None and producer.op_type in _VALUE_PRESERVING_OPS and ops < depth:
-            frontier.extend((i, ops + 1) for i in producer.input if i and i not in fm.initializers)
-    return set(found)
 
 
 def _quantize_pool_inputs(

@@ -1,0 +1,102 @@
+"""Values that must reach a Log, a square root or a fractional power unrounded: the compute nodes that make them stay float.
+
+Log turns a rounding error into an error relative to the value, unbounded
+for the small values a power spectrum is mostly made of: a mel filterbank
+before ``Log(x + eps)`` at 8 bits (and still at 16) rounds its quiet bands
+to 0, which come out as ``log(eps)``. A square root or a power below 1 does
+the same to a lesser degree (the slope of ``sqrt`` is unbounded at 0), and
+is what an audio front end computed in the graph takes a magnitude with: a
+constant-Q transform of 26 Conv filters, then Transpose, Reshape, Concat,
+Slice, Mul, ReduceSum, Sqrt, Mul, Add and Log; at uint8 that front end
+came out at 4.4 dB.
+
+So the compute node whose output reaches such an op without passing
+another compute node stays float, however long the way (data movement,
+element-wise arithmetic, Concat, sums): for a Log, any such node; for a
+square root or a fractional power, a node of the front end, one that reads
+a graph input the same way. A LayerNorm's square root of its variance is
+no front end's magnitude: the walk back from a root stops at a mean, so a
+patch embedding before a LayerNorm is quantized as before.
+"""
+
+from __future__ import annotations
+
+from qlinear.quantize._model import FloatModel
+
+__all__ = ["FLOAT_BEFORE_LOG", "FLOAT_BEFORE_ROOT", "float_regions"]
+
+FLOAT_BEFORE_LOG = "output reaches a Log (rounding error would be unbounded relative error)"
+FLOAT_BEFORE_ROOT = "a front end on the raw input whose output reaches a Sqrt or fractional Pow (a magnitude of small values)"
+
+# The quantized ops: a value made by one of these is that node's, and the walk stops there.
+_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Gather", "Einsum"})
+# Ops through which a value reaches a Log or a root with its small values still small (or summed, squared, joined).
+_PASSING_OPS = frozenset(
+    {
+        "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice", "Split", "DepthToSpace",
+        "SpaceToDepth", "Concat", "Pad", "Expand", "Tile", "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Max", "Min",
+        "Clip", "Relu", "Abs", "Neg", "Sqrt", "Pow", "ReduceSum", "ReduceSumSquare", "ReduceMean", "ReduceL2",
+    }
+)  # fmt: skip
+# A root's input walked back no further than a mean: a normalization's statistic, not a magnitude.
+_NOT_PAST_FOR_A_ROOT = frozenset({"ReduceMean"})
+
+
+def float_regions(fm: FloatModel) -> dict[str, str]:
+    """Tensor -> why the compute node making it stays float, for every tensor that reaches a Log, Sqrt or fractional Pow.
+
+    One walk back from each such op, so a plan costs one pass however many
+    nodes ask; a root's tensors count only where a front-end node makes them.
+    """
+    logs = [n.input[0] for n in fm.graph.node if n.op_type == "Log" and n.input]
+    roots = [n.input[0] for n in fm.graph.node if _is_root(fm, n)]
+    found = dict.fromkeys(_reaching(fm, logs, _PASSING_OPS), FLOAT_BEFORE_LOG)
+    front = _front_end_outputs(fm)
+    for tensor in _reaching(fm, roots, _PASSING_OPS - _NOT_PAST_FOR_A_ROOT):
+        if tensor in front:
+            found.setdefault(tensor, FLOAT_BEFORE_ROOT)
+    return found
+
+
+def _is_root(fm: FloatModel, node) -> bool:
+    """A Sqrt, or a Pow by a constant exponent strictly between 0 and 1."""
+    if node.op_type == "Sqrt":
+        return bool(node.input)
+    exponent = fm.constant(node.input[1]) if node.op_type == "Pow" and len(node.input) > 1 else None
+    return exponent is not None and exponent.size == 1 and 0.0 < float(exponent.reshape(-1)[0]) < 1.0
+
+
+def _reaching(fm: FloatModel, sinks: list[str], passing: frozenset[str]) -> set[str]:
+    """The tensors from which a value flows into one of ``sinks`` through ``passing`` ops only."""
+    found: set[str] = set()
+    frontier = list(sinks)
+    while frontier:
+        tensor = frontier.pop()
+        if tensor in found:
+            continue
+        found.add(tensor)
+        producer = fm.producer.get(tensor)
+        if producer is not None and producer.op_type in passing:
+            frontier.extend(i for i in producer.input if i and i not in fm.initializers)
+    return found
+
+
+def _front_end_outputs(fm: FloatModel) -> set[str]:
+    """The outputs of compute nodes that read a graph input through no other compute node (the model's first layer)."""
+    raw = {i.name for i in fm.graph.input} - set(fm.initializers)
+    reached, frontier = set(raw), list(raw)
+    readers: dict[str, list] = {}
+    for n in fm.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs: set[str] = set()
+    while frontier:
+        for n in readers.get(frontier.pop(), []):
+            if n.op_type in _COMPUTE_OPS:
+                outputs.update(o for o in n.output if o)
+                continue
+            for o in n.output:
+                if o and o not in reached:
+                    reached.add(o)
+                    frontier.append(o)
+    return outputs
