@@ -143,11 +143,12 @@ def _decision(r: ReportInputs) -> dict[str, Any]:
         goal = f"target {'met' if search.met else 'NOT met'} ({search.target.describe()}: {figure})"
     advice = ""
     if faster is False or (search is not None and not search.met):
-        advice = (
-            "; the trade-off table gives the faster models measured and the flags that write them"
-            if r.tradeoff
-            else ("; --no-promote keeps the types asked for (the fastest), at their accuracy")
-        )
+        chosen = next((c for c in r.tradeoff if c.chosen and c.latency is not None), None)
+        faster_ones = [c for c in r.tradeoff if chosen and not c.chosen and c.latency and c.latency.ratio < chosen.latency.ratio]
+        if faster_ones:
+            advice = "; the trade-off table gives the faster models measured and the flags that write them"
+        elif faster is False:
+            advice = "; no faster quantized model was measured: its Q/DQ cost more here than its integer kernels save"
     return {"faster": faster, "target_met": None if search is None else search.met, "line": f"{head}; {goal}{advice}"}
 
 
