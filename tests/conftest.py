@@ -19,3 +19,32 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 import _model_digests  # noqa: E402
 
 _model_digests.install()
+
+import pytest  # noqa: E402
+
+import qlinear.quantize._speed as _speed  # noqa: E402
+import qlinear.quantize._stages as _stages  # noqa: E402
+
+
+def _every_node_kept(fm, quantized, precision, timed):
+    return precision, []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _placement_by_timing_only_where_asked():
+    """Keep every node the types allow quantized, as ``float_where_faster=False`` does, unless a test is marked ``timed``.
+
+    Which kinds of node run faster in float is a timing on the machine at hand, so a test of anything else would
+    see a node float on one machine and quantized on another. ``tests/test_quantize_speed.py`` tests the pass with
+    deterministic timers, and its tests marked ``timed`` run it as shipped. Session-wide, so that module-scoped
+    fixtures quantize the same way.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_stages, "float_where_faster", _every_node_kept)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _timed_placement_where_marked(request, monkeypatch):
+    if request.node.get_closest_marker("timed") is not None:
+        monkeypatch.setattr(_stages, "float_where_faster", _speed.float_where_faster)

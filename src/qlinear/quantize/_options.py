@@ -181,6 +181,18 @@ _CORE_FIELDS = (
         ),
     ),
     (
+        "float_where_faster",
+        bool,
+        option(
+            True,
+            form="negated",
+            flag="--no-float-where-faster",
+            group=_TARGET,
+            help="keep quantized the kinds of node the runtime runs faster in float at the users' batch (timed after "
+            "the promotions; the default leaves them float, trading their weights' size for speed)",
+        ),
+    ),
+    (
         "target",
         str,
         option(

@@ -153,7 +153,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             continue
         p = precision.get(node.name, requested)
         if not p.quantized:
-            result.left_float.append((node.name, node.op_type, PROMOTED_TO_FLOAT))
+            result.left_float.append((node.name, node.op_type, p.why or PROMOTED_TO_FLOAT))
             continue
         act = element_type(p.activations) if p.activations else None
         weights_pair = not (act is not None and act.is_integer) or p.weights in placement.integer_weight_types

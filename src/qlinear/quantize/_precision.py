@@ -11,7 +11,7 @@ written by several nodes takes the widest activation type among them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qlinear.dtypes import element_type
 
@@ -42,11 +42,12 @@ FULL_LADDER = Ladder(WEIGHT_PROMOTION, ACTIVATION_PROMOTION)
 
 @dataclass(frozen=True)
 class NodePrecision:
-    """A node's weight and activation types; ``quantized`` False: the node stays float."""
+    """A node's weight and activation types; ``quantized`` False: the node stays float (``why``: the reason the report gives)."""
 
     weights: str | None
     activations: str | None
     quantized: bool = True
+    why: str = field(default="", compare=False)
 
     def describe(self) -> str:
         if not self.quantized:

@@ -22,6 +22,7 @@ from qlinear.quantize._promotion import Search
 from qlinear.quantize._report_text import figure_text, share_text
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL
+from qlinear.quantize._speed import Floated
 from qlinear.quantize._to_qdq import ConvertedNode
 from qlinear.quantize._tradeoff import Candidate
 from qlinear.quantize.algorithms._channel_scaling import ScaledActivation
@@ -69,6 +70,7 @@ class ReportInputs:
     onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the model as written, where it cannot
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
     metric: tuple[str, float] | None = None  # the user's measure of the model written: its name and value
+    floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
@@ -82,7 +84,7 @@ class ReportInputs:
             output=output, options=options, opset=built.opset, size_before=fm_size, size_after=large.byte_size(qmodel),
             plan=built.plan, converted=built.converted, calibration=run, calibration_data=data.calibration,
             stats_path=str(stats) if stats is not None else None, eval_data=eval_data, evaluation=evaluation,
-            fusion=fusion, latency=latency, sensitivity=met.sensitivity, tradeoff=met.tradeoff,
+            fusion=fusion, latency=latency, sensitivity=met.sensitivity, tradeoff=met.tradeoff, floated=met.floated,
             requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
@@ -230,6 +232,9 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
         "decision": _decision(r),
         "latency_ms": [t.to_dict() for t in r.latency],
         "tradeoff": [c.to_dict() for c in r.tradeoff],
+        "float_where_faster": [
+            {"kind": f.kind, "nodes": list(f.nodes), "before": f.before, "after": f.after, "kept": f.kept} for f in r.floated
+        ],
         "calibration": {
             "method": options.method if options.activations else None,
             "source": None if options.activations is None or r.stats_path else r.calibration_data.source,

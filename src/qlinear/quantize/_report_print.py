@@ -69,9 +69,7 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     decision = report.get("decision")
     if decision:  # the first line: what a user decides on
         slower_or_missed = decision["faster"] is False or decision["target_met"] is False
-        console.print(
-            f"[{'bold yellow' if slower_or_missed else 'bold green'}]{decision['line']}[/]", highlight=False, soft_wrap=True
-        )
+        console.print(f"[{'bold yellow' if slower_or_missed else 'bold green'}]{decision['line']}[/]", highlight=False)
     summary = Table(title="qlinear quantize", show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
@@ -168,6 +166,13 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
             f"{target}: {state}; {figure_text(promotions['before'], metric)} at the requested types, "
             f"{figure_text(promotions['after'], metric)} after {len(promotions['steps'])} promotion(s) "
             f"({promotions['evaluations']} evaluations)",
+        )
+    kept = [f for f in report.get("float_where_faster") or [] if f["kept"]]
+    if kept:
+        summary.add_row(
+            "float for speed",
+            "; ".join(f"{f['kind']} x{len(f['nodes'])} ({f['before']:.2f}x -> {f['after']:.2f}x)" for f in kept)
+            + " (--no-float-where-faster keeps them quantized)",
         )
     console.print(summary)
     for w in report.get("warnings", []):

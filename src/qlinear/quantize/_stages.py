@@ -33,6 +33,7 @@ from qlinear.quantize._placement import left_float_text, plan
 from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._promotion import Search, Target, promotion_steps, search, search_within
 from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first
+from qlinear.quantize._speed import Floated, float_where_faster
 from qlinear.quantize._stats import load_calibration, save_stats
 from qlinear.quantize._tradeoff import Candidate, tradeoff
 from qlinear.quantize.algorithms import Facts, at_stage
@@ -67,6 +68,7 @@ class TargetResult:
     sensitivity: dict[str, NodeSensitivity]
     search: Search | None  # None: no target
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
+    floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
 
 
 def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
@@ -222,12 +224,18 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         else:
             binding = any(v is not None for v in (options.target_agreement, options.target_sqnr_db, options.target_metric))
             found = search_within(steps, start_figure, goal, float(options.latency_budget), ratio, measure, binding=binding)
-        candidates = tradeoff(found, steps, timed)
+        precision, floated = found.precision, []
+        if options.float_where_faster:
+            quantized = {p.name: p.precision for p in requested.plan.nodes}
+            precision, floated = float_where_faster(builder.fm, quantized, precision, timed)
+            if precision != found.precision and found.met and not goal.met(figure_of(builder.build(precision).model)):
+                precision, floated = found.precision, [replace(f, kept=False) for f in floated]  # the target first
+        candidates = tradeoff(found, steps, timed, precision)
     built = requested
-    if found.promotions:
-        built = builder.build(found.precision)
+    if precision:
+        built = builder.build(precision)
         check_quantized(built.model)
-    return TargetResult(built, start, figures, found, candidates)
+    return TargetResult(built, start, figures, found, candidates, floated)
 
 
 def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Reference, options: QuantizeOptions,

@@ -51,13 +51,14 @@ def tradeoff(
     search: Search,
     steps: list[Any],
     time: Callable[[dict[str, NodePrecision]], tuple[Latency | None, int]],
+    chosen: dict[str, NodePrecision],
 ) -> list[Candidate]:
     """The types asked for, the evaluated prefixes between (at most a few) and the result, fastest first.
 
     ``steps``: the search's promotion list; ``time``: a precision
-    assignment's latency and size, as the target runtime runs it.
+    assignment's latency and size, as the target runtime runs it;
+    ``chosen``: the model written (the search's, with any nodes kept float for speed).
     """
-    chosen = {p.node: p.after for p in search.promotions}
     result_is_a_prefix = _same_prefix(search, steps)
     between = sorted(k for k in search.tried if k > 0 and not (result_is_a_prefix and k == len(search.promotions)))
     if len(between) > _BETWEEN:

@@ -1,0 +1,99 @@
+"""Float where the runtime is faster in float: the kinds of node whose integer kernels lose at the users' batch.
+
+An integer kernel is not always the faster one. At a batch of one, ONNX
+Runtime's float depthwise convolution (NCHWc, fused with its activation)
+beats QLinearConv with its QuantizeLinear and DequantizeLinear; small
+convolutions and thin Gemms lose the same way. Such a node quantized is
+dominated: slower, and less accurate. So after the accuracy search, each
+kind of quantized node (op, depthwise or grouped, kernel size) is timed
+in float against the model as it stands, in alternating pairs with the
+float model, and kept float where the model runs faster by more than the
+timing's noise and by a larger share than the file grows (its float
+weights), confirmed by a second timing. The kinds are few (a model's
+hundreds of nodes are a handful of kinds), so this costs a few timings.
+
+It trades size for speed: a node kept float keeps its float weights. So
+it tries only the nodes quantized for speed, those with integer
+activations; a weight-only node is quantized for its size. Off
+(``float_where_faster=False``), every node the types allow stays quantized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from qlinear.dtypes import element_type
+from qlinear.quantize._latency import Latency
+from qlinear.quantize._model import FloatModel
+from qlinear.quantize._precision import NodePrecision
+
+__all__ = ["FASTER_IN_FLOAT", "Floated", "float_where_faster", "node_kind"]
+
+FASTER_IN_FLOAT = NodePrecision(None, None, quantized=False, why="faster in float on the runtime at the users' batch (timed)")
+# The least latency a kind must save, as a share of the model's, twice in a row, to be kept float: the pairs' noise.
+MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class Floated:
+    """One kind of node tried in float: its nodes, the model's latency ratio before and with them float, and whether kept."""
+
+    kind: str
+    nodes: tuple[str, ...]
+    before: float
+    after: float
+    kept: bool
+
+
+def node_kind(fm: FloatModel, name: str) -> str:
+    """A node's kind as its kernels see it: op, grouping and kernel size (``Conv depthwise 3x3``)."""
+    node = fm.node(name)
+    if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+        return node.op_type
+    shape = fm.shapes.get(node.input[1]) or ()
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    grouping = "" if group == 1 else " depthwise" if shape and shape[1] == 1 else " grouped"
+    kernel = "x".join(str(d) for d in shape[2:]) if len(shape) > 2 else "?"
+    return f"{node.op_type}{grouping} {kernel}"
+
+
+def float_where_faster(
+    fm: FloatModel,
+    quantized: dict[str, NodePrecision],
+    precision: dict[str, NodePrecision],
+    timed: Callable[[dict[str, NodePrecision]], tuple[Latency | None, int]],
+) -> tuple[dict[str, NodePrecision], list[Floated]]:
+    """``precision`` with every kind of node in ``quantized`` that runs faster in float set float, and each kind's trial.
+
+    ``quantized``: the nodes at the types asked for; only those with integer
+    activations are tried, the ones quantized for speed (a weight-only
+    node is quantized for its size, which float would give back).
+    ``timed``: a precision assignment's latency as the runtime runs it,
+    beside the float model's, and its size in bytes.
+    """
+    kinds: dict[str, list[str]] = {}
+    for name, asked in quantized.items():
+        p = precision.get(name, asked)
+        if p.quantized and p.activations is not None and element_type(p.activations).is_integer:
+            kinds.setdefault(node_kind(fm, name), []).append(name)
+    current = dict(precision)
+    start, size = timed(current)
+    if start is None:  # the runtime cannot load the model: nothing to time
+        return current, []
+    ratio, trials = start.ratio, []
+    for kind, names in sorted(kinds.items(), key=lambda item: -len(item[1])):
+        trial = {**current, **dict.fromkeys(names, FASTER_IN_FLOAT)}
+        first, trial_size = timed(trial)
+        # The share of latency saved must pass the noise, and the share of size given back.
+        needed = max(MARGIN, (trial_size - size) / size)
+        faster = first is not None and first.ratio < ratio * (1 - needed)
+        if faster:  # confirmed by a second timing, and the current model timed again beside it
+            again, now = timed(trial)[0], timed(current)[0]
+            faster = again is not None and now is not None and again.ratio < now.ratio * (1 - needed)
+            ratio = now.ratio if now is not None else ratio
+        after = first.ratio if first is not None else float("nan")
+        trials.append(Floated(kind, tuple(names), ratio, after, faster))
+        if faster:
+            current, ratio, size = trial, again.ratio, trial_size
+    return current, trials

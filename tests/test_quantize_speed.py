@@ -1,0 +1,166 @@
+"""Float where faster: the kinds of node the runtime runs faster in float are kept float, decided by timing.
+
+The decisions are tested with deterministic timers (a model's latency from
+which nodes it runs in float); one test marked ``timed`` runs the pass as
+shipped, on this machine's timings, and checks what it reports, not what
+it decided.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import numpy as np
+import pytest
+
+import qlinear.onnx as qo
+import qlinear.quantize as qq
+import qlinear.quantize._latency as latency_module
+from qlinear.quantize._latency import Latency
+from qlinear.quantize._model import load_float_model
+from qlinear.quantize._precision import FLOAT, NodePrecision
+from qlinear.quantize._speed import FASTER_IN_FLOAT, MARGIN, float_where_faster, node_kind
+
+DEMO = resources.files("qlinear.quantize") / "_demo"
+MODEL, CALIBRATION = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz")
+A8 = NodePrecision("int8", "uint8")
+
+
+def _mobile_block():
+    """A MobileNet block's shape: a 3x3 depthwise Conv, a 1x1 pointwise Conv, twice, then a Gemm head."""
+    rng = np.random.default_rng(0)
+    g = qo.Graph("mobile", opset=17)
+    h = g.input("x", "float", ("N", 8, 12, 12))
+    for k in range(2):
+        h = g.op("Conv", [h, (rng.standard_normal((8, 1, 3, 3)) * 0.3).astype(np.float32)], name=f"dw{k}", group=8, pads=[1] * 4)
+        h = g.op("Relu", [h], name=f"r{k}")
+        h = g.op("Conv", [h, (rng.standard_normal((8, 8, 1, 1)) * 0.3).astype(np.float32)], name=f"pw{k}")
+    h = g.op("Flatten", [g.op("GlobalAveragePool", [h], name="gap")], name="flat")
+    g.output(g.op("Gemm", [h, (rng.standard_normal((4, 8)) * 0.3).astype(np.float32)], name="head", transB=1, output_names=["y"]))
+    data = {"x": rng.standard_normal((40, 8, 12, 12)).astype(np.float32)}
+    return g.to_model(), data
+
+
+def test_a_nodes_kind_is_its_op_grouping_and_kernel():
+    model, _ = _mobile_block()
+    fm = load_float_model(model)
+    assert [node_kind(fm, n) for n in ("dw0", "pw0", "head")] == ["Conv depthwise 3x3", "Conv 1x1", "Gemm"]
+
+
+def _timer(costs: dict[str, float], noise: list[float] | None = None, grows: dict[str, int] | None = None):
+    """A latency from the nodes in float: 1.0 plus each float node's cost (negative: float is faster); ``noise`` added in turn.
+
+    The size: 1000 bytes, plus each float node's ``grows`` (its float weights over its quantized ones).
+    """
+    calls = []
+
+    def timed(precision):
+        ratio = 1.0 + sum(costs.get(n, 0.0) for n, p in precision.items() if not p.quantized)
+        ratio += noise[len(calls) % len(noise)] if noise else 0.0
+        size = 1000 + sum((grows or {}).get(n, 0) for n, p in precision.items() if not p.quantized)
+        calls.append(dict(precision))
+        return Latency(1, 1.0, ratio, ratio), size
+
+    return timed, calls
+
+
+def test_a_kind_faster_in_float_is_kept_float_and_one_slower_is_not():
+    model, _ = _mobile_block()
+    fm = load_float_model(model)
+    nodes = dict.fromkeys(["dw0", "pw0", "dw1", "pw1", "head"], A8)
+    timed, calls = _timer({"dw0": -0.1, "dw1": -0.1, "pw0": 0.05, "pw1": 0.05, "head": 0.01})
+    precision, trials = float_where_faster(fm, nodes, {}, timed)
+    assert precision == {"dw0": FASTER_IN_FLOAT, "dw1": FASTER_IN_FLOAT}
+    assert precision["dw0"].why.startswith("faster in float")
+    by_kind = {t.kind: t for t in trials}
+    assert by_kind["Conv depthwise 3x3"].kept and by_kind["Conv depthwise 3x3"].after == pytest.approx(0.8)
+    assert not by_kind["Conv 1x1"].kept and not by_kind["Gemm"].kept
+    assert by_kind["Conv 1x1"].before == pytest.approx(0.8)  # tried on the model with the depthwise kind float
+    assert len(calls) == 1 + 3 + 2  # the start, a trial a kind, a confirmation and the current model again for the kept one
+
+
+def test_a_gain_within_the_noise_or_not_confirmed_is_not_kept():
+    model, _ = _mobile_block()
+    fm = load_float_model(model)
+    small = _timer({"dw0": -0.01, "dw1": -0.01})[0]  # 2% faster: inside the margin
+    assert float_where_faster(fm, dict.fromkeys(["dw0", "dw1"], A8), {}, small)[0] == {}
+    # Faster on the first timing only: noise of -0.2 on the trial, then none on its confirmation.
+    lucky, _ = _timer({}, noise=[0.0, -0.2, 0.0, 0.0])
+    precision, trials = float_where_faster(fm, dict.fromkeys(["dw0", "dw1"], A8), {}, lucky)
+    assert precision == {} and trials[0].after < 1 - MARGIN and not trials[0].kept
+
+
+def test_a_kind_whose_float_weights_grow_the_file_more_than_it_saves_is_not_kept():
+    # 10% faster in float, but its float weights make the file 30% larger: size is what quantizing also buys.
+    model, _ = _mobile_block()
+    fm = load_float_model(model)
+    timed, _ = _timer({"pw0": -0.05, "pw1": -0.05}, grows={"pw0": 150, "pw1": 150})
+    precision, trials = float_where_faster(fm, dict.fromkeys(["pw0", "pw1"], A8), {}, timed)
+    assert precision == {} and trials[0].after == pytest.approx(0.9) and not trials[0].kept
+    # The same saving for a kind of small weights (+4%): kept.
+    timed, _ = _timer({"pw0": -0.05, "pw1": -0.05}, grows={"pw0": 20, "pw1": 20})
+    assert float_where_faster(fm, dict.fromkeys(["pw0", "pw1"], A8), {}, timed)[0] == dict.fromkeys(
+        ["pw0", "pw1"], FASTER_IN_FLOAT
+    )
+
+
+def test_promoted_nodes_are_left_as_the_search_set_them():
+    model, _ = _mobile_block()
+    fm = load_float_model(model)
+    timed, _ = _timer({"dw0": -0.2, "dw1": -0.2})
+    start = {"dw0": FLOAT, "pw0": NodePrecision("int8", "uint8")}
+    precision, trials = float_where_faster(fm, dict.fromkeys(["dw0", "pw0", "dw1"], NodePrecision("int4", "uint8")), start, timed)
+    assert precision["dw0"] is FLOAT and precision["dw1"] == FASTER_IN_FLOAT  # dw0 was the search's already
+    assert {t.kind: t.nodes for t in trials} == {"Conv depthwise 3x3": ("dw1",), "Conv 1x1": ("pw0",)}
+
+
+def test_weight_only_nodes_are_quantized_for_their_size_and_never_tried():
+    model, _ = _mobile_block()
+    fm = load_float_model(model)
+    timed, _ = _timer({"dw0": -0.5, "pw0": -0.5})
+    asked = {"dw0": NodePrecision("int4", None), "pw0": NodePrecision("int8", "float8e4m3fn")}
+    assert float_where_faster(fm, asked, {}, timed) == ({}, [])
+
+
+def _fake_runtime(monkeypatch, faster: str):
+    """The runtime's timer made deterministic: nodes named ``faster`` save 20% each in float, any other float node costs 10%."""
+
+    def fake_time(self, model):
+        weights = {t.name for t in model.graph.initializer if t.data_type == 1}
+        ratio = 0.7
+        for n in model.graph.node:
+            if n.op_type in ("Conv", "Gemm") and len(n.input) > 1 and n.input[1] in weights:
+                ratio += -0.2 if n.name.startswith(faster) else 0.1
+        return Latency(self.batch, 1.0, ratio, ratio)
+
+    monkeypatch.setattr(latency_module.PairTimer, "time", fake_time)
+
+
+@pytest.mark.timed
+def test_quantize_keeps_float_the_kinds_faster_in_float_and_says_so(monkeypatch):
+    _fake_runtime(monkeypatch, "dw")
+    model, data = _mobile_block()
+    r = qq.quantize_model(model, None, data, target_sqnr_db=10)
+    report = r.report
+    kept = [f for f in report["float_where_faster"] if f["kept"]]
+    assert [(f["kind"], f["nodes"]) for f in kept] == [("Conv depthwise 3x3", ["dw0", "dw1"])]
+    reasons = {n["name"]: n["reason"] for n in report["left_float"]}
+    assert reasons["dw0"].startswith("faster in float") and reasons["dw1"].startswith("faster in float")
+    assert {n["name"] for n in report["nodes"]} == {"pw0", "pw1", "head"}
+    assert report["latency_ms"][0]["ratio"] == pytest.approx(0.3)
+    off = qq.quantize_model(model, None, data, target_sqnr_db=10, float_where_faster=False).report
+    assert off["float_where_faster"] == [] and {n["name"] for n in off["nodes"]} == {"dw0", "dw1", "pw0", "pw1", "head"}
+
+
+@pytest.mark.timed
+def test_the_pass_as_shipped_reports_each_kind_it_timed():
+    # This machine's own timings: what it decides may differ from one machine to another; what it reports may not.
+    r = qq.quantize_model(MODEL, None, CALIBRATION)
+    report = r.report
+    tried = report["float_where_faster"]
+    assert sorted(f["kind"] for f in tried) == ["Conv 3x3", "Gemm"]
+    floated = {n for f in tried if f["kept"] for n in f["nodes"]}
+    quantized = {n["name"] for n in report["nodes"]}
+    assert floated | quantized == {"conv1", "conv2", "fc1", "fc2"} and not floated & quantized
+    assert all(f["before"] > 0 and f["after"] > 0 for f in tried)
+    assert r.target_met
