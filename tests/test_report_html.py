@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -143,3 +144,22 @@ def test_page_draws_in_chromium_offline(report, chromium, tmp_path):
     assert result.returncode == 0 and shot.stat().st_size > 50_000
     if os.environ.get("QLINEAR_SCREENSHOT_DIR"):  # for a reader to look at
         shutil.copy(shot, os.environ["QLINEAR_SCREENSHOT_DIR"])
+
+
+def test_a_report_saved_before_the_decision_and_the_batches_timed_still_renders(report):
+    # Saved by an earlier qlinear: one timed batch as an object, no decision, trade-off, interval or target text.
+    from rich.console import Console
+
+    from qlinear.quantize._report_print import print_report
+
+    old = json.loads(json.dumps(report))
+    for key in ("decision", "tradeoff", "float_where_faster"):
+        old.pop(key)
+    old["latency_ms"] = {"before": 2.0, "after": 1.5, "batch": 16}
+    old["output"].pop("top1_agreement_interval")
+    old["promotions"]["target"].pop("text")
+    page = render_html(old)
+    assert "2.000 ms → 1.500 ms a batch of 16 (0.75x" in page and "top-1 agreement ≥ 99.00%" in page
+    printed = io.StringIO()
+    print_report(old, Console(file=printed, width=200))
+    assert "2.000 ms -> 1.500 ms a batch of 16 (0.75x" in printed.getvalue()

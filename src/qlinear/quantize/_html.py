@@ -21,7 +21,7 @@ from qlinear.quantize._html_assets import SORT_SCRIPT, STYLE
 from qlinear.quantize._option_fields import command_words
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
-from qlinear.quantize._report_text import target_text
+from qlinear.quantize._report_text import latencies_of, target_text
 
 __all__ = ["render_html", "report_from_json"]
 
@@ -145,7 +145,7 @@ def _summary(report: dict[str, Any]) -> str:
         ("model", f"{report['model']['input']} → {report['model']['output'] or '(not written)'}"),
         ("size", f"{_bytes(size['before'])} → {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)"),
     ]
-    for lat in report.get("latency_ms") or []:
+    for lat in latencies_of(report):
         rows.append(
             (
                 "latency (ONNX Runtime)",

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
-from qlinear.quantize._report_text import db_text, figure_text, share_text, target_text
+from qlinear.quantize._report_text import db_text, figure_text, latencies_of, share_text, target_text
 
 __all__ = ["MOST_DEGRADED", "print_report"]
 
@@ -77,7 +77,7 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
     summary.add_row("model", f"{report['model']['input']} -> {report['model']['output']}")
     summary.add_row("types", _types_text(report))
     summary.add_row("size", f"{_bytes(size['before'])} -> {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)")
-    for lat in report.get("latency_ms") or []:
+    for lat in latencies_of(report):
         summary.add_row(
             "latency (ORT)",
             f"{lat['before']:.3f} ms -> {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['ratio']:.2f}x, pairs' median)",

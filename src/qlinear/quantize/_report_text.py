@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["db_text", "figure_text", "share_text", "target_text"]
+__all__ = ["db_text", "figure_text", "latencies_of", "share_text", "target_text"]
 
 
 def db_text(value: float | None) -> str:
@@ -29,3 +29,11 @@ def figure_text(value: float | None, metric: str) -> str:
     if metric == "metric":
         return f"metric {'-' if value is None else f'{value:.4g}'}"
     return f"output SQNR {db_text(value)} dB"
+
+
+def latencies_of(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's timed batches (a report saved before it timed several: its one batch, its ratio computed)."""
+    found = report.get("latency_ms") or []
+    if isinstance(found, dict):
+        found = [{**found, "ratio": found["after"] / found["before"]}]
+    return found
