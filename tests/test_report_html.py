@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 from importlib import resources
 
+import numpy as np
 import pytest
 
 import qlinear.quantize as qq
@@ -163,3 +165,26 @@ def test_a_report_saved_before_the_decision_and_the_batches_timed_still_renders(
     printed = io.StringIO()
     print_report(old, Console(file=printed, width=200))
     assert "2.000 ms -> 1.500 ms a batch of 16 (0.75x" in printed.getvalue()
+
+
+def test_the_settings_line_is_the_whole_command_with_its_data(tmp_path):
+    out, saved = tmp_path / "q.onnx", tmp_path / "r.json"
+    argv = ["quantize", MODEL, "-o", str(out), "--calibration", CALIBRATION, "--eval", EVAL, "--labels", "label",
+            "--weights", "int4", "--report", str(saved), "--quiet"]  # fmt: skip
+    assert main(argv) in (0, 1)
+    page = render_html(json.loads(saved.read_text()))
+    command = html.unescape(re.search(r"<th>settings</th><td><code>(.*?)</code>", page).group(1))
+    assert command.startswith(f"qlinear quantize {MODEL} -o {out} ")
+    assert f"--calibration {CALIBRATION} --eval {EVAL} --labels label" in command and "--weights int4" in command
+    # Data given as arrays in Python: a placeholder where the file goes.
+    r = qq.quantize_model(MODEL, None, dict(np.load(CALIBRATION)), promote=False).report
+    assert r["data_flags"] == ["--calibration", "CALIBRATION.npz"]
+
+
+def test_long_node_names_show_their_ends_on_the_axis_and_whole_on_hover(report):
+    long = json.loads(json.dumps(report))
+    name = "/model/backbone/stage3/block7/depthwise_separable/conv_bank.17/Conv"
+    long["analysis"][0]["name"] = long["nodes"][0]["name"] = name
+    page = render_html(long)
+    assert json.dumps("…" + name[-23:])[1:-1] in page or ("…" + name[-23:]) in page  # the tick, as plotly's JSON holds it
+    assert name in page  # whole, in the hover and the node table

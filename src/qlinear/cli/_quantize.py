@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     target = parser.add_argument_group(
         "accuracy target",
-        "qlinear promotes the most sensitive nodes (wider weights, 16-bit activations, then float) until the target holds; "
+        "qlinear promotes the most sensitive nodes up the target runtime's ladder (wider weights, then float; 16-bit "
+        "activations only where the runtime has kernels for them) until the target holds; "
         f"default: {DEFAULT_AGREEMENT:.0%} top-1 agreement with the float model, or {DEFAULT_SQNR_DB:g} dB output SQNR for an "
         "output that does not classify",
     )

@@ -132,6 +132,8 @@ def _chart(go, nodes: list[dict[str, Any]]):
             x=floated, y=[0] * len(floated), name="promoted to float", mode="markers+text", text=["float"] * len(floated),
             textposition="top center", marker_symbol="x", marker_color="#b00020", hoverinfo="x+name",
         )  # fmt: skip
+    # Exporters' node names run to 80 characters: the axis shows their ends, the hover the whole name.
+    figure.update_xaxes(tickvals=names, ticktext=[_tick(n) for n in names])
     figure.update_layout(
         yaxis_title="SQNR (dB, higher is better)", xaxis_title="node, in graph order", height=480,
         legend={"orientation": "h", "y": 1.12}, margin={"l": 60, "r": 20, "t": 40, "b": 120}, template="plotly_white",
@@ -190,6 +192,8 @@ def _command(report: dict[str, Any]) -> str:
     s = report["settings"]
     parts = ["qlinear quantize", report["model"]["input"], "-o", str(report["model"]["output"] or "OUT.onnx")]
     parts += command_words(s, QuantizeOptions)
+    if "data_flags" in report:  # the data too, as given (placeholders for arrays given in Python)
+        return " ".join([*parts, *report["data_flags"]])
     cal = report.get("calibration", {})
     if cal.get("from_stats"):
         parts += ["--stats", cal["from_stats"]]
@@ -319,6 +323,11 @@ def _node_table(nodes: list[dict[str, Any]]) -> str:
         "<h2>Every node (click a column to sort)</h2>"
         f'<table id="node-table" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
     )
+
+
+def _tick(name: str, most: int = 24) -> str:
+    """A node's name as the chart's axis shows it: its end (the part that tells ``.../conv_bank.17/Conv`` apart)."""
+    return name if len(name) <= most else "…" + name[-(most - 1) :]
 
 
 def _num(v: float | None) -> float | None:

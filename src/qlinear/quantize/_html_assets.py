@@ -7,6 +7,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; co
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
 table { border-collapse: collapse; margin: 0.5em 0; }
 th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #ddd; text-align: left; }
+td { max-width: 36em; overflow-wrap: anywhere; } /* exporters' 80-character node names wrap, the tables fit the page */
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.sortable th { cursor: pointer; user-select: none; background: #f4f4f4; }
 table.sortable th:after { content: " \\2195"; color: #aaa; }

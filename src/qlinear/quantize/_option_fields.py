@@ -13,10 +13,12 @@ import argparse
 import dataclasses
 import re
 from dataclasses import dataclass
+from os import PathLike
 from typing import Any
 
 __all__ = [
-    "FORMS", "GROUPS", "Option", "add_arguments", "command_words", "in_flags", "option", "option_fields", "values_from_args",
+    "FORMS", "GROUPS", "Option", "add_arguments", "command_words", "data_words", "in_flags", "option", "option_fields",
+    "values_from_args",
 ]  # fmt: skip
 
 # The command line's argument groups, in the order --help shows them.
@@ -130,6 +132,26 @@ def command_words(settings: dict[str, Any], cls: type) -> list[str]:
             words += [flag, o.none_word] if o.none_word else []
         else:
             words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return words
+
+
+def data_words(calibration: Any, eval_data: Any, labels: str | None, calibrate_random: int | None, stats: Any) -> list[str]:
+    """The data flags of a run: files by their paths; data given as arrays or batches in Python, as a placeholder."""
+
+    def given(data: Any, placeholder: str) -> str:
+        return str(data) if isinstance(data, (str, PathLike)) else placeholder
+
+    words: list[str] = []
+    if calibrate_random is not None:
+        words += ["--calibrate-random", str(calibrate_random)]
+    elif calibration is not None:
+        words += ["--calibration", given(calibration, "CALIBRATION.npz")]
+    if eval_data is not None:
+        words += ["--eval", given(eval_data, "EVAL.npz")]
+    if labels is not None:
+        words += ["--labels", labels]
+    if stats is not None:
+        words += ["--stats", str(stats)]
     return words
 
 

@@ -21,6 +21,7 @@ from qlinear.quantize._execution import Bars, Execution, checked_output, write_a
 from qlinear.quantize._latency import PairTimer, batch_feeds, latencies, user_batches
 from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._model import load_float_model
+from qlinear.quantize._option_fields import data_words
 from qlinear.quantize._options import QuantizeOptions, given, resolve
 from qlinear.quantize._report import ReportInputs, build_report
 from qlinear.quantize._session import load_error
@@ -141,6 +142,7 @@ def quantize_model(
             model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=run, data=data, eval_data=eval_data,
             stats=stats, evaluation=evaluation, fusion=fusion, latency=latency, algorithms={**rewritten, **refined},
             onnxruntime_error=unloadable, metric=metric,
+            data_flags=data_words(calibration, eval, labels, calibrate_random, stats),
         )
     )  # fmt: skip
     if out_path is not None:

@@ -71,12 +71,14 @@ class ReportInputs:
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
     metric: tuple[str, float] | None = None  # the user's measure of the model written: its name and value
     floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
+    data_flags: list[str] = field(default_factory=list)  # the data flags that repeat the run
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
            data: Any, eval_data: Dataset, stats: Any, evaluation: Evaluation, fusion: FusionCheck | None,
            latency: list[Latency], algorithms: dict[str, Any],
-           onnxruntime_error: str | None = None, metric: tuple[str, float] | None = None) -> ReportInputs:  # fmt: skip
+           onnxruntime_error: str | None = None, metric: tuple[str, float] | None = None,
+           data_flags: list[str] | None = None) -> ReportInputs:  # fmt: skip
         """The inputs of one run's report: ``met`` is the run's TargetResult, ``algorithms`` what each algorithm did."""
         built = met.built
         return cls(
@@ -89,6 +91,7 @@ class ReportInputs:
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
             onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error, metric=metric,
+            data_flags=data_flags or [],
         )  # fmt: skip
 
 
@@ -228,6 +231,7 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
     return {
         "model": {"input": r.model_name, "output": str(r.output) if r.output else None},
         "settings": {**options.to_dict(), "opset": r.opset},
+        "data_flags": r.data_flags,
         "size_bytes": {"before": r.size_before, "after": r.size_after},
         "decision": _decision(r),
         "latency_ms": [t.to_dict() for t in r.latency],
