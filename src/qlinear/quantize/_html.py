@@ -347,7 +347,7 @@ def _figure(v: float | None, metric: str) -> str:
         return "-"
     if metric == "metric":
         return f"{v:.4g}"
-    return _share(v) if metric == "agreement" else f"{v:.1f} dB"
+    return _share(v) if metric in ("agreement", "decisions") else f"{v:.1f} dB"
 
 
 def _bytes(n: int) -> str:

@@ -16,10 +16,9 @@ from rich.console import Console
 
 from qlinear.onnx import _large as large
 from qlinear.quantize import _stages as stage
-from qlinear.quantize._evaluate import Reference, evaluate, metric_figure
+from qlinear.quantize._evaluate import Reference, evaluate
 from qlinear.quantize._execution import Bars, Execution, checked_output, write_atomically
 from qlinear.quantize._latency import PairTimer, batch_feeds, latencies, user_batches
-from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._option_fields import data_words
 from qlinear.quantize._options import QuantizeOptions, given, resolve
@@ -133,15 +132,12 @@ def quantize_model(
             batch_size=options.batch_size, progress=step, known=reference,
         )  # fmt: skip
     latency = latencies(fm.model, qmodel, eval_data, batches, timer)
-    metric = None
-    if options.metric is not None:  # the user's measure of the model written, on the eval data the target was met on
-        name = metric_name(options.metric)
-        metric = name, metric_figure(qmodel, reference, load_metric(options.metric), name)
+    measures = stage.measures(fm, qmodel, reference, options)
     report = build_report(
         ReportInputs.of(
             model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=run, data=data, eval_data=eval_data,
             stats=stats, evaluation=evaluation, fusion=fusion, latency=latency, algorithms={**rewritten, **refined},
-            onnxruntime_error=unloadable, metric=metric,
+            onnxruntime_error=unloadable, measures=measures,
             data_flags=data_words(calibration, eval, labels, calibrate_random, stats),
         )
     )  # fmt: skip

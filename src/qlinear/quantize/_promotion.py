@@ -34,7 +34,11 @@ _DB_PER_BIT = 6.02
 
 @dataclass(frozen=True)
 class Target:
-    """What the output must reach, at least ``value``: ``metric`` "agreement" (top-1 share), "sqnr" (dB) or "metric" (the user's, ``name``)."""
+    """What the output must reach, at least ``value``.
+
+    ``metric``: "agreement" (top-1 share), "decisions" (the F1 of the scores
+    above 0.5, for probabilities), "sqnr" (dB) or "metric" (the user's, ``name``).
+    """
 
     metric: str
     value: float
@@ -48,6 +52,8 @@ class Target:
             return f"top-1 agreement >= {100 * self.value:.2f}%"
         if self.metric == "metric":
             return f"{self.name} >= {self.value:g}"
+        if self.metric == "decisions":
+            return f"decisions kept >= {100 * self.value:.2f}% (F1 of the scores above 0.5)"
         return f"output SQNR >= {self.value:g} dB"
 
 

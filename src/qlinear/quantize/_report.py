@@ -69,7 +69,7 @@ class ReportInputs:
     batch_fixed_by: str | None = None  # the input whose fixed batch dimension set the batch
     onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the model as written, where it cannot
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
-    metric: tuple[str, float] | None = None  # the user's measure of the model written: its name and value
+    measures: dict[str, Any] = field(default_factory=dict)  # the written model's other measures (_stages.measures)
     floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
     data_flags: list[str] = field(default_factory=list)  # the data flags that repeat the run
 
@@ -77,7 +77,7 @@ class ReportInputs:
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
            data: Any, eval_data: Dataset, stats: Any, evaluation: Evaluation, fusion: FusionCheck | None,
            latency: list[Latency], algorithms: dict[str, Any],
-           onnxruntime_error: str | None = None, metric: tuple[str, float] | None = None,
+           onnxruntime_error: str | None = None, measures: dict[str, Any] | None = None,
            data_flags: list[str] | None = None) -> ReportInputs:  # fmt: skip
         """The inputs of one run's report: ``met`` is the run's TargetResult, ``algorithms`` what each algorithm did."""
         built = met.built
@@ -90,7 +90,7 @@ class ReportInputs:
             requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
-            onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error, metric=metric,
+            onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error, measures=measures or {},
             data_flags=data_flags or [],
         )  # fmt: skip
 
@@ -263,7 +263,8 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             "top1_agreement": evaluation.top1_agreement,
             "top1_agreement_interval": _interval(evaluation),
             "accuracy": accuracy,
-            "metric": None if r.metric is None else {"name": r.metric[0], "value": r.metric[1]},
+            "metric": r.measures.get("metric"),
+            "decisions_kept": r.measures.get("decisions_kept"),
         },
         "fusion": {
             "checked": fusion is not None,

@@ -103,6 +103,8 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
             else ""
         ),
     )
+    if out.get("decisions_kept") is not None:
+        summary.add_row("decisions kept", f"{share_text(out['decisions_kept'])} (F1 of the scores above 0.5)")
     if out.get("metric"):
         summary.add_row("metric", f"{out['metric']['name']}: {out['metric']['value']:.6g}")
     if out.get("accuracy"):

@@ -28,6 +28,8 @@ def figure_text(value: float | None, metric: str) -> str:
         return f"top-1 agreement {share_text(value)}"
     if metric == "metric":
         return f"metric {'-' if value is None else f'{value:.4g}'}"
+    if metric == "decisions":
+        return f"decisions kept {share_text(value)}"
     return f"output SQNR {db_text(value)} dB"
 
 

@@ -21,6 +21,7 @@ from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
+from qlinear.quantize._decisions import decisions_kept, sigmoid_scores
 from qlinear.quantize._evaluate import Reference, metric_figure, output_figures
 from qlinear.quantize._exclusion import unmatched
 from qlinear.quantize._execution import Bars, Execution
@@ -41,7 +42,7 @@ from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
     "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_plannable", "datasets",
-    "float_rewrites", "meet_target", "refine",
+    "float_rewrites", "measures", "meet_target", "refine",
 ]  # fmt: skip
 
 HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
@@ -180,7 +181,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     the users run). The models built on the way are the trade-off the
     report shows.
     """
-    goal = _goal(options, reference)  # a target the outputs cannot meet is refused before any work
+    goal = _goal(options, reference, builder.fm.model)  # a target the outputs cannot meet is refused before any work
     with bars.task("analysing nodes", len(requested.plan.nodes)) as step:
         figures = analyze(builder, requested, reference.head(ANALYSIS_SAMPLES), progress=step)
     start = output_figures(requested.model, reference)
@@ -198,9 +199,11 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     def figure_of(model: onnx.ModelProto) -> float | None:
         if user_metric is not None:
             return metric_figure(model, reference, user_metric, goal.name)
+        if goal.metric == "decisions":
+            return decisions_kept(model, reference)
         return output_figures(model, reference)[pick]
 
-    start_figure = start[pick] if user_metric is None else figure_of(requested.model)
+    start_figure = start[pick] if goal.metric in ("sqnr", "agreement") else figure_of(requested.model)
 
     def timed(precision: dict[str, NodePrecision]) -> tuple[Latency | None, int]:
         model = onnx.ModelProto()
@@ -250,7 +253,22 @@ def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Re
     return qmodel, done
 
 
-def _goal(options: QuantizeOptions, reference: Reference) -> Target | None:
+def measures(fm: FloatModel, qmodel: onnx.ModelProto, reference: Reference, options: QuantizeOptions) -> dict[str, Any]:
+    """The written model's measures beyond SQNR and agreement, on the eval data the target was met on.
+
+    ``metric``: the user's (its name and value), where one was given;
+    ``decisions_kept``: where the first output holds probabilities.
+    """
+    found: dict[str, Any] = {"metric": None, "decisions_kept": None}
+    if options.metric is not None:
+        name = metric_name(options.metric)
+        found["metric"] = {"name": name, "value": metric_figure(qmodel, reference, load_metric(options.metric), name)}
+    if sigmoid_scores(fm.model, reference.output):
+        found["decisions_kept"] = decisions_kept(qmodel, reference)
+    return found
+
+
+def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.ModelProto) -> Target | None:
     """The accuracy target the search reaches, or None (no search)."""
     if options.target_agreement is not None:
         if not reference.classifies:
@@ -266,7 +284,11 @@ def _goal(options: QuantizeOptions, reference: Reference) -> Target | None:
     if options.metric is not None:  # with a latency budget and no value, the budget alone decides
         value = -math.inf if options.target_metric is None else float(options.target_metric)
         return Target("metric", value, metric_name(options.metric))
-    return Target("agreement", DEFAULT_AGREEMENT) if reference.classifies else Target("sqnr", DEFAULT_SQNR_DB)
+    if reference.classifies:
+        return Target("agreement", DEFAULT_AGREEMENT)
+    if sigmoid_scores(float_model, reference.output):  # probabilities: judged by the decisions they carry
+        return Target("decisions", DEFAULT_AGREEMENT)
+    return Target("sqnr", DEFAULT_SQNR_DB)
 
 
 def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> CalibrationRun:

@@ -1,0 +1,64 @@
+"""Probabilities judged by the decisions they carry: which outputs are, the F1 of the scores above 0.5, the default target."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import qlinear.onnx as qo
+import qlinear.quantize as qq
+from qlinear.quantize._decisions import THRESHOLD, sigmoid_scores
+from quantize_models import detection_head, layernorm_attention
+
+
+def _probability_map(*, reshaped: bool = False):
+    """A text detector's shape: Conv, Relu, Conv to one channel, Sigmoid: a probability a pixel."""
+    rng = np.random.default_rng(0)
+    g = qo.Graph("detector", opset=17)
+    h = g.input("x", "float", ("N", 3, 16, 16))
+    h = g.op("Relu", [g.op("Conv", [h, (rng.standard_normal((8, 3, 3, 3)) * 0.4).astype(np.float32)], name="c0", pads=[1] * 4)])
+    h = g.op(
+        "Conv", [h, (rng.standard_normal((1, 8, 3, 3)) * 0.4).astype(np.float32), np.float32([-0.5])], name="c1", pads=[1] * 4
+    )
+    h = g.op("Sigmoid", [h], name="probability")
+    if reshaped:
+        h = g.op("Reshape", [h, np.array([0, -1], np.int64)], name="flat")
+    g.output(g.op("Identity", [h], name="out", output_names=["map"]))
+    return g.to_model(), {"x": rng.standard_normal((64, 3, 16, 16)).astype(np.float32)}
+
+
+def test_probabilities_are_outputs_a_sigmoid_makes():
+    model, _ = _probability_map()
+    assert sigmoid_scores(model, model.graph.output[0].name)
+    model, _ = _probability_map(reshaped=True)
+    assert sigmoid_scores(model, model.graph.output[0].name)  # through a reshape
+    boxes_and_scores, _ = detection_head()  # a Concat of boxes and scores: judged by its parts' SQNR
+    assert not sigmoid_scores(boxes_and_scores, boxes_and_scores.graph.output[0].name)
+    classes, _ = layernorm_attention()
+    assert not sigmoid_scores(classes, classes.graph.output[0].name)
+
+
+def _f1_by_hand(float_model, quantized, feeds) -> float:
+    want = ort.InferenceSession(float_model.SerializeToString()).run(None, feeds)[0] > THRESHOLD
+    got = ort.InferenceSession(quantized.SerializeToString()).run(None, feeds)[0] > THRESHOLD
+    return 2 * np.count_nonzero(want & got) / (np.count_nonzero(want) + np.count_nonzero(got))
+
+
+def test_a_probability_output_is_judged_by_its_decisions_by_default():
+    model, data = _probability_map()
+    r = qq.quantize_model(model, None, data, eval={"x": data["x"][48:]}, max_float=1.0)
+    target = r.report["promotions"]["target"]
+    assert target["metric"] == "decisions" and target["value"] == qq.DEFAULT_AGREEMENT
+    assert target["text"] == "decisions kept >= 99.00% (F1 of the scores above 0.5)"
+    kept = r.report["output"]["decisions_kept"]
+    assert kept == pytest.approx(_f1_by_hand(model, r.model, {"x": data["x"][48:]}), abs=1e-12)
+    # 8 bits alone keep fewer than 99% of the decisions; the search promotes until they hold.
+    assert r.report["promotions"]["before"] < 0.99 <= r.report["promotions"]["after"] == kept and r.target_met
+    assert "target met (decisions kept >= 99.00%" in r.report["decision"]["line"]
+
+
+def test_an_sqnr_target_given_for_probabilities_is_kept():
+    model, data = _probability_map()
+    r = qq.quantize_model(model, None, data, target_sqnr_db=20)
+    assert r.report["promotions"]["target"]["metric"] == "sqnr" and r.report["output"]["decisions_kept"] is not None
