@@ -26,9 +26,10 @@ classifier; for YOLO, scenes of coloured ellipses and rectangles on plain
 grounds; for Silero, windows of 576 samples at 16 kHz of eSpeak NG's spoken
 words in noise (``speech_model.py``). ``quantize_static``: QDQ, per-channel
 int8 weights, uint8 activations, MinMax. Agreement is the classifiers' top-1
-(and their accuracy), the recognizer's per time step; the detectors and
-Silero have probabilities, judged by SQNR (YOLO's by the worse of its boxes
-and its class scores). Latency: ONNX Runtime, 2 threads, at one sample and
+(and their accuracy), the recognizer's per time step; the text detector's
+and Silero's probabilities by the decisions they carry (the F1 of the
+scores above 0.5, float against quantized) and their SQNR; YOLO's output
+by the SQNR of the worse of its boxes and its class scores. Latency: ONNX Runtime, 2 threads, at one sample and
 at a batch of 16 (Silero: its windows), every model in turn in each round,
 medians. Rows: qlinear's defaults, qlinear ``--latency-budget 0.8``, qlinear
 without promotion, and ``quantize_static``.
@@ -221,8 +222,10 @@ def _batches(model: str, data: dict) -> list[dict]:
     return list(load_dataset(data, load_float_model(model), what="data").batches(16))
 
 
-def _figures(ref: np.ndarray, got: np.ndarray, labels: np.ndarray | None, parts=None) -> tuple[str, float, str]:
-    """Agreement with the float model (where the output has classes), SQNR, and accuracy (where there are labels).
+def _figures(
+    ref: np.ndarray, got: np.ndarray, labels: np.ndarray | None, parts=None, probabilities: bool = False
+) -> tuple[str, float, str]:
+    """Agreement with the float model (where the output has classes; probabilities: their decisions), SQNR, and accuracy.
 
     ``parts``: slices of axis 1 judged apart (YOLO's boxes and scores); the SQNR is the worst part's.
     """
@@ -234,6 +237,10 @@ def _figures(ref: np.ndarray, got: np.ndarray, labels: np.ndarray | None, parts=
     db = min(dbs)
     classes = labels is not None or (ref.ndim == 3 and parts is None)  # the classifiers; the recognizer's classes a time step
     agree = f"{np.mean(ref.argmax(-1) == got.argmax(-1)):.2%}" if classes else "-"
+    if probabilities:  # the decisions above 0.5 kept (F1), as qlinear's default target judges them
+        want, have = ref > 0.5, got > 0.5
+        either = np.count_nonzero(want) + np.count_nonzero(have)
+        agree = f"{1.0 if either == 0 else 2 * np.count_nonzero(want & have) / either:.2%} (F1)"
     accuracy = f"{np.mean(got.argmax(-1) == labels):.2%}" if labels is not None else "-"
     return agree, db, accuracy
 
@@ -297,7 +304,9 @@ def main() -> None:
                 for batch, feeds in ((1, _first(sixteen)), (16, sixteen))
             }
             for label, (p, promotions, seconds) in rows.items():
-                agree, db, accuracy = _figures(ref, sessions[label].run(None, d["eval"])[0], d["labels"], d.get("parts"))
+                agree, db, accuracy = _figures(
+                    ref, sessions[label].run(None, d["eval"])[0], d["labels"], d.get("parts"), name in ("det", "vad")
+                )
                 size = (
                     Path(p).stat().st_size / 1024
                     + sum(f.stat().st_size for f in Path(p).parent.glob(Path(p).name + ".data")) / 1024

@@ -62,3 +62,37 @@ def test_an_sqnr_target_given_for_probabilities_is_kept():
     model, data = _probability_map()
     r = qq.quantize_model(model, None, data, target_sqnr_db=20)
     assert r.report["promotions"]["target"]["metric"] == "sqnr" and r.report["output"]["decisions_kept"] is not None
+
+
+def _branches(else_op: str):
+    """Silero VAD's shape: a Sigmoid in the main graph, an If whose branches pass it on, then a mean over frames."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(name, op, source):
+        node = (
+            helper.make_node(op, [source], [f"{name}_out"])
+            if op != "Squeeze"
+            else helper.make_node("Squeeze", [source, "axis"], [f"{name}_out"])
+        )
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)])
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["logits"]),
+        helper.make_node("Sigmoid", ["logits"], ["p"]),
+        helper.make_node("If", ["flag"], ["picked"], then_branch=branch("then", "Identity", "p"),
+                         else_branch=branch("else", else_op, "logits")),
+        helper.make_node("ReduceMean", ["picked"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Unsqueeze", ["mean", "axis"], ["output"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "branches",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]), helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "w"), numpy_helper.from_array(np.array([1], np.int64), "axis")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_probabilities_passed_on_by_both_branches_of_an_if_and_averaged():
+    assert sigmoid_scores(_branches("Sigmoid"), "output")  # each branch: the outer Sigmoid's, or its own
+    assert not sigmoid_scores(_branches("Relu"), "output")  # one branch passes logits on: not probabilities

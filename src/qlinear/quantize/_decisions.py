@@ -25,20 +25,34 @@ from qlinear.quantize._evaluate import Reference, Runner
 __all__ = ["THRESHOLD", "decisions_kept", "sigmoid_scores"]
 
 THRESHOLD = 0.5  # a probability's decision
-# What probabilities pass through on their way out, unchanged.
-_PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast", "Slice"})
+# What probabilities pass through on their way out, still probabilities (a mean of them too: Silero's over its frames).
+_PASS_THROUGH = frozenset(
+    {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast", "Slice", "ReduceMean", "ReduceMax"}
+)
 
 
 def sigmoid_scores(model: onnx.ModelProto, output: str) -> bool:
-    """Whether ``output`` is made by a Sigmoid, through reshapes and casts only: independent probabilities."""
-    producer = producers(model.graph)
+    """Whether ``output`` is made by a Sigmoid, through reshapes, casts and means only: independent probabilities."""
+    return _made_by_sigmoid(output, [producers(model.graph)])
+
+
+def _made_by_sigmoid(output: str, scopes: list[dict[str, onnx.NodeProto]]) -> bool:
+    """The walk back from ``output``; ``scopes``: the producers of the graph it is in, then of the graphs around it.
+
+    An If's output counts where each branch makes its own by a Sigmoid (a
+    branch may pass on a tensor of the graph around it, as Silero VAD's do).
+    """
     name = output
     for _ in range(32):
-        node = producer.get(name)
+        node = next((scope[name] for scope in scopes if name in scope), None)
         if node is None:
             return False
         if node.op_type == "Sigmoid" and node.domain in ("", "ai.onnx"):
             return True
+        if node.op_type == "If":
+            k = list(node.output).index(name)
+            branches = [a.g for a in node.attribute if a.name in ("then_branch", "else_branch")]
+            return bool(branches) and all(_made_by_sigmoid(b.output[k].name, [producers(b), *scopes]) for b in branches)
         if node.op_type not in _PASS_THROUGH:
             return False
         name = node.input[0]
