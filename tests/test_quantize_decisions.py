@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
 import qlinear.onnx as qo
 import qlinear.quantize as qq
-from qlinear.quantize._decisions import THRESHOLD, sigmoid_scores
+from qlinear.quantize._decisions import FEWEST_DECISIONS, THRESHOLD, sigmoid_scores
 from quantize_models import detection_head, layernorm_attention
 
 
@@ -96,3 +97,16 @@ def _branches(else_op: str):
 def test_probabilities_passed_on_by_both_branches_of_an_if_and_averaged():
     assert sigmoid_scores(_branches("Sigmoid"), "output")  # each branch: the outer Sigmoid's, or its own
     assert not sigmoid_scores(_branches("Relu"), "output")  # one branch passes logits on: not probabilities
+
+
+def test_too_few_positive_decisions_to_judge_99_percent_leave_the_output_to_its_sqnr():
+    # Eight samples of 256 pixels, the map's bias pushed down: fewer than 100 scores above 0.5 in all.
+    model, data = _probability_map()
+    bias = next(t for t in model.graph.initializer if t.dims == [1])
+    bias.CopyFrom(onnx.numpy_helper.from_array(np.float32([-6.0]), bias.name))
+    few = {"x": data["x"][:8] * 0.5}
+    want = ort.InferenceSession(model.SerializeToString()).run(None, few)[0]
+    assert 0 < np.count_nonzero(want > THRESHOLD) < FEWEST_DECISIONS
+    r = qq.quantize_model(model, None, data, eval=few)
+    assert r.report["promotions"]["target"]["metric"] == "sqnr"
+    assert r.report["output"]["decisions_kept"] is not None  # still reported

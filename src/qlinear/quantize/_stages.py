@@ -21,7 +21,7 @@ from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
-from qlinear.quantize._decisions import decisions_kept, sigmoid_scores
+from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
 from qlinear.quantize._evaluate import Reference, metric_figure, output_figures
 from qlinear.quantize._exclusion import unmatched
 from qlinear.quantize._execution import Bars, Execution
@@ -286,7 +286,8 @@ def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.Mode
         return Target("metric", value, metric_name(options.metric))
     if reference.classifies:
         return Target("agreement", DEFAULT_AGREEMENT)
-    if sigmoid_scores(float_model, reference.output):  # probabilities: judged by the decisions they carry
+    # Probabilities: judged by the decisions they carry, where there are enough of them to judge.
+    if sigmoid_scores(float_model, reference.output) and positive_decisions(reference) >= FEWEST_DECISIONS:
         return Target("decisions", DEFAULT_AGREEMENT)
     return Target("sqnr", DEFAULT_SQNR_DB)
 
