@@ -320,7 +320,7 @@ def test_batches_whose_tensors_are_large_are_cut_and_give_the_same_model(monkeyp
 
 def test_only_class_scores_are_judged_by_top1_agreement():
     # A text detector's output: a Sigmoid probability per pixel, (N, 1, H, W). Its last axis is the image's
-    # width, so the top-1 along it says nothing; the default target is the output's SQNR.
+    # width, so the top-1 along it says nothing; the default target is the decisions its scores carry.
     rng = np.random.default_rng(0)
     g = qo.Graph("prob_map", opset=17)
     x = g.input("x", "float", ("N", 3, 16, 16))
@@ -332,7 +332,7 @@ def test_only_class_scores_are_judged_by_top1_agreement():
     data = {"x": rng.standard_normal((40, 3, 16, 16)).astype(np.float32)}
     r = qq.quantize_model(g.to_model(), None, data).report
     assert r["output"]["top1_agreement"] is None
-    assert r["promotions"]["target"]["metric"] == "sqnr" and r["promotions"]["target"]["value"] == qq.DEFAULT_SQNR_DB
+    assert r["promotions"]["target"]["metric"] == "decisions" and r["promotions"]["target"]["value"] == qq.DEFAULT_AGREEMENT
 
 
 def test_what_classifies():
