@@ -53,7 +53,7 @@ def tradeoff(
     time: Callable[[dict[str, NodePrecision]], tuple[Latency | None, int]],
     chosen: dict[str, NodePrecision],
 ) -> list[Candidate]:
-    """The types asked for, the evaluated prefixes between (at most a few) and the result, fastest first.
+    """The types asked for, the evaluated prefixes between (at most a few) and the model written, by their promotions.
 
     ``steps``: the search's promotion list; ``time``: a precision
     assignment's latency and size, as the target runtime runs it;
@@ -67,7 +67,7 @@ def tradeoff(
     for k in [0, *between] if search.promotions else []:
         precision = {s.node: s.after for s in steps[:k]}
         latency, size = time(precision)
-        rows.append(Candidate(k, search.tried.get(k), latency, size, _flags(k, search, latency)))
+        rows.append(Candidate(k, search.tried.get(k), latency, size, _flags(k, latency)))
     latency, size = time(chosen)
     rows.append(Candidate(len(search.promotions), search.figure, latency, size, "(this run's)", chosen=True))
     return rows
@@ -79,7 +79,7 @@ def _same_prefix(search: Search, steps: list[Any]) -> bool:
     return [(p.node, p.after) for p in search.promotions] == [(s.node, s.after) for s in steps[:n]]
 
 
-def _flags(k: int, search: Search, latency: Latency | None) -> str:
+def _flags(k: int, latency: Latency | None) -> str:
     """The flags that write a model like the ``k``-step one: no promotion, or its latency as the budget."""
     if k == 0:
         return "--no-promote"
