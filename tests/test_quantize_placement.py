@@ -440,6 +440,9 @@ def test_an_exclude_pattern_that_names_no_node_is_refused_naming_it():
     model, data = layernorm_attention()
     with pytest.raises(QuantizationError, match=r"exclude pattern\(s\) 'q_prj', '/enc/\*' name no node of the model"):
         qq.quantize_model(model, None, data, exclude=["q_proj", "q_prj", "/enc/*"])
+    # An op type the model does not hold is no typo: one list serves models of every kind.
+    r = qq.quantize_model(model, None, data, exclude=["Conv", "ConvTranspose"], promote=False)
+    assert {n["name"] for n in r.report["nodes"]} >= {"q_proj", "head"}
     with pytest.raises(QuantizationError, match=r"exclude pattern 're:\(' is not a regular expression"):
         qq.quantize_model(model, None, data, exclude=["re:("])
     with pytest.raises(QuantizationError, match=r"exclude region 'ids\.\.nowhere': no node is named 'nowhere'"):

@@ -19,6 +19,8 @@ import fnmatch
 import re
 from collections.abc import Iterable
 
+import onnx
+
 from qlinear._errors import QuantizationError
 from qlinear.quantize._model import FloatModel
 
@@ -36,8 +38,12 @@ def excluded_nodes(fm: FloatModel, patterns: Iterable[str]) -> set[str]:
 
 
 def unmatched(fm: FloatModel, patterns: Iterable[str]) -> list[str]:
-    """The patterns that name no node of ``fm`` (a typo, or a model other than the one meant)."""
-    return [p for p in patterns if not _matches(fm, p)]
+    """The patterns that name no node of ``fm`` (a typo, or a model other than the one meant).
+
+    An ONNX op type the model does not hold is no typo: one exclusion list
+    (``Gemm Conv``) is commonly given to models of every kind.
+    """
+    return [p for p in patterns if not _matches(fm, p) and not onnx.defs.has(p)]
 
 
 def _matches(fm: FloatModel, pattern: str) -> set[str]:
