@@ -67,17 +67,12 @@ def _region(fm: FloatModel, pattern: str, start: str, end: str) -> set[str]:
     by_name = {n.name: n for n in fm.graph.node}
     if end not in by_name:
         raise QuantizationError(f"quantize: exclude region {pattern!r}: no node is named {end!r}")
-    known = {i for n in fm.graph.node for i in n.input} | {i.name for i in fm.graph.input}
-    if start not in known:
+    if not fm.consumers.get(start):
         raise QuantizationError(f"quantize: exclude region {pattern!r}: no node reads a tensor named {start!r}")
     downstream: set[str] = set()
     tensors, frontier = {start}, [start]
-    readers: dict[str, list] = {}
-    for n in fm.graph.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
     while frontier:
-        for n in readers.get(frontier.pop(), []):
+        for n in fm.consumers.get(frontier.pop(), []):
             if n.name in downstream:
                 continue
             downstream.add(n.name)

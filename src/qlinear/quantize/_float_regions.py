@@ -85,13 +85,9 @@ def _front_end_outputs(fm: FloatModel) -> set[str]:
     """The outputs of compute nodes that read a graph input through no other compute node (the model's first layer)."""
     raw = {i.name for i in fm.graph.input} - set(fm.initializers)
     reached, frontier = set(raw), list(raw)
-    readers: dict[str, list] = {}
-    for n in fm.graph.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
     outputs: set[str] = set()
     while frontier:
-        for n in readers.get(frontier.pop(), []):
+        for n in fm.consumers.get(frontier.pop(), []):
             if n.op_type in _COMPUTE_OPS:
                 outputs.update(o for o in n.output if o)
                 continue
