@@ -280,7 +280,7 @@ def main() -> None:
                 try:
                     out = work / f"{name}_{len(rows)}.onnx"
                     r = qq.quantize_model(path, out, d["cal"], eval=d["eval"], **kw)
-                    promotions = len(r.report["promotions"]["steps"]) if r.report["promotions"] else None
+                    promotions = len(r.report.promotions.steps) if r.report.promotions else None
                     rows[label] = (str(out), promotions, time.perf_counter() - start)
                 except Exception as e:  # a row that fails is a figure too
                     print(f"| {name} | {label} | fails ({type(e).__name__}: {str(e).splitlines()[0][:80]}) | | | | | | | |")

@@ -174,10 +174,10 @@ def worker(spec: dict) -> dict:
         import qlinear.quantize as qq
 
         report = qq.quantize_model(spec["model"], spec["out"], cal, **spec["settings"]).report
-        if report["promotions"] is not None:
-            extra["promotions"] = len(report["promotions"]["steps"])
-        if report["calibration"]["batches"]:
-            extra["calibration_seconds"] = report["calibration"]["seconds"]
+        if report.promotions is not None:
+            extra["promotions"] = len(report.promotions.steps)
+        if report.calibration.batches:
+            extra["calibration_seconds"] = report.calibration.seconds
             extra["inference_seconds"] = _plain_inference(spec["model"], cal)
     elif spec["quantizer"] == "ort_nbits":
         from onnxruntime.quantization import matmul_nbits_quantizer as nbits

@@ -106,8 +106,8 @@ def test_tables_at_80_columns_fold_rather_than_cut(tmp_path):
 
 
 def test_degraded_nodes_table_keeps_node_names_beside_long_kernel_names(tmp_path):
-    import copy
     import io
+    from dataclasses import replace
 
     from rich.console import Console
 
@@ -115,12 +115,11 @@ def test_degraded_nodes_table_keeps_node_names_beside_long_kernel_names(tmp_path
     from qlinear.quantize._report_print import print_report
 
     result = quantize_model(str(DEMO / "digits_cnn.onnx"), tmp_path / "q.onnx", str(DEMO / "digits_calibration.npz"))
-    report = copy.deepcopy(result.report)
-    for i, n in enumerate(report["nodes"]):  # as on a transformer: MatMuls run as ORT's longest kernel name
-        n["name"], n["runs_as"] = f"block{i}_fc1", "MatMulIntegerToFloat"
+    # As on a transformer: MatMuls run as ORT's longest kernel name.
+    nodes = [replace(n, name=f"block{i}_fc1", runs_as="MatMulIntegerToFloat") for i, n in enumerate(result.report.nodes)]
     out = io.StringIO()
-    print_report(report, Console(file=out, width=80))
+    print_report(replace(result.report, nodes=nodes), Console(file=out, width=80))
     lines = out.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 80
-    for n in report["nodes"]:
-        assert any(n["name"] in line and "MatMulIntegerToFloat" in line for line in lines), n["name"]
+    for n in nodes:
+        assert any(n.name in line and "MatMulIntegerToFloat" in line for line in lines), n.name

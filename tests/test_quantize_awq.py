@@ -29,9 +29,9 @@ def test_awq_lowers_the_error_of_4bit_weights():
     settings = dict(weights="int4", granularity="blocked", activations=None, promote=False, gptq=False, bias_correction=False)
     plain = qq.quantize_model(model, None, cal, eval=ev, awq=False, **settings).report
     scaled = qq.quantize_model(model, None, cal, eval=ev, awq=True, **settings).report
-    assert scaled["awq"][0]["alpha"] is not None and scaled["awq"][0]["nodes"] == ["layer"]
-    assert scaled["output"]["sqnr_db"] > plain["output"]["sqnr_db"] + 1.0
-    assert scaled["nodes"][0]["runs_as"] == plain["nodes"][0]["runs_as"] == "MatMulNBits"
+    assert scaled.awq[0].alpha is not None and scaled.awq[0].nodes == ("layer",)
+    assert scaled.output.sqnr_db > plain.output.sqnr_db + 1.0
+    assert scaled.nodes[0].runs_as == plain.nodes[0].runs_as == "MatMulNBits"
 
 
 def test_awq_keeps_the_float_function_and_is_on_by_default_for_4bit_weight_only():
@@ -41,9 +41,9 @@ def test_awq_keeps_the_float_function_and_is_on_by_default_for_4bit_weight_only(
     done = scale_for_weights(
         fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), weights="int4", block_size=32
     )
-    assert done and done[0].error_after < done[0].error_before
+    assert done and done[0].sample_error_after < done[0].sample_error_before
     ref, got = qo.run(model, data, backend="onnxruntime")["y"], qo.run(fm.model, data, backend="onnxruntime")["y"]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
     r = qq.quantize_model(model, None, data, weights="int4", granularity="blocked", activations=None, promote=False).report
-    assert r["settings"]["awq"] and r["settings"]["gptq"] and not r["settings"]["smoothquant"]
-    assert qq.quantize_model(model, None, data, promote=False).report["settings"]["awq"] is False  # 8-bit: off
+    assert r.settings.awq and r.settings.gptq and not r.settings.smoothquant
+    assert qq.quantize_model(model, None, data, promote=False).report.settings.awq is False  # 8-bit: off

@@ -59,7 +59,7 @@ def test_mean_output_error_is_zero_on_the_calibration_data(kind):
         assert after.max() < before.max() / 20
     else:
         assert after.max() < 1e-5
-    assert corrected.report["output"]["sqnr_db"] > plain.report["output"]["sqnr_db"]
+    assert corrected.report.output.sqnr_db > plain.report.output.sqnr_db
     # The float model itself is not touched.
     assert (
         qo.run(model, data, backend="onnxruntime")["y"].shape == qo.run(corrected.model, data, backend="onnxruntime")["y"].shape
@@ -69,17 +69,17 @@ def test_mean_output_error_is_zero_on_the_calibration_data(kind):
 def test_corrected_bias_stays_int32_with_integer_activations():
     model, data = _layer("gemm")
     r = qq.quantize_model(model, None, data, eval=data, bias_correction=True, promote=False)
-    assert r.report["nodes"][0]["bias_int32"] and r.report["settings"]["bias_correction"]
+    assert r.report.nodes[0].bias_int32 and r.report.settings.bias_correction
     conv_model, conv_data = _layer("conv", relu=True)
     r = qq.quantize_model(conv_model, None, conv_data, eval=conv_data, bias_correction=True, promote=False)
-    node = r.report["nodes"][0]
-    assert node["bias_int32"] and node["runs_as"] == "QLinearConv" and r.report["fusion"]["unfused"] == []
+    node = r.report.nodes[0]
+    assert node.bias_int32 and node.runs_as == "QLinearConv" and r.report.fusion.unfused == []
 
 
 def test_bias_correction_is_on_by_default_with_calibration_data():
     model, data = _layer("gemm")
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert r["settings"]["bias_correction"] and r["nodes"][0]["bias_corrected"]
+    assert r.settings.bias_correction and r.nodes[0].bias_corrected
 
 
 def test_saved_statistics_carry_the_input_means(tmp_path):

@@ -49,20 +49,20 @@ def _f1_by_hand(float_model, quantized, feeds) -> float:
 def test_a_probability_output_is_judged_by_its_decisions_by_default():
     model, data = _probability_map()
     r = qq.quantize_model(model, None, data, eval={"x": data["x"][48:]}, max_float=1.0)
-    target = r.report["promotions"]["target"]
-    assert target["metric"] == "decisions" and target["value"] == qq.DEFAULT_AGREEMENT
-    assert target["text"] == "decisions kept >= 99.00% (F1 of the scores above 0.5)"
-    kept = r.report["output"]["decisions_kept"]
+    target = r.report.promotions.target
+    assert target.metric == "decisions" and target.value == qq.DEFAULT_AGREEMENT
+    assert target.text == "decisions kept >= 99.00% (F1 of the scores above 0.5)"
+    kept = r.report.output.decisions_kept
     assert kept == pytest.approx(_f1_by_hand(model, r.model, {"x": data["x"][48:]}), abs=1e-12)
     # 8 bits alone keep fewer than 99% of the decisions; the search promotes until they hold.
-    assert r.report["promotions"]["before"] < 0.99 <= r.report["promotions"]["after"] == kept and r.target_met
-    assert "target met (decisions kept >= 99.00%" in r.report["decision"]["line"]
+    assert r.report.promotions.before < 0.99 <= r.report.promotions.after == kept and r.target_met
+    assert "target met (decisions kept >= 99.00%" in r.report.decision.line
 
 
 def test_an_sqnr_target_given_for_probabilities_is_kept():
     model, data = _probability_map()
     r = qq.quantize_model(model, None, data, target_sqnr_db=20)
-    assert r.report["promotions"]["target"]["metric"] == "sqnr" and r.report["output"]["decisions_kept"] is not None
+    assert r.report.promotions.target.metric == "sqnr" and r.report.output.decisions_kept is not None
 
 
 def _branches(else_op: str):
@@ -108,5 +108,5 @@ def test_too_few_positive_decisions_to_judge_99_percent_leave_the_output_to_its_
     want = ort.InferenceSession(model.SerializeToString()).run(None, few)[0]
     assert 0 < np.count_nonzero(want > THRESHOLD) < FEWEST_DECISIONS
     r = qq.quantize_model(model, None, data, eval=few)
-    assert r.report["promotions"]["target"]["metric"] == "sqnr"
-    assert r.report["output"]["decisions_kept"] is not None  # still reported
+    assert r.report.promotions.target.metric == "sqnr"
+    assert r.report.output.decisions_kept is not None  # still reported

@@ -47,8 +47,8 @@ def _values(model):
 def test_each_layers_mean_error_is_taken_out_of_its_int32_bias():
     fm, qmodel, data, reference = _setup()
     corrected, done = correct_biases(fm, qmodel, data, reference, batch_size=16)
-    assert done.kept and done.figures_after[0] > done.figures_before[0] + 0.5  # digits: 41.8 -> 42.8 dB
-    assert done.figures_after[1] >= done.figures_before[1]
+    assert done.kept and done.held_out.sqnr_db_after > done.held_out.sqnr_db_before + 0.5  # digits: 41.8 -> 42.8 dB
+    assert done.held_out.agreement_after >= done.held_out.agreement_before
     assert done.layers == ["conv1", "conv2", "fc1", "fc2"]  # graph order
     # Only the int32 bias codes moved; every other value and the graph are the post-training model's.
     before, after = _values(qmodel), _values(corrected)
@@ -82,11 +82,11 @@ def test_a_float_bias_is_lowered_by_the_shift():
 def test_it_runs_from_the_option_and_is_reported_under_its_name():
     cal, ev = _data()
     plain = qq.quantize_model(MODEL, None, cal, eval=ev, promote=False).report
-    assert "empirical_bias_correction" not in plain and plain["settings"]["empirical_bias_correction"] is False
+    assert "empirical_bias_correction" not in plain.algorithms and plain.settings.empirical_bias_correction is False
     r = qq.quantize_model(MODEL, None, cal, eval=ev, promote=False, empirical_bias_correction=True).report
-    done = r["empirical_bias_correction"]
-    assert done["kept"] and r["output"]["sqnr_db"] == pytest.approx(done["sqnr_db_after"])
-    assert done["sqnr_db_before"] == pytest.approx(plain["output"]["sqnr_db"])
+    done = r.algorithms["empirical_bias_correction"]
+    assert done.kept and r.output.sqnr_db == pytest.approx(done.held_out.sqnr_db_after)
+    assert done.held_out.sqnr_db_before == pytest.approx(plain.output.sqnr_db)
 
 
 def test_a_correction_that_is_not_better_held_out_keeps_the_model_as_it_was():
@@ -95,11 +95,12 @@ def test_a_correction_that_is_not_better_held_out_keeps_the_model_as_it_was():
     w4 = {"weights": "int4", "granularity": "blocked"}
     plain = qq.quantize_model(MODEL, None, cal, eval=ev, promote=False, **w4)
     r = qq.quantize_model(MODEL, None, cal, eval=ev, promote=False, empirical_bias_correction=True, **w4)
-    done = r.report["empirical_bias_correction"]
-    assert done["kept"] == (
-        done["sqnr_db_after"] > done["sqnr_db_before"] and done["agreement_after"] >= done["agreement_before"]
+    done = r.report.algorithms["empirical_bias_correction"]
+    assert done.kept == (
+        done.held_out.sqnr_db_after > done.held_out.sqnr_db_before
+        and done.held_out.agreement_after >= done.held_out.agreement_before
     )
-    if not done["kept"]:
+    if not done.kept:
         assert r.model.SerializeToString() == plain.model.SerializeToString()
 
 

@@ -48,7 +48,7 @@ def test_the_torch_module_is_a_quantized_model_with_gates(gate):
     # (a QuantizeLinear and a DequantizeLinear of different scales): before any step, ONNX Runtime's values.
     model, data = gated_convs(gate)
     r = qq.quantize_model(model, None, data, promote=False)
-    assert r.report["fusion"]["integer_gates"]
+    assert r.report.fusion.integer_gates
     x = data["x"][-16:]
     with torch.no_grad():
         got = QDQModule(r.model, {})({"x": torch.from_numpy(x)})[0].numpy()
@@ -57,7 +57,7 @@ def test_the_torch_module_is_a_quantized_model_with_gates(gate):
     # A gate's Q/DQ pair of different scales and its shift stored as one code encode its function: not trained.
     gates = [t.name for t in r.model.graph.initializer if "_gate_" in t.name or "_shift_" in t.name]
     tuned = qq.quantize_model(model, None, data, promote=False, finetune=10)
-    assert "no torch form" not in (tuned.report["finetune"].get("note") or "")
+    assert "no torch form" not in (tuned.report.finetune.note or "")
     inits = {t.name: t.SerializeToString() for t in tuned.model.graph.initializer}
     assert gates and all(inits[name] == t.SerializeToString() for t in r.model.graph.initializer if (name := t.name) in gates)
 
@@ -77,7 +77,7 @@ def test_the_torch_module_reads_leading_dimensions_at_run_time(opset):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * float(np.abs(want).max()))
     tuned = qq.quantize_model(model, None, data, promote=False, finetune=5)
-    assert "no torch form" not in (tuned.report["finetune"].get("note") or "")
+    assert "no torch form" not in (tuned.report.finetune.note or "")
 
 
 def test_slice_and_cast_have_torch_forms():
@@ -105,22 +105,24 @@ def test_finetune_lowers_the_loss_and_keeps_the_better_model(tmp_path):
     cal, ev = _data()
     ptq = qq.quantize_model(MODEL, None, cal, eval=ev, **W4A8)
     tuned = qq.quantize_model(MODEL, tmp_path / "q.onnx", cal, eval=ev, finetune=300, **W4A8)
-    f = tuned.report["finetune"]
-    assert f["steps"] == 300 and f["loss_after"] < f["loss_before"]
-    assert (f["sqnr_db_before"], f["agreement_before"]) == (
-        ptq.report["output"]["sqnr_db"],
-        ptq.report["output"]["top1_agreement"],
+    f = tuned.report.finetune
+    assert f.steps == 300 and f.loss_after < f.loss_before
+    assert (f.held_out.sqnr_db_before, f.held_out.agreement_before) == (
+        ptq.report.output.sqnr_db,
+        ptq.report.output.top1_agreement,
     )
-    assert f["sqnr_db_after"] > f["sqnr_db_before"] + 2
-    assert f["kept"] == (f["sqnr_db_after"] > f["sqnr_db_before"] and f["agreement_after"] >= f["agreement_before"])
+    assert f.held_out.sqnr_db_after > f.held_out.sqnr_db_before + 2
+    assert f.kept == (
+        f.held_out.sqnr_db_after > f.held_out.sqnr_db_before and f.held_out.agreement_after >= f.held_out.agreement_before
+    )
     written = onnx.load(str(tmp_path / "q.onnx"))
     onnx.checker.check_model(str(tmp_path / "q.onnx"), full_check=True)
-    if f["kept"]:
-        assert f["note"] is None
-        assert tuned.report["output"]["sqnr_db"] == pytest.approx(f["sqnr_db_after"])
+    if f.kept:
+        assert f.note is None
+        assert tuned.report.output.sqnr_db == pytest.approx(f.held_out.sqnr_db_after)
         assert tuned.model.SerializeToString() != ptq.model.SerializeToString()
     else:
-        assert "not better on the held-out data" in f["note"]
+        assert "not better on the held-out data" in f.note
         assert tuned.model.SerializeToString() == ptq.model.SerializeToString()
     assert written.graph.SerializeToString() == tuned.model.graph.SerializeToString()
 
@@ -183,9 +185,9 @@ def test_int32_biases_follow_the_new_scales():
 def test_scales_only_leave_the_weights_codes_to_the_scales():
     cal, ev = _data()
     tuned = qq.quantize_model(MODEL, None, cal, eval=ev, finetune=50, finetune_weights=False, **W4A8)
-    f = tuned.report["finetune"]
-    assert f["steps"] == 50 and f["loss_after"] < f["loss_before"]
-    assert tuned.report["settings"]["finetune_weights"] is False
+    f = tuned.report.finetune
+    assert f.steps == 50 and f.loss_after < f.loss_before
+    assert tuned.report.settings.finetune_weights is False
 
 
 def test_an_operator_torch_cannot_run_keeps_the_post_training_model():
@@ -197,9 +199,9 @@ def test_an_operator_torch_cannot_run_keeps_the_post_training_model():
     model.graph.node.append(node)
     ptq = qq.quantize_model(model, None, data, promote=False)
     tuned = qq.quantize_model(model, None, data, promote=False, finetune=10)
-    assert not tuned.report["finetune"]["kept"]
-    assert "Elu" in tuned.report["finetune"]["note"]
-    assert any("Elu" in w for w in tuned.report["warnings"])
+    assert not tuned.report.finetune.kept
+    assert "Elu" in tuned.report.finetune.note
+    assert any("Elu" in w for w in tuned.report.warnings)
     assert tuned.model.SerializeToString() == ptq.model.SerializeToString()
     with pytest.raises(UnsupportedOperator, match="Elu"):
         QDQModule(ptq.model, {})
@@ -219,10 +221,10 @@ def test_a_float_front_end_torch_cannot_run_is_computed_by_onnx_runtime():
     got = qo.run(rest, cut, backend="onnxruntime")["logits"]
     np.testing.assert_array_equal(got, qo.run(qmodel, feeds, backend="onnxruntime")["logits"])
     tuned = qq.quantize_model(model, None, data, finetune=100, **W4A8).report
-    f = tuned["finetune"]
-    assert f["seconds"] > 0 and f["loss_after"] < f["loss_before"]
-    assert f["sqnr_db_after"] > f["sqnr_db_before"] + 2 and not any("torch form" in w for w in tuned["warnings"])
-    assert f["kept"] == (f["agreement_after"] >= f["agreement_before"])
+    f = tuned.finetune
+    assert f.seconds > 0 and f.loss_after < f.loss_before
+    assert f.held_out.sqnr_db_after > f.held_out.sqnr_db_before + 2 and not any("torch form" in w for w in tuned.warnings)
+    assert f.kept == (f.held_out.agreement_after >= f.held_out.agreement_before)
 
 
 def test_a_model_with_no_float_front_end_has_no_prefix():

@@ -42,11 +42,11 @@ def _summary(report) -> str:
 def test_16_bit_nodes_run_in_float_without_a_warning():
     model, data = layernorm_attention()
     r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
-    unfused, by_design = r["fusion"]["unfused"], r["fusion"]["float_by_design"]
+    unfused, by_design = r.fusion.unfused, r.fusion.float_by_design
     assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(unfused)
     assert set(by_design) == set(unfused) and all(why.startswith("16-bit activations") for why in by_design.values())
     assert "embed" not in unfused  # its codes are gathered (an 8-bit table)
-    assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+    assert not [w for w in r.warnings if "ONNX Runtime runs" in w]
     text = _summary(r)
     assert f"in float by design: {len(unfused)} (16-bit activations)" in text
 
@@ -61,8 +61,8 @@ def test_a_node_onnx_runtime_should_fuse_but_did_not_is_a_warning(monkeypatch):
     monkeypatch.setitem(TARGETS, "ort-cpu", dataclasses.replace(ORT_CPU, check_fusion=missed))
     model, data = layernorm_attention()
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert "q_proj" in r["fusion"]["unfused"] and "q_proj" not in r["fusion"]["float_by_design"]
-    warned = [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+    assert "q_proj" in r.fusion.unfused and "q_proj" not in r.fusion.float_by_design
+    warned = [w for w in r.warnings if "ONNX Runtime runs" in w]
     assert len(warned) == 1 and "where an integer kernel was expected" in warned[0] and "q_proj" in warned[0]
     assert "embed" not in warned[0]
 
@@ -72,15 +72,11 @@ def test_onnx_runtime_has_no_kernel_for_4_bit_weights_with_8_bit_activations_nor
     model, data = conv_batchnorm()
     for kw in ({"weights": "int4"}, {"activations": None}):
         r = qq.quantize_model(model, None, data, promote=False, **kw).report
-        by_design = r["fusion"]["float_by_design"]
-        assert (
-            set(by_design)
-            == set(r["fusion"]["unfused"])
-            == ({"conv0", "conv1", "fc"} if kw.get("weights") else {"conv0", "conv1"})
-        )
-        assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w and "integer kernel was expected" in w]
+        by_design = r.fusion.float_by_design
+        assert set(by_design) == set(r.fusion.unfused) == ({"conv0", "conv1", "fc"} if kw.get("weights") else {"conv0", "conv1"})
+        assert not [w for w in r.warnings if "ONNX Runtime runs" in w and "integer kernel was expected" in w]
     assert all(why.startswith("a weight-only Conv:") for why in by_design.values())
-    assert r["fusion"]["unfused"] == ["conv0", "conv1"]  # the Gemm runs as MatMulNBits
+    assert r.fusion.unfused == ["conv0", "conv1"]  # the Gemm runs as MatMulNBits
 
 
 def test_a_conv_that_writes_a_model_output_is_float_by_design():
@@ -93,9 +89,9 @@ def test_a_conv_that_writes_a_model_output_is_float_by_design():
     g.output(g.op("Conv", [h, rng.standard_normal((2, 8, 1, 1)).astype(np.float32)], name="head", output_names=["mask"]))
     data = {"x": rng.standard_normal((32, 4, 8, 8)).astype(np.float32)}
     r = qq.quantize_model(g.to_model(), None, data, promote=False).report
-    assert r["fusion"]["unfused"] == ["head"]
-    assert r["fusion"]["float_by_design"]["head"].startswith("a Conv whose output is a model output:")
-    assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+    assert r.fusion.unfused == ["head"]
+    assert r.fusion.float_by_design["head"].startswith("a Conv whose output is a model output:")
+    assert not [w for w in r.warnings if "ONNX Runtime runs" in w]
 
 
 def test_an_8_bit_node_whose_output_onnx_runtime_requantizes_at_16_bits_is_named_with_why():
@@ -147,8 +143,8 @@ def test_a_matmul_onnx_runtime_fuses_with_a_residual_add_is_named_with_why():
     g.output(g.op("MatMul", [h, (rng.standard_normal((16, 4)) * 0.3).astype(np.float32)], name="head", output_names=["y"]))
     data = {"x": rng.standard_normal((40, 16)).astype(np.float32)}
     r = qq.quantize_model(g.to_model(), None, data, promote=False).report
-    assert r["fusion"]["unfused"] == ["mix"] and r["fusion"]["float_by_design"] == {"mix": MATMUL_ADD_FUSED}
-    assert not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+    assert r.fusion.unfused == ["mix"] and r.fusion.float_by_design == {"mix": MATMUL_ADD_FUSED}
+    assert not [w for w in r.warnings if "ONNX Runtime runs" in w]
 
 
 def test_a_matmul_before_a_relu_whose_output_stays_float_gets_a_quantize_linear_after_the_relu():
@@ -162,6 +158,6 @@ def test_a_matmul_before_a_relu_whose_output_stays_float_gets_a_quantize_linear_
     g.output(g.op("MatMul", [h, (rng.standard_normal((16, 4)) * 0.4).astype(np.float32)], name="head", output_names=["y"]))
     data = {"x": rng.standard_normal((40, 8)).astype(np.float32)}
     r = qq.quantize_model(g.to_model(), None, data, promote=False)
-    assert {n["name"]: n["runs_as"] for n in r.report["nodes"]} == {"up": "QLinearMatMul", "head": "MatMulIntegerToFloat"}
+    assert {n.name: n.runs_as for n in r.report.nodes} == {"up": "QLinearMatMul", "head": "MatMulIntegerToFloat"}
     (relu,) = [n for n in r.model.graph.node if n.name == "act"]
     assert [n.op_type for n in r.model.graph.node if relu.output[0] in n.input] == ["QuantizeLinear"]

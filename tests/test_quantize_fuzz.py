@@ -68,16 +68,16 @@ def test_generated_model(seed, tmp_path):
     assert sorted(p.name for p in out_dir.iterdir()) == ["q.onnx"], f"{what}: {list(out_dir.iterdir())}"
     onnx.checker.check_model(str(out), full_check=True)
     report = r.report
-    if report["eval"]["onnxruntime_error"] is None:
+    if report.eval.onnxruntime_error is None:
         ort.InferenceSession(str(out))  # loads with ONNX Runtime's default optimizations
     else:
-        assert any(w.startswith("ONNX Runtime cannot load") for w in report["warnings"]), what
-    size = report["size_bytes"]
-    if size["after"] > size["before"]:
-        assert any("larger than the float model" in w for w in report["warnings"]), f"{what}: {size} unsaid"
-    o = r.report["settings"]
-    if o["activations"] in ("uint16", "int16") and o["weights"] in ("int8", "uint8"):
-        sqnr = report["output"]["sqnr_db"]
+        assert any(w.startswith("ONNX Runtime cannot load") for w in report.warnings), what
+    size = report.size_bytes
+    if size.after > size.before:
+        assert any("larger than the float model" in w for w in report.warnings), f"{what}: {size} unsaid"
+    o = r.report.settings
+    if o.activations in ("uint16", "int16") and o.weights in ("int8", "uint8"):
+        sqnr = report.output.sqnr_db
         assert sqnr is None or sqnr > SIXTEEN_BIT_DB, f"{what}: output SQNR {sqnr} dB at 16-bit activations"
 
 
@@ -133,8 +133,8 @@ def test_found_a_float8_conv_that_loads_only_with_extra_outputs_is_said(tmp_path
     r = qq.quantize_model(model, out, data, eval=data, exclude=("logits",), **options).report
     with pytest.raises(Exception, match="QLinearConv"):
         ort.InferenceSession(str(out))
-    assert "QLinearConv" in r["eval"]["onnxruntime_error"]
-    assert any(w.startswith("ONNX Runtime cannot load the quantized model") for w in r["warnings"])
+    assert "QLinearConv" in r.eval.onnxruntime_error
+    assert any(w.startswith("ONNX Runtime cannot load the quantized model") for w in r.warnings)
 
 
 def test_found_rows_gathered_straight_into_a_matmul_stay_a_whole_table():
@@ -144,7 +144,7 @@ def test_found_rows_gathered_straight_into_a_matmul_stay_a_whole_table():
     model, data = _token_model()
     options = {"weights": "uint8", "activations": "int16", "granularity": "blocked", "promote": False}
     r = qq.quantize_model(model, None, data, eval=data, **options)
-    assert r.report["eval"]["backend"] == "onnxruntime" and r.report["eval"]["onnxruntime_error"] is None
+    assert r.report.eval.backend == "onnxruntime" and r.report.eval.onnxruntime_error is None
     gather = next(n for n in r.model.graph.node if n.op_type == "Gather")
     assert gather.input[0] not in {t.name for t in r.model.graph.initializer}  # the dequantized table, not codes
 
@@ -157,7 +157,7 @@ def test_found_empirical_bias_correction_runs_where_onnx_runtime_cannot_load_the
     # has no kernel for its types; it runs as the evaluation does now, with qlinear's kernels where it must.
     model, data = _conv_model()
     r = qq.quantize_model(model, None, data, eval=data, promote=False, empirical_bias_correction=True, **types).report
-    assert r["eval"]["backend"] == "onnxruntime+qlinear" and r["empirical_bias_correction"]["layers"]
+    assert r.eval.backend == "onnxruntime+qlinear" and r.algorithms["empirical_bias_correction"].layers
 
 
 def test_found_blocked_conv_weights_go_with_float_activations(monkeypatch):
@@ -173,8 +173,8 @@ def test_found_blocked_conv_weights_go_with_float_activations(monkeypatch):
     case = fuzz_case(544)
     assert case.description[3:5] == ["concat", "conv6+Tanh"] and case.options["granularity"] == "blocked"
     r = qq.quantize_model(case.model, None, case.data, eval=case.data, **case.options).report
-    assert r["eval"]["onnxruntime_error"] is None
-    assert all(n["activation_type"] is None for n in r["nodes"] if n["op_type"] == "Conv")
+    assert r.eval.onnxruntime_error is None
+    assert all(n.activation_type is None for n in r.nodes if n.op_type == "Conv")
     # Without the rule, the same run fails: ONNX Runtime's QLinearConv refuses the blocked filter scale.
     rule_off = dataclasses.replace(
         ORT_CPU.placement, blocked_float_ops={k: v for k, v in ORT_CPU.placement.blocked_float_ops.items() if k != "Conv"}

@@ -77,12 +77,12 @@ def test_gathered_codes_equal_the_whole_table_dequantized(weights, granularity):
         assert writer.op_type == "DequantizeLinear"
         whole = qlinear.dequantize_linear(codes, *(inits[t] for t in writer.input[1:]))
     elif granularity == "blocked":
-        assert writer.op_type == "DequantizeLinear" and r.report["settings"]["opset"] == 21
+        assert writer.op_type == "DequantizeLinear" and r.report.settings.opset == 21
         scale, zp = (rows_of[t] for t in writer.input[1:])
         assert scale.shape == (VOCAB, WIDTH // 16)
         whole = qlinear.dequantize_linear(codes, scale, zp, axis=1, block_size=16)
     else:  # (codes - zero point) * scale as Cast, Sub, Mul, at the model's own opset
-        assert writer.op_type == "Mul" and r.report["settings"]["opset"] == 17
+        assert writer.op_type == "Mul" and r.report.settings.opset == 17
         scale = next(rows_of[t] for t in writer.input if t in rows_of)
         zp_node = next((n for n in g.node if n.op_type == "Sub"), None)
         zp = None if zp_node is None else rows_of[zp_node.input[1]]
@@ -91,8 +91,8 @@ def test_gathered_codes_equal_the_whole_table_dequantized(weights, granularity):
         whole = qlinear.dequantize_linear(codes, scale.reshape(-1), stored_zp, axis=0)
     rows = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["rows"], {"ids": ids})[0]
     np.testing.assert_array_equal(rows, whole[ids])
-    node = next(n for n in r.report["nodes"] if n["name"] == "embed")
-    assert node["runs_as"] == GATHER_CODES and node["fused"]
+    node = next(n for n in r.report.nodes if n.name == "embed")
+    assert node.runs_as == GATHER_CODES and node.fused
 
 
 @pytest.mark.parametrize("weights", ["int8", "uint8"])
@@ -117,7 +117,7 @@ def test_a_float16_models_table_is_gathered_bit_for_bit(weights):
     whole = qlinear.dequantize_linear(codes, scale, zp, axis=0)
     rows = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["rows"], {"ids": ids})[0]
     assert rows.dtype == np.float16 and np.array_equal(rows.view(np.uint16), whole[ids].view(np.uint16))
-    assert r.report["fusion"]["unfused"] == []
+    assert r.report.fusion.unfused == []
 
 
 def test_a_4_bit_run_stores_its_tables_at_8_bits_and_gathers_them():
@@ -126,12 +126,12 @@ def test_a_4_bit_run_stores_its_tables_at_8_bits_and_gathers_them():
         _model(table_reads_quantized=False), None, {"ids": ids}, weights="int4", granularity="blocked", activations=None,
         promote=False,
     )  # fmt: skip
-    types = {n["name"]: (n["weight_type"], n["runs_as"]) for n in r.report["nodes"]}
+    types = {n.name: (n.weight_type, n.runs_as) for n in r.report.nodes}
     assert types == {"embed": ("int8", GATHER_CODES), "proj": ("int4", "MatMulNBits")}
-    assert r.report["widened"] == [
-        {"name": "embed", "asked": "int4", "stored": "int8", "reason": "ONNX Runtime gathers 8-bit codes, not narrower ones"}
+    assert [(w.name, w.asked, w.stored, w.reason) for w in r.report.widened] == [
+        ("embed", "int4", "int8", "ONNX Runtime gathers 8-bit codes, not narrower ones")
     ]
-    assert _table_reads(r.model) == ["Gather"] and r.report["fusion"]["unfused"] == []
+    assert _table_reads(r.model) == ["Gather"] and r.report.fusion.unfused == []
     out = io.StringIO()
     print_report(r.report, Console(file=out, width=200, color_system=None))
     assert "tables widened   embed int4 -> int8" in out.getvalue()
@@ -145,5 +145,5 @@ def test_a_table_whose_output_is_a_quantized_activation_gets_its_quantizelinear_
     q = next(k for k, n in enumerate(nodes) if n.op_type == "QuantizeLinear" and "rows" in n.input)
     gather = next(k for k, n in enumerate(nodes) if n.name == "embed")
     assert gather < writer < q  # the rows are gathered, dequantized, then quantized for the MatMul
-    assert {n["name"]: n["runs_as"] for n in r.report["nodes"]} == {"embed": GATHER_CODES, "proj": "MatMulIntegerToFloat"}
-    assert r.report["output"]["sqnr_db"] > 35
+    assert {n.name: n.runs_as for n in r.report.nodes} == {"embed": GATHER_CODES, "proj": "MatMulIntegerToFloat"}
+    assert r.report.output.sqnr_db > 35

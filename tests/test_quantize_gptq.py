@@ -100,5 +100,5 @@ def test_gptq_in_the_quantizer_lowers_the_models_error():
     settings = dict(weights="int4", granularity="blocked", activations=None, promote=False, bias_correction=False)
     rtn = qq.quantize_model(g.to_model(), None, data, eval=data, gptq=False, **settings).report
     gptq = qq.quantize_model(g.to_model(), None, data, eval=data, gptq=True, **settings).report
-    assert gptq["settings"]["gptq"] and gptq["output"]["sqnr_db"] > rtn["output"]["sqnr_db"] + 1.0
-    assert gptq["nodes"][0]["runs_as"] == rtn["nodes"][0]["runs_as"]  # the same layout, only other codes
+    assert gptq.settings.gptq and gptq.output.sqnr_db > rtn.output.sqnr_db + 1.0
+    assert gptq.nodes[0].runs_as == rtn.nodes[0].runs_as  # the same layout, only other codes

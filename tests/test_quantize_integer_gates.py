@@ -48,8 +48,8 @@ def test_gates_between_quantized_layers_run_on_integer_kernels(gate):
     assert optimized.count("QLinearSigmoid" if gate == "SiLU" else "QLinearAdd") == 2
     left = sorted(op for op in optimized if op in _FLOAT_GATE_OPS)
     assert left == _LAST_GATE_IN_FLOAT[gate]
-    assert r.report["fusion"]["unfused"] == []
-    assert r.report["fusion"]["integer_gates"] == ["gate0", "gate1"]
+    assert r.report.fusion.unfused == []
+    assert r.report.fusion.integer_gates == ["gate0", "gate1"]
     console = Console(file=io.StringIO(), width=200)
     qq.print_report(r.report, console)
     assert "2 gates (HardSwish, SiLU, ...) as integer Add/Mul/Sigmoid" in console.file.getvalue()
@@ -64,7 +64,7 @@ def test_a_float16_models_gates_keep_its_type(gate):
     inits = {t.name: t for t in r.model.graph.initializer}
     scales = [inits[n.input[1]] for n in r.model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert all(s.data_type == TensorProto.FLOAT16 for s in scales)  # the gates' scales among them
-    assert r.report["fusion"]["integer_gates"] == ["gate0", "gate1"] and r.report["output"]["sqnr_db"] > 30
+    assert r.report.fusion.integer_gates == ["gate0", "gate1"] and r.report.output.sqnr_db > 30
 
 
 def test_gates_between_int8_activations_are_left_and_their_convs_fuse():
@@ -72,7 +72,7 @@ def test_gates_between_int8_activations_are_left_and_their_convs_fuse():
     r = qq.quantize_model(model, None, data, activations="int8", promote=False)
     # Rewritten, each gate would read its int8 input twice, and ONNX Runtime would run the Conv in front in float.
     assert "QLinearMul" not in _ops(optimized_graph(r.model))
-    assert r.report["fusion"]["unfused"] == []
+    assert r.report.fusion.unfused == []
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -215,11 +215,11 @@ def test_a_squeeze_and_excitation_block_runs_on_integer_kernels(paddle):
     r = qq.quantize_model(model, None, data, promote=False)
     # SmoothQuant evens out the head's pooled features: its division goes through the pool and the Relu into the
     # last Conv, where a Mul would have kept the pool from fusing.
-    assert [(m["nodes"], m["alpha"] is not None) for m in r.report["smoothquant"]] == [(["fc"], True)]
+    assert [(m.nodes, m.alpha is not None) for m in r.report.smoothquant] == [(("fc",), True)]
     optimized = _ops(optimized_graph(r.model))
     # Both pools fuse; the HardSwish and the block's gate a * HardSigmoid(b) run as integer Add and Mul.
     assert optimized.count("QLinearGlobalAveragePool") == 2
     hard_swish = [n.name for n in model.graph.node if n.op_type == "HardSwish"]
-    assert sorted(r.report["fusion"]["integer_gates"]) == sorted([*hard_swish, "excite"])
+    assert sorted(r.report.fusion.integer_gates) == sorted([*hard_swish, "excite"])
     assert not [op for op in optimized if op in _FLOAT_GATE_OPS | {"GlobalAveragePool", "DequantizeLinear"}]
-    assert r.report["fusion"]["unfused"] == [] and r.report["output"]["sqnr_db"] > 30
+    assert r.report.fusion.unfused == [] and r.report.output.sqnr_db > 30

@@ -55,9 +55,9 @@ def test_the_report_gives_the_agreement_with_its_interval():
         str(DEMO / "digits_cnn.onnx"), None, str(DEMO / "digits_calibration.npz"), eval=str(DEMO / "digits_eval.npz"),
         labels="label", promote=False,
     ).report  # fmt: skip
-    out = r["output"]
-    interval = out["top1_agreement_interval"]
-    assert interval["decisions"] == 450
-    agree = round(out["top1_agreement"] * 450)
-    assert (interval["low"], interval["high"]) == wilson_interval(agree, 450)
-    assert interval["low"] <= out["top1_agreement"] <= interval["high"]
+    out = r.output
+    interval = out.top1_agreement_interval
+    assert interval.decisions == 450
+    agree = round(out.top1_agreement * 450)
+    assert (interval.low, interval.high) == wilson_interval(agree, 450)
+    assert interval.low <= out.top1_agreement <= interval.high

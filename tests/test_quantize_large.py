@@ -39,9 +39,9 @@ def test_weights_beside_the_graph_give_the_in_memory_model(tmp_path, monkeypatch
     assert got.weights is not None and len(got.weights) > 0  # the run kept its weights in a store
     assert _by_value(got.model) == _by_value(expected.model)
     for part in ("output", "nodes", "analysis", "promotions"):
-        assert got.report[part] == expected.report[part], part
+        assert getattr(got.report, part) == getattr(expected.report, part), part
     for when in ("before", "after"):  # a marker's header is not a tensor's: sizes agree to a few bytes a tensor
-        assert got.report["size_bytes"][when] == pytest.approx(expected.report["size_bytes"][when], rel=0.02)
+        assert getattr(got.report.size_bytes, when) == pytest.approx(getattr(expected.report.size_bytes, when), rel=0.02)
     assert _by_value(qo.load(tmp_path / "b.onnx")) == _by_value(qo.load(tmp_path / "a.onnx"))
     onnx.checker.check_model(str(tmp_path / "b.onnx"), full_check=True)
 
@@ -77,14 +77,14 @@ def test_calibrated_quantization_of_a_model_over_2_gb(tmp_path):
         ids = rng.integers(0, vocab, (64, t)).astype(np.int64)
         out = tmp_path / "q.onnx"
         result = qq.quantize_model(str(folder / "model.onnx"), out, {"ids": ids}, promote=False)
-        assert result.report["size_bytes"]["before"] > 2 << 30
+        assert result.report.size_bytes.before > 2 << 30
         onnx.checker.check_model(str(out), full_check=True)
         quantized = qo.load(out)
-        assert large.byte_size(quantized) < 0.3 * result.report["size_bytes"]["before"]  # int8 codes of the table
+        assert large.byte_size(quantized) < 0.3 * result.report.size_bytes.before  # int8 codes of the table
         ops = [n.op_type for n in quantized.graph.node]
         assert ops.count("DequantizeLinear") >= 2 and "QuantizeLinear" in ops
         # The quantized model runs in ONNX Runtime and agrees with the float one on the eval samples.
-        assert result.report["output"]["top1_agreement"] >= 0.9 and result.report["output"]["sqnr_db"] > 20
+        assert result.report.output.top1_agreement >= 0.9 and result.report.output.sqnr_db > 20
     finally:
         for f in tmp_path.rglob("*.data"):
             f.unlink()

@@ -9,7 +9,7 @@ checked for what it returns, not for how fast anything is.
 from __future__ import annotations
 
 import io
-import json
+from dataclasses import replace
 from importlib import resources
 
 import numpy as np
@@ -68,7 +68,7 @@ def test_the_timer_gives_both_medians_and_the_median_ratio():
     model, data = conv_batchnorm()
     timer = PairTimer(model, {"x": data["x"][:2]})
     got = timer.time(model)
-    assert got.batch == 2 and got.float_ms > 0 and got.quantized_ms > 0 and 0.2 < got.ratio < 5
+    assert got.batch == 2 and got.before > 0 and got.after > 0 and 0.2 < got.ratio < 5
     assert 5 <= timer.pairs <= 25
 
 
@@ -77,9 +77,9 @@ def test_onnx_runtimes_ladder_offers_no_dominated_step():
     ladder = target("ort-cpu").ladder
     assert ladder.activations == {} and ladder.weights == FULL_LADDER.weights
     r = qq.quantize_model(MODEL, None, CALIBRATION, target_sqnr_db=200, max_float=0.5).report
-    held = {n["activation_type"] for n in r["nodes"]}
-    assert held == {"uint8"} and r["promotions"]["steps"]
-    assert all(s["to"] == "float" for s in r["promotions"]["steps"])
+    held = {n.activation_type for n in r.nodes}
+    assert held == {"uint8"} and r.promotions.steps
+    assert all(s.to == "float" for s in r.promotions.steps)
 
 
 def _steps(n: int) -> list[Promotion]:
@@ -113,15 +113,15 @@ def test_latency_budget_gives_the_most_accurate_model_within_it(float_costs):
     r = qq.quantize_model(MODEL, None, CALIBRATION, target_sqnr_db=200, max_float=1.0, latency_budget=0.75)
     report = r.report
     # 0.5 + 0.1 a float compute node: two of them fit in 0.75, three do not.
-    assert len(report["promotions"]["steps"]) == 2 and _float_compute_nodes(r.model) == 2
-    assert [t["ratio"] for t in report["latency_ms"]] == pytest.approx([0.7, 0.7])
-    assert not r.target_met and report["decision"]["target_met"] is False  # 200 dB was asked for beside the budget
-    assert "the most accurate model within 0.75x" in report["decision"]["line"]
-    written = [c for c in report["tradeoff"] if c["chosen"]]
-    assert len(written) == 1 and written[0]["latency"]["ratio"] == pytest.approx(0.7)
+    assert len(report.promotions.steps) == 2 and _float_compute_nodes(r.model) == 2
+    assert [t.ratio for t in report.latency_ms] == pytest.approx([0.7, 0.7])
+    assert not r.target_met and report.decision.target_met is False  # 200 dB was asked for beside the budget
+    assert "the most accurate model within 0.75x" in report.decision.line
+    written = [c for c in report.tradeoff if c.chosen]
+    assert len(written) == 1 and written[0].latency.ratio == pytest.approx(0.7)
     # Without a target beside it, the budget alone decides, and the run succeeds.
     alone = qq.quantize_model(MODEL, None, CALIBRATION, max_float=1.0, latency_budget=0.75)
-    assert alone.target_met and len(alone.report["promotions"]["steps"]) <= 2
+    assert alone.target_met and len(alone.report.promotions.steps) <= 2
 
 
 def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monkeypatch, tmp_path, capsys):
@@ -130,17 +130,17 @@ def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monk
     argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--target-sqnr", "200",
             "--max-float", "1.0", "--json"]  # fmt: skip
     assert main(argv) == 0
-    report = json.loads(capsys.readouterr().out)
-    floats = len(report["promotions"]["steps"])
-    assert floats >= 2 and report["decision"]["faster"] is False
+    report = qq.Report.from_json(capsys.readouterr().out)  # the JSON reads back as the typed report
+    floats = len(report.promotions.steps)
+    assert floats >= 2 and report.decision.faster is False
     ratio = 0.8 + 0.15 * floats
-    assert report["decision"]["line"].startswith(f"SLOWER than the float model: {ratio:.2f}x at a batch of 1")
-    rows = report["tradeoff"]
-    assert rows[0]["promotions"] == 0 and rows[0]["flags"] == "--no-promote" and rows[0]["latency"]["ratio"] == pytest.approx(0.8)
-    assert rows[-1]["chosen"] and rows[-1]["latency"]["ratio"] == pytest.approx(ratio)
+    assert report.decision.line.startswith(f"SLOWER than the float model: {ratio:.2f}x at a batch of 1")
+    rows = report.tradeoff
+    assert rows[0].promotions == 0 and rows[0].flags == "--no-promote" and rows[0].latency.ratio == pytest.approx(0.8)
+    assert rows[-1].chosen and rows[-1].latency.ratio == pytest.approx(ratio)
     # Each row between: a prefix the search evaluated, its figure, and the budget that writes it.
     for row in rows[1:-1]:
-        assert row["figure"] is not None and row["flags"] == f"--latency-budget {0.8 + 0.15 * row['promotions']:.2f}"
+        assert row.figure is not None and row.flags == f"--latency-budget {0.8 + 0.15 * row.promotions:.2f}"
     # Printed: the decision first, then the table.
     assert main(argv[:-1]) == 0
     out = capsys.readouterr().out
@@ -185,7 +185,7 @@ def test_the_html_page_leads_with_the_decision_and_shows_the_tradeoff(float_cost
 
     r = qq.quantize_model(MODEL, None, CALIBRATION, target_sqnr_db=200, max_float=1.0, latency_budget=0.75).report
     page = render_html(r)
-    assert page.index(r["decision"]["line"][:40]) < page.index("<table")
+    assert page.index(r.decision.line[:40]) < page.index("<table")
     assert "The trade-off measured" in page and "--latency-budget" in page
 
 
@@ -195,7 +195,7 @@ def test_printing_is_robust_to_a_report_without_timings():
     from qlinear.quantize._report_print import print_report
 
     r = qq.quantize_model(MODEL, None, CALIBRATION, promote=False).report
-    r["latency_ms"], r["decision"]["faster"] = [], None
+    r = replace(r, latency_ms=[], decision=replace(r.decision, faster=None))
     buf = io.StringIO()
     print_report(r, Console(file=buf, width=120))
     assert "latency (ORT)" not in buf.getvalue()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 
 import numpy as np
@@ -60,16 +59,16 @@ def test_a_users_metric_drives_the_search_and_the_report(metrics, tmp_path, caps
     argv = ["quantize", MODEL, "-o", str(out), "--calibration", CALIBRATION, "--eval", EVAL, "--labels", "label",
             "--metric", f"{metrics}:closeness", "--target-metric", "-0.01", "--max-float", "1.0", "--json"]  # fmt: skip
     assert main(argv) == 0
-    report = json.loads(capsys.readouterr().out)
-    target = report["promotions"]["target"]
-    assert target["metric"] == "metric" and target["text"] == f"{metrics}:closeness >= -0.01"
-    assert report["promotions"]["before"] < -0.01 <= report["promotions"]["after"]  # the requested types missed it
-    assert report["promotions"]["steps"] and report["decision"]["target_met"]
-    assert f"{metrics}:closeness >= -0.01" in report["decision"]["line"]
-    value = report["output"]["metric"]["value"]
-    assert report["output"]["metric"]["name"] == f"{metrics}:closeness" and value >= -0.01
+    report = qq.Report.from_json(capsys.readouterr().out)
+    target = report.promotions.target
+    assert target.metric == "metric" and target.text == f"{metrics}:closeness >= -0.01"
+    assert report.promotions.before < -0.01 <= report.promotions.after  # the requested types missed it
+    assert report.promotions.steps and report.decision.target_met
+    assert f"{metrics}:closeness >= -0.01" in report.decision.line
+    value = report.output.metric.value
+    assert report.output.metric.name == f"{metrics}:closeness" and value >= -0.01
     assert value == pytest.approx(_closeness_by_hand(str(out)), rel=1e-5)
-    assert report["settings"]["metric"] == f"{metrics}:closeness"
+    assert report.settings.metric == f"{metrics}:closeness"
 
 
 def test_a_metric_of_the_labels_and_a_python_function(metrics):
@@ -79,8 +78,8 @@ def test_a_metric_of_the_labels_and_a_python_function(metrics):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     r = qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL, labels="label", metric=module.accuracy, target_metric=0.98)
-    assert r.target_met and r.report["output"]["metric"]["value"] == pytest.approx(r.report["output"]["accuracy"]["after"])
-    assert r.report["settings"]["metric"] == "my_metrics:accuracy"
+    assert r.target_met and r.report.output.metric.value == pytest.approx(r.report.output.accuracy.after)
+    assert r.report.settings.metric == "my_metrics:accuracy"
 
 
 @pytest.mark.parametrize(

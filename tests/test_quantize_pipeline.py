@@ -37,19 +37,17 @@ def test_demo_model_keeps_its_accuracy(tmp_path):
     out = tmp_path / "q.onnx"
     result = qq.quantize_model(MODEL, out, CALIBRATION, eval=EVAL, labels="label")
     r = result.report
-    assert out.exists() and r["size_bytes"]["after"] < 0.45 * r["size_bytes"]["before"]
-    assert (
-        r["output"]["accuracy"]["before"] > 0.99 and r["output"]["accuracy"]["after"] >= r["output"]["accuracy"]["before"] - 0.005
-    )
-    assert r["output"]["top1_agreement"] >= 0.995 and r["output"]["sqnr_db"] > 30
-    assert r["fusion"]["unfused"] == [] and {n["runs_as"] for n in r["nodes"]} == {"QLinearConv", "QGemm"}
+    assert out.exists() and r.size_bytes.after < 0.45 * r.size_bytes.before
+    assert r.output.accuracy.before > 0.99 and r.output.accuracy.after >= r.output.accuracy.before - 0.005
+    assert r.output.top1_agreement >= 0.995 and r.output.sqnr_db > 30
+    assert r.fusion.unfused == [] and {n.runs_as for n in r.nodes} == {"QLinearConv", "QGemm"}
     # The MatMul whose weight sat in a Constant node is quantized too (as a Gemm with its bias).
-    fc2 = next(n for n in r["nodes"] if n["name"] == "fc2")
-    assert fc2["weight_type"] == "int8" and fc2["bias_int32"]
+    fc2 = next(n for n in r.nodes if n.name == "fc2")
+    assert fc2.weight_type == "int8" and fc2.bias_int32
     # The saved model runs on ONNX Runtime and gives the accuracy the report states.
     data = np.load(EVAL)
     logits = qo.run(str(out), {"image": data["image"]}, backend="onnxruntime")["logits"]
-    assert float((logits.argmax(1) == data["label"]).mean()) == r["output"]["accuracy"]["after"]
+    assert float((logits.argmax(1) == data["label"]).mean()) == r.output.accuracy.after
     # The report is strict JSON with the fields tools read.
     parsed = json.loads(qq.report_json(r))
     for key in ("size_bytes", "nodes", "output", "latency_ms", "calibration", "fusion", "settings"):
@@ -101,18 +99,18 @@ def test_saved_statistics_give_the_same_model(tmp_path):
     )
     again = qq.quantize_model(MODEL, None, None, eval=EVAL, method="percentile", stats=stats)
     assert first.model.SerializeToString(deterministic=True) == again.model.SerializeToString(deterministic=True)
-    assert again.report["calibration"]["from_stats"] == str(stats) and not again.report["settings"]["bias_correction"]
+    assert again.report.calibration.from_stats == str(stats) and not again.report.settings.bias_correction
     # Other settings from the same statistics: seconds, no calibration.
     int4 = qq.quantize_model(MODEL, None, None, eval=EVAL, weights="int4", stats=stats)
-    assert int4.report["settings"]["weights"] == "int4"
+    assert int4.report.settings.weights == "int4"
 
 
 def test_transformer_with_additive_mask_and_layernorm_keeps_agreement():
     model, data = layernorm_attention()
     r = qq.quantize_model(model, None, data).report
     # The -3.4e38 mask and the LayerNorm stay float, so the output stays close (held-out: 10 of the 48 sequences).
-    assert r["output"]["sqnr_db"] > 25 and r["output"]["top1_agreement"] >= 0.9
-    assert "add_mask" not in {n["name"] for n in r["nodes"]}
+    assert r.output.sqnr_db > 25 and r.output.top1_agreement >= 0.9
+    assert "add_mask" not in {n.name for n in r.nodes}
 
 
 def test_detector_keeps_boxes_and_scores_apart():
@@ -128,19 +126,19 @@ def test_detector_keeps_boxes_and_scores_apart():
 def test_audio_front_end_keeps_its_accuracy_without_promotions(monkeypatch):
     model, data = audio_front_end()
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert r["output"]["sqnr_db"] > 35 and r["output"]["top1_agreement"] >= 0.98
-    assert [n["name"] for n in r["left_float"]] == ["mel"]
+    assert r.output.sqnr_db > 35 and r.output.top1_agreement >= 0.98
+    assert [n.name for n in r.left_float] == ["mel"]
     printed = io.StringIO()
     qq.print_report(r, Console(file=printed, width=200))
     assert "left float" in printed.getvalue() and "mel (MatMul): output reaches a Log" in printed.getvalue()
     # The hazard is real: with the filterbank quantized like any MatMul the model collapses.
     monkeypatch.setattr("qlinear.quantize._placement.float_regions", lambda *args, **kwargs: {})
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert r["output"]["sqnr_db"] < 10
+    assert r.output.sqnr_db < 10
     # And with its weights at 4 bits its Log sees negative values: the output holds NaN, which the report
     # ranks as the worst figure (minus infinity) instead of failing.
     r = qq.quantize_model(model, None, data, promote=False, weights="int4", granularity="blocked", activations=None).report
-    assert r["output"]["sqnr_db"] == -math.inf
+    assert r.output.sqnr_db == -math.inf
     assert qq.report_json(r)  # strict JSON all the same (-inf is written as null)
 
 
@@ -157,24 +155,24 @@ def test_batch_normalization_is_folded_so_every_conv_fuses():
     r = qq.quantize_model(model, None, data)
     ops = [n.op_type for n in r.model.graph.node]
     assert "BatchNormalization" not in ops
-    assert r.report["fusion"]["unfused"] == [] and {n["runs_as"] for n in r.report["nodes"]} == {"QLinearConv", "QGemm"}
+    assert r.report.fusion.unfused == [] and {n.runs_as for n in r.report.nodes} == {"QLinearConv", "QGemm"}
     # Input, the two Relu outputs, the pooled features: one Q each, nothing requantized.
     assert ops.count("QuantizeLinear") == 4
-    assert r.report["output"]["sqnr_db"] > 35
+    assert r.report.output.sqnr_db > 35
 
 
 def test_held_out_split_and_random_calibration_are_reported():
     r = qq.quantize_model(MODEL, None, CALIBRATION).report
-    assert "held out" in r["eval"]["source"] and r["eval"]["samples"] == 60
+    assert "held out" in r.eval.source and r.eval.samples == 60
     r = qq.quantize_model(MODEL, None, calibrate_random=20).report
-    assert any("random" in w for w in r["warnings"]) and "random" in r["calibration"]["source"]
+    assert any("random" in w for w in r.warnings) and "random" in r.calibration.source
 
 
 def test_iterable_of_batches_calibrates():
     images = np.load(CALIBRATION)["image"]
     batches = [{"image": images[i : i + 10]} for i in range(0, 100, 10)]
     r = qq.quantize_model(MODEL, None, batches, eval=EVAL, labels="label").report
-    assert r["calibration"]["batches"] == 10 and r["output"]["accuracy"]["after"] > 0.98
+    assert r.calibration.batches == 10 and r.output.accuracy.after > 0.98
 
 
 def test_input_model_is_never_modified(tmp_path):
@@ -226,10 +224,10 @@ def test_output_without_classes_has_sqnr_but_no_top1():
     )
     data = {"x": np.random.default_rng(1).standard_normal((50, 16)).astype(np.float32)}
     r = qq.quantize_model(g.to_model(), None, data, promote=False).report
-    assert r["output"]["top1_agreement"] is None and r["output"]["sqnr_db"] > 20
+    assert r.output.top1_agreement is None and r.output.sqnr_db > 20
     # Its default target is the output's SQNR.
-    target = qq.quantize_model(g.to_model(), None, data).report["promotions"]["target"]
-    assert target == {"metric": "sqnr", "value": qq.DEFAULT_SQNR_DB, "text": f"output SQNR >= {qq.DEFAULT_SQNR_DB:g} dB"}
+    target = qq.quantize_model(g.to_model(), None, data).report.promotions.target
+    assert (target.metric, target.value, target.text) == ("sqnr", qq.DEFAULT_SQNR_DB, f"output SQNR >= {qq.DEFAULT_SQNR_DB:g} dB")
 
 
 def test_streams_of_batches_for_calibration_and_evaluation():
@@ -242,9 +240,9 @@ def test_streams_of_batches_for_calibration_and_evaluation():
 
     images = np.load(CALIBRATION)["image"]
     r = qq.quantize_model(MODEL, None, stream(images), eval=stream(data["image"])).report
-    assert r["eval"]["samples"] == 450 and r["output"]["top1_agreement"] > 0.99
+    assert r.eval.samples == 450 and r.output.top1_agreement > 0.99
     # Timed at the batches its users run: one sample and the batch size, cut from the stream's first batch of 50.
-    assert [t["batch"] for t in r["latency_ms"]] == [1, 16]
+    assert [t.batch for t in r.latency_ms] == [1, 16]
 
 
 def test_unnamed_nodes_are_named_at_once():
@@ -266,8 +264,8 @@ def test_the_size_before_is_the_model_as_given_not_as_rewritten():
 
     model, data = outlier_mlp()
     r = qq.quantize_model(model, None, data, weights="int4", granularity="blocked", activations=None, promote=False).report
-    assert [a for a in r["awq"] if a["alpha"] is not None]  # AWQ put its channel scales into the float model
-    assert r["size_bytes"]["before"] == large.byte_size(model)
+    assert [a for a in r.awq if a.alpha is not None]  # AWQ put its channel scales into the float model
+    assert r.size_bytes.before == large.byte_size(model)
 
 
 def test_a_model_stamped_with_an_ir_version_onnx_runtime_cannot_read_says_how_to_fix_it():
@@ -276,7 +274,7 @@ def test_a_model_stamped_with_an_ir_version_onnx_runtime_cannot_read_says_how_to
     with pytest.raises(QuantizationError, match=r"Unsupported model IR version: 99.*; set model\.ir_version = \d+ \(or lower"):
         qq.quantize_model(model, None, data)
     model.ir_version = 8
-    assert qq.quantize_model(model, None, data, promote=False).report["output"]["sqnr_db"] > 30
+    assert qq.quantize_model(model, None, data, promote=False).report.output.sqnr_db > 30
 
 
 def _with_fixed_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
@@ -291,10 +289,10 @@ def _with_fixed_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
 def test_a_model_with_a_fixed_batch_is_walked_at_that_batch():
     model, data = conv_batchnorm()  # 48 samples
     r = qq.quantize_model(_with_fixed_batch(model, 1), None, data, promote=False)  # ONNX Runtime refused batches of 16
-    assert r.report["settings"]["batch_size"] == 1 and [t["batch"] for t in r.report["latency_ms"]] == [1]
-    assert r.report["calibration"]["batches"] == r.report["calibration"]["samples"] and r.report["output"]["sqnr_db"] > 40
+    assert r.report.settings.batch_size == 1 and [t.batch for t in r.report.latency_ms] == [1]
+    assert r.report.calibration.batches == r.report.calibration.samples and r.report.output.sqnr_db > 40
     r = qq.quantize_model(_with_fixed_batch(model, 4), None, data, promote=False)
-    assert r.report["calibration"]["samples"] == 40 and r.report["eval"]["samples"] == 8  # the held-out part, whole batches
+    assert r.report.calibration.samples == 40 and r.report.eval.samples == 8  # the held-out part, whole batches
     with pytest.raises(QuantizationError, match=r"fixed batch of 5, and the calibration data holds 38 samples, not a multiple"):
         qq.quantize_model(_with_fixed_batch(model, 5), None, data, promote=False)
 
@@ -308,14 +306,14 @@ def test_batches_whose_tensors_are_large_are_cut_and_give_the_same_model(monkeyp
     per_sample = sum(v.nbytes for v in sess.run(observed, {"x": data["x"][:1]}))
     monkeypatch.setattr(calibration, "HELD_BYTES", 5 * per_sample)  # room for 5 samples' calibrated tensors
     cut = qq.quantize_model(model, None, data, promote=False)
-    assert whole.report["calibration"]["batch_size"] == 16 and cut.report["calibration"]["batch_size"] == 5
-    assert cut.report["calibration"]["batches"] == math.ceil(38 / 5)
-    assert [t["batch"] for t in cut.report["latency_ms"]] == [1, 10]  # one sample, the batch asked for (its 10 held out)
+    assert whole.report.calibration.batch_size == 16 and cut.report.calibration.batch_size == 5
+    assert cut.report.calibration.batches == math.ceil(38 / 5)
+    assert [t.batch for t in cut.report.latency_ms] == [1, 10]  # one sample, the batch asked for (its 10 held out)
     # Histograms merge exactly: the same statistics, the same model.
     assert cut.model.SerializeToString(deterministic=True) == whole.model.SerializeToString(deterministic=True)
     # A model with a fixed batch runs at it, whatever its tensors take.
     fixed = qq.quantize_model(_with_fixed_batch(model, 4), None, data, promote=False)
-    assert fixed.report["calibration"]["batch_size"] == 4
+    assert fixed.report.calibration.batch_size == 4
 
 
 def test_only_class_scores_are_judged_by_top1_agreement():
@@ -331,8 +329,8 @@ def test_only_class_scores_are_judged_by_top1_agreement():
     g.output(g.op("Sigmoid", [logit], name="prob", output_names=["prob"]))
     data = {"x": rng.standard_normal((40, 3, 16, 16)).astype(np.float32)}
     r = qq.quantize_model(g.to_model(), None, data).report
-    assert r["output"]["top1_agreement"] is None
-    assert r["promotions"]["target"]["metric"] == "decisions" and r["promotions"]["target"]["value"] == qq.DEFAULT_AGREEMENT
+    assert r.output.top1_agreement is None
+    assert r.promotions.target.metric == "decisions" and r.promotions.target.value == qq.DEFAULT_AGREEMENT
 
 
 def test_what_classifies():
@@ -383,8 +381,8 @@ def test_inputs_whose_batch_axis_is_not_the_first_and_scalar_inputs():
         "gain": np.array(1.5, np.float32),
     }
     r = qq.quantize_model(_stateful_model(), None, data, promote=False).report
-    assert r["calibration"]["samples"] == 32 and r["eval"]["samples"] == 8  # the held-out fifth, along each batch axis
-    assert r["output"]["sqnr_db"] > 20 and r["fusion"]["unfused"] == []
+    assert r.calibration.samples == 32 and r.eval.samples == 8  # the held-out fifth, along each batch axis
+    assert r.output.sqnr_db > 20 and r.fusion.unfused == []
     # A batch of the state along its first axis, or a gain with a sample axis, is refused by name.
     with pytest.raises(QuantizationError, match=r"array 'state' has shape \(40, 2, 16\), expected \(2, samples, 16\)"):
         qq.quantize_model(_stateful_model(), None, {**data, "state": data["state"].transpose(1, 0, 2)})
@@ -396,7 +394,7 @@ def test_inputs_whose_batch_axis_is_not_the_first_and_scalar_inputs():
         for i in range(0, n, 10)
     ]
     r = qq.quantize_model(_stateful_model(), None, stream, eval=stream, promote=False).report
-    assert r["calibration"]["samples"] == n and r["eval"]["samples"] == n
+    assert r.calibration.samples == n and r.eval.samples == n
 
 
 def test_initializers_read_only_inside_a_subgraph_are_kept():
@@ -438,7 +436,7 @@ def test_initializers_read_only_inside_a_subgraph_are_kept():
     r = qq.quantize_model(model, None, data, promote=False)
     onnx.checker.check_model(r.model, full_check=True)
     assert "branch_weight" in {t.name for t in r.model.graph.initializer}
-    assert r.report["output"]["sqnr_db"] > 25
+    assert r.report.output.sqnr_db > 25
 
 
 def test_a_quantized_model_slower_than_the_float_one_is_a_warning_with_the_causes_the_run_knows(monkeypatch):
@@ -450,15 +448,15 @@ def test_a_quantized_model_slower_than_the_float_one_is_a_warning_with_the_cause
         timed = [Latency(1, timing[0], timing[1], timing[1] / timing[0]), Latency(16, 10.0, 9.0, 0.9)]
         monkeypatch.setattr(pipeline, "latencies", lambda *a, timed=timed, **k: timed)
         r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
-        texts[timing] = [w for w in r["warnings"] if w.startswith("the quantized model is slower")]
-        decisions[timing] = r["decision"]
+        texts[timing] = [w for w in r.warnings if w.startswith("the quantized model is slower")]
+        decisions[timing] = r.decision
     assert texts[(1.0, 1.1)] == []
     (text,) = texts[(1.0, 2.0)]
     assert "2.000 ms against 1.000 ms a batch of 1" in text and "(2.00x)" in text
     # Slower at any batch the users run: the first line says so, whatever the warning's margin for noise.
     for timing in texts:
-        assert decisions[timing]["faster"] is False and decisions[timing]["line"].startswith("SLOWER than the float model")
-    assert "1.10x at a batch of 1, 0.90x at a batch of 16" in decisions[(1.0, 1.1)]["line"]
+        assert decisions[timing].faster is False and decisions[timing].line.startswith("SLOWER than the float model")
+    assert "1.10x at a batch of 1, 0.90x at a batch of 16" in decisions[(1.0, 1.1)].line
     assert "in float by design (16-bit activations) (promotions: --no-promote" in text and "Q/DQ nodes left" in text
 
 
@@ -467,8 +465,8 @@ def test_a_concatenated_output_is_judged_by_its_worst_part():
     # export quantized without promotion read 22.4 dB there while its scores were at 0.1 dB.
     model, data = detection_head()
     r = qq.quantize_model(model, None, data, promote=False)
-    out = r.report["output"]
-    assert len(out["sqnr_db_parts"]) == 2 and out["sqnr_db"] == min(out["sqnr_db_parts"])
+    out = r.report.output
+    assert len(out.sqnr_db_parts) == 2 and out.sqnr_db == min(out.sqnr_db_parts)
     # The parts' figures, by hand: the first four columns are the boxes, the last three the scores.
     from qlinear.quantize._session import session
 
@@ -478,9 +476,9 @@ def test_a_concatenated_output_is_judged_by_its_worst_part():
     def db(a, b):
         return 10 * np.log10(np.sum(a.astype(np.float64) ** 2) / np.sum((a.astype(np.float64) - b) ** 2))
 
-    np.testing.assert_allclose(out["sqnr_db_parts"], [db(want[:, :4], got[:, :4]), db(want[:, 4:], got[:, 4:])], atol=1e-6)
+    np.testing.assert_allclose(out.sqnr_db_parts, [db(want[:, :4], got[:, :4]), db(want[:, 4:], got[:, 4:])], atol=1e-6)
     whole = db(want, got)
-    assert abs(whole - out["sqnr_db_parts"][0]) < 0.1  # the whole is the boxes' figure
+    assert abs(whole - out.sqnr_db_parts[0]) < 0.1  # the whole is the boxes' figure
     from qlinear.quantize._report_print import print_report
 
     printed = io.StringIO()
@@ -494,32 +492,32 @@ def test_every_float_output_is_judged_and_the_worst_counts():
     # concatenated form: each output's figure is that form's part's.
     joined, data = detection_head()
     model, _ = detection_head(separate=True)
-    parts = qq.quantize_model(joined, None, data, promote=False).report["output"]["sqnr_db_parts"]
+    parts = qq.quantize_model(joined, None, data, promote=False).report.output.sqnr_db_parts
     r = qq.quantize_model(model, None, data, promote=False)
-    out = r.report["output"]
-    np.testing.assert_allclose(list(out["sqnr_db_outputs"].values()), parts, atol=1e-6)
-    assert list(out["sqnr_db_outputs"]) == ["boxes", "scores"] and out["sqnr_db"] == min(parts)
+    out = r.report.output
+    np.testing.assert_allclose(list(out.sqnr_db_outputs.values()), parts, atol=1e-6)
+    assert list(out.sqnr_db_outputs) == ["boxes", "scores"] and out.sqnr_db == min(parts)
     printed = io.StringIO()
     qq.print_report(r.report, Console(file=printed, width=200, color_system=None))
-    worst = min(out["sqnr_db_outputs"], key=out["sqnr_db_outputs"].get)
+    worst = min(out.sqnr_db_outputs, key=out.sqnr_db_outputs.get)
     assert f"(the worst of 2 outputs: {worst})" in printed.getvalue()
     # The search reads the same figure: with a target the boxes meet and the scores do not, it promotes.
     boxes, scores = parts
     assert scores < boxes
-    searched = qq.quantize_model(model, None, data, target_sqnr_db=(boxes + scores) / 2).report["promotions"]
-    assert searched["before"] == pytest.approx(scores) and searched["steps"] and searched["after"] >= (boxes + scores) / 2
+    searched = qq.quantize_model(model, None, data, target_sqnr_db=(boxes + scores) / 2).report.promotions
+    assert searched.before == pytest.approx(scores) and searched.steps and searched.after >= (boxes + scores) / 2
 
 
 def test_too_little_data_and_unread_arrays_are_said():
     # 3 samples: 2 calibrate and 1 judges a 99% agreement target; an array no input reads is named, not dropped silently.
     cal = dict(np.load(CALIBRATION))
     r = qq.quantize_model(MODEL, None, {"image": cal["image"][:3], "extra": np.zeros(3)}).report
-    warned = "\n".join(r["warnings"])
+    warned = "\n".join(r.warnings)
     assert "calibrated on 2 sample(s)" in warned
     assert "was judged on 1 held-out sample(s), each 100.0% of the agreement" in warned
     assert "holds arrays no model input reads, ignored: extra" in warned
     enough = qq.quantize_model(MODEL, None, cal).report
-    assert not [w for w in enough["warnings"] if "sample(s)" in w or "ignored" in w]
+    assert not [w for w in enough.warnings if "sample(s)" in w or "ignored" in w]
     # One sample: nothing to hold out, said as such (not "the eval data holds no batch", which was never given).
     with pytest.raises(QuantizationError, match="holds 1 sample: too few to hold out a share for the accuracy figures"):
         qq.quantize_model(MODEL, None, {"image": cal["image"][:1]})
@@ -533,8 +531,8 @@ def test_the_summary_says_the_types_the_model_holds_where_promotions_changed_the
 
     cal = dict(np.load(CALIBRATION))
     r = qq.quantize_model(MODEL, None, cal, weights="int4", target_sqnr_db=200, max_float=0.25).report
-    held = Counter(n["weight_type"] for n in r["nodes"])
-    assert "int4" not in held and r["left_float"]
+    held = Counter(n.weight_type for n in r.nodes)
+    assert "int4" not in held and r.left_float
     buf = io.StringIO()
     print_report(r, Console(file=buf, width=200))
     row = next(line for line in buf.getvalue().splitlines() if line.startswith("types"))
@@ -555,11 +553,11 @@ def test_a_model_onnx_runtime_cannot_load_is_never_written_silently(tmp_path):
     r = qq.quantize_model(MODEL, out, cal, weights="float8e4m3fn", activations="float8e4m3fn", promote=False).report
     with pytest.raises(Exception, match="INVALID_GRAPH"):
         ort.InferenceSession(str(out))
-    assert r["eval"]["backend"] == "onnxruntime+qlinear" and "INVALID_GRAPH" in r["eval"]["onnxruntime_error"]
-    warned = [w for w in r["warnings"] if w.startswith("ONNX Runtime cannot load the quantized model")]
+    assert r.eval.backend == "onnxruntime+qlinear" and "INVALID_GRAPH" in r.eval.onnxruntime_error
+    warned = [w for w in r.warnings if w.startswith("ONNX Runtime cannot load the quantized model")]
     assert len(warned) == 1 and "--activations uint8" in warned[0] and "--weights int8" in warned[0]
     plain = qq.quantize_model(MODEL, None, cal, promote=False).report
-    assert plain["eval"]["onnxruntime_error"] is None and not [w for w in plain["warnings"] if "cannot load" in w]
+    assert plain.eval.onnxruntime_error is None and not [w for w in plain.warnings if "cannot load" in w]
 
 
 def test_an_input_with_a_fixed_batch_of_1_beside_open_ones_sets_the_batch():
@@ -573,7 +571,7 @@ def test_an_input_with_a_fixed_batch_of_1_beside_open_ones_sets_the_batch():
     g.output(g.op("Add", [g.op("Relu", [y], name="act"), h], name="state", output_names=["h_next"]))
     data = {"audio": rng.standard_normal((40, 16)).astype(np.float32), "h": rng.standard_normal((40, 8)).astype(np.float32)}
     r = qq.quantize_model(g.to_model(), None, data, promote=False).report
-    assert r["calibration"]["batch_size"] == 1 and r["calibration"]["batch_fixed_by"] == "h"
-    assert r["settings"]["batch_size"] == 1 and r["output"]["sqnr_db"] > 30
+    assert r.calibration.batch_size == 1 and r.calibration.batch_fixed_by == "h"
+    assert r.settings.batch_size == 1 and r.output.sqnr_db > 30
     plain = qq.quantize_model(MODEL, None, dict(np.load(CALIBRATION)), promote=False).report
-    assert plain["calibration"]["batch_fixed_by"] is None
+    assert plain.calibration.batch_fixed_by is None

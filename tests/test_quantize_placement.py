@@ -247,11 +247,11 @@ def test_prepare_asks_onnx_runtime_where_the_matmul_inputs_rank_is_open(monkeypa
     fm, _ = _plan(model)
     assert fm.node("fc").op_type == "Gemm" and "bias" not in {n.name for n in fm.graph.node}
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert r["fusion"]["unfused"] == [] and r["nodes"][0]["runs_as"] == "QGemm"
+    assert r.fusion.unfused == [] and r.nodes[0].runs_as == "QGemm"
     # Left a MatMul, ONNX Runtime still makes its own Gemm of it with the float bias: no integer kernel matches.
     monkeypatch.setattr(prepare_pass, "_gemm_outputs_onnx_runtime_makes", lambda fm: set())
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert r["fusion"]["unfused"] == ["fc"]
+    assert r.fusion.unfused == ["fc"]
 
 
 def test_prepare_puts_a_fixed_shape_matmul_with_bias_between_reshapes_as_onnx_runtime_does():
@@ -266,8 +266,8 @@ def test_prepare_puts_a_fixed_shape_matmul_with_bias_between_reshapes_as_onnx_ru
     (want,), (got,) = session(model).run(None, feeds), session(fm.model).run(None, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert r["fusion"]["unfused"] == []  # as a MatMul, fc1 became ONNX Runtime's own float Gemm
-    assert {n["name"]: n["runs_as"] for n in r["nodes"]} == {"fc1": "QGemm", "fc2": "QGemm", "head": "MatMulIntegerToFloat"}
+    assert r.fusion.unfused == []  # as a MatMul, fc1 became ONNX Runtime's own float Gemm
+    assert {n.name: n.runs_as for n in r.nodes} == {"fc1": "QGemm", "fc2": "QGemm", "head": "MatMulIntegerToFloat"}
 
 
 @pytest.mark.parametrize("opset", [13, 17])
@@ -290,8 +290,8 @@ def test_prepare_puts_a_matmul_with_bias_on_an_input_of_open_shape_between_resha
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert r["fusion"]["unfused"] == []
-    assert {n["name"]: n["runs_as"] for n in r["nodes"]} == {"fc1": "QGemm", "fc2": "QGemm", "head": "MatMulIntegerToFloat"}
+    assert r.fusion.unfused == []
+    assert {n.name: n.runs_as for n in r.nodes} == {"fc1": "QGemm", "fc2": "QGemm", "head": "MatMulIntegerToFloat"}
     # Weight-only: the MatMul stays (MatMulNBits and the float MatMul take any rank, and nothing is gained).
     fm, _ = _plan(model, weights="int4", granularity="blocked", activations=None)
     assert fm.node("fc1").op_type == "MatMul"
@@ -331,7 +331,7 @@ def test_a_conv_whose_relu_output_a_subgraph_reads_takes_its_q_before_the_relu()
     assert "h" in fm.read_in_subgraphs and p.nodes[0].output == "c"
     data = {"x": rng.standard_normal((40, 4, 16)).astype(np.float32), "gate": np.float32(1)}
     r = qq.quantize_model(model, None, data, promote=False).report
-    assert r["fusion"]["unfused"] == [] and r["nodes"][0]["runs_as"] == "QLinearConv"
+    assert r.fusion.unfused == [] and r.nodes[0].runs_as == "QLinearConv"
 
 
 def test_prepare_removes_identities_and_folds_a_constant_add_after_a_conv_into_its_bias():
@@ -442,7 +442,7 @@ def test_an_exclude_pattern_that_names_no_node_is_refused_naming_it():
         qq.quantize_model(model, None, data, exclude=["q_proj", "q_prj", "/enc/*"])
     # An op type the model does not hold is no typo: one list serves models of every kind.
     r = qq.quantize_model(model, None, data, exclude=["Conv", "ConvTranspose"], promote=False)
-    assert {n["name"] for n in r.report["nodes"]} >= {"q_proj", "head"}
+    assert {n.name for n in r.report.nodes} >= {"q_proj", "head"}
     with pytest.raises(QuantizationError, match=r"exclude pattern 're:\(' is not a regular expression"):
         qq.quantize_model(model, None, data, exclude=["re:("])
     with pytest.raises(QuantizationError, match=r"exclude region 'ids\.\.nowhere': no node is named 'nowhere'"):

@@ -155,41 +155,39 @@ def test_one_fragile_node_is_promoted_and_no_other(outliers):
     model, cal, ev = outliers
     # SmoothQuant would move the outlier into the weight (tests/test_quantize_smoothquant.py); here promotions alone.
     plain = qq.quantize_model(model, None, cal, eval=ev, promote=False, smoothquant=False).report
-    assert plain["output"]["top1_agreement"] < 0.8  # the outlier channel wipes out the second MatMul's input
+    assert plain.output.top1_agreement < 0.8  # the outlier channel wipes out the second MatMul's input
     r = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
-    assert r["promotions"]["met"] and r["output"]["top1_agreement"] >= qq.DEFAULT_AGREEMENT
-    assert {s["node"] for s in r["promotions"]["steps"]} == {"down"}
-    up = next(n for n in r["nodes"] if n["name"] == "up")
-    assert (up["weight_type"], up["activation_type"]) == ("int8", "uint8")
-    assert r["promotions"]["before"] == plain["output"]["top1_agreement"]
-    ranking = sorted(r["analysis"], key=lambda n: n["sensitivity_db"])
-    assert [n["name"] for n in ranking] == ["down", "up"] and ranking[0]["sensitivity_db"] < 10 < 30 < ranking[1][
-        "sensitivity_db"
-    ]
+    assert r.promotions.met and r.output.top1_agreement >= qq.DEFAULT_AGREEMENT
+    assert {s.node for s in r.promotions.steps} == {"down"}
+    up = next(n for n in r.nodes if n.name == "up")
+    assert (up.weight_type, up.activation_type) == ("int8", "uint8")
+    assert r.promotions.before == plain.output.top1_agreement
+    ranking = sorted(r.analysis, key=lambda n: n.sensitivity_db)
+    assert [n.name for n in ranking] == ["down", "up"] and ranking[0].sensitivity_db < 10 < 30 < ranking[1].sensitivity_db
 
 
 def test_sensitivity_is_the_output_sqnr_with_only_that_node_quantized(outliers):
     model, cal, ev = outliers
     ev = {"x": ev["x"][:64]}  # the analysis runs on the first 64 eval samples
     r = qq.quantize_model(model, None, cal, eval=ev, promote=False, smoothquant=False).report
-    for node in r["analysis"]:
-        others = [n["name"] for n in r["analysis"] if n["name"] != node["name"]]
+    for node in r.analysis:
+        others = [n.name for n in r.analysis if n.name != node.name]
         alone = qq.quantize_model(model, None, cal, eval=ev, exclude=others, promote=False, smoothquant=False).report
-        assert math.isclose(node["sensitivity_db"], alone["output"]["sqnr_db"], rel_tol=1e-9)
-        assert node["weight_sqnr_db"] == alone["nodes"][0]["weight_sqnr_db"]
+        assert math.isclose(node.sensitivity_db, alone.output.sqnr_db, rel_tol=1e-9)
+        assert node.weight_sqnr_db == alone.nodes[0].weight_sqnr_db
 
 
 def test_a_missed_target_is_reported_and_the_best_model_kept(outliers):
     model, cal, ev = outliers
     result = qq.quantize_model(model, None, cal, eval=ev, target_sqnr_db=200.0, max_float=0.5, smoothquant=False)
-    assert not result.target_met and not result.report["promotions"]["met"]
-    assert any(w.startswith("target not met (output SQNR >= 200 dB)") for w in result.report["warnings"])
-    assert result.report["output"]["sqnr_db"] > result.report["requested"]["sqnr_db"]
+    assert not result.target_met and not result.report.promotions.met
+    assert any(w.startswith("target not met (output SQNR >= 200 dB)") for w in result.report.warnings)
+    assert result.report.output.sqnr_db > result.report.requested.sqnr_db
     # Half the nodes at most went float (ONNX Runtime's ladder has no 16-bit step), the rest kept their types.
-    promoted = [n for n in result.report["left_float"] if n["reason"] == "promoted to float"]
-    assert 0 < len(promoted) <= len(result.report["analysis"]) / 2
-    assert all(n["activation_type"] == "uint8" for n in result.report["nodes"])
-    assert result.report["decision"]["target_met"] is False and "target NOT met" in result.report["decision"]["line"]
+    promoted = [n for n in result.report.left_float if n.reason == "promoted to float"]
+    assert 0 < len(promoted) <= len(result.report.analysis) / 2
+    assert all(n.activation_type == "uint8" for n in result.report.nodes)
+    assert result.report.decision.target_met is False and "target NOT met" in result.report.decision.line
 
 
 def test_target_options_are_checked():
@@ -217,9 +215,9 @@ def test_promotions_widen_only_the_sides_a_node_quantizes():
     # An unreachable target takes every step; the embedding has no activation to widen, only its table
     # (stored at 8 bits from the start: ONNX Runtime gathers no 4-bit codes).
     r = qq.quantize_model(model, None, data, weights="int4", target_sqnr_db=200.0, max_float=1.0, bias_correction=False).report
-    embed = [(s["from"], s["to"]) for s in r["promotions"]["steps"] if s["node"] == "embed"]
+    embed = [(s.from_, s.to) for s in r.promotions.steps if s.node == "embed"]
     assert embed == [("w int8 / a float", "float")]
-    q_proj = [(s["from"], s["to"]) for s in r["promotions"]["steps"] if s["node"] == "q_proj"]
+    q_proj = [(s.from_, s.to) for s in r.promotions.steps if s.node == "q_proj"]
     assert q_proj[0][0] == "w int4 / a uint8" and q_proj[-1][1] == "float"
-    for s in r["promotions"]["steps"]:
-        assert s["from"] != s["to"]
+    for s in r.promotions.steps:
+        assert s.from_ != s.to

@@ -34,5 +34,5 @@ def test_fused_int4_matmuls_keep_their_input_in_float(tmp_path):
 
 def test_report_says_how_to_run_fused_int4_matmuls_as_measured(tmp_path):
     _, report, _ = _int4_weight_only(tmp_path)
-    assert report["nodes"][0]["runs_as"] == "MatMulNBits"
-    assert any("qdq_matmulnbits_accuracy_level" in w and "MatMulNBits" in w for w in report["warnings"]), report["warnings"]
+    assert report.nodes[0].runs_as == "MatMulNBits"
+    assert any("qdq_matmulnbits_accuracy_level" in w and "MatMulNBits" in w for w in report.warnings), report.warnings

@@ -31,7 +31,7 @@ def _as_written(monkeypatch, model, data, **kw) -> tuple[onnx.ModelProto, onnx.M
     after.CopyFrom(r.model)
     assert lay_out_signed(after)
     onnx.checker.check_model(after)
-    return r.model, after, [n["name"] for n in r.report["nodes"]]
+    return r.model, after, [n.name for n in r.report.nodes]
 
 
 def _same_values(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
@@ -101,11 +101,11 @@ def test_int8_activations_read_by_several_nodes_get_a_quantize_linear_each_and_f
 def test_the_quantizer_writes_the_rewritten_layout_and_asymmetric_types_need_no_clamp_rewrite():
     model, data = conv_batchnorm()
     r = qq.quantize_model(model, None, data, activations="int8", symmetric=True, promote=False)
-    assert r.report["fusion"]["unfused"] == [] and not [w for w in r.report["warnings"] if "ONNX Runtime runs" in w]
+    assert r.report.fusion.unfused == [] and not [w for w in r.report.warnings if "ONNX Runtime runs" in w]
     # Asymmetric int8 and uint8: a Relu's zero point is the type's minimum, and a ReLU6's codes span [0, 6] at
     # most, so ONNX Runtime drops the clamp itself; no activation has two readers.
     for m in (model, _with_clips(model)):
         for kw in ({"activations": "int8"}, {}):
             u = qq.quantize_model(m, None, data, promote=False, **kw)
-            assert u.report["fusion"]["unfused"] == []
+            assert u.report.fusion.unfused == []
             assert lay_out_signed(u.model) == []

@@ -21,10 +21,10 @@ def test_an_outlier_channel_no_longer_wipes_out_the_layer():
     cal, ev = {"x": data["x"][:800]}, {"x": data["x"][800:]}
     plain = qq.quantize_model(model, None, cal, eval=ev, promote=False, smoothquant=False).report
     smoothed = qq.quantize_model(model, None, cal, eval=ev, promote=False, smoothquant=True).report
-    assert plain["output"]["sqnr_db"] < 10 and smoothed["output"]["sqnr_db"] > plain["output"]["sqnr_db"] + 20
-    hidden = next(m for m in smoothed["smoothquant"] if m["nodes"] == ["down"])
-    assert hidden["alpha"] is not None and hidden["sample_error_after"] < hidden["sample_error_before"] / 100
-    assert smoothed["fusion"]["unfused"] == []  # the inserted Mul stays float; the layers still fuse
+    assert plain.output.sqnr_db < 10 and smoothed.output.sqnr_db > plain.output.sqnr_db + 20
+    hidden = next(m for m in smoothed.smoothquant if m.nodes == ("down",))
+    assert hidden.alpha is not None and hidden.sample_error_after < hidden.sample_error_before / 100
+    assert smoothed.fusion.unfused == []  # the inserted Mul stays float; the layers still fuse
 
 
 def _two_layers_on_one_input():
@@ -72,7 +72,7 @@ def test_smoothquant_needs_data_it_can_read_twice():
     # By default a stream is calibrated without it.
     stream = ({"x": data["x"][i : i + 100]} for i in range(0, 800, 100))
     r = qq.quantize_model(model, None, stream, eval={"x": data["x"][800:]}, promote=False).report
-    assert r["settings"]["smoothquant"] is False and r["smoothquant"] == []
+    assert r.settings.smoothquant is False and r.smoothquant == []
 
 
 def _smoothed_graph(model, data, **options):
@@ -126,7 +126,7 @@ def test_the_division_goes_through_a_relu_into_a_layernorms_gamma_and_beta():
     # The quantized model: the same function, no Mul between the LayerNorm and the layer, and a smaller error.
     plain = qq.quantize_model(model, None, data, promote=False, smoothquant=False).report
     smoothed = qq.quantize_model(model, None, data, promote=False, smoothquant=True).report
-    assert smoothed["output"]["sqnr_db"] > plain["output"]["sqnr_db"] + 6
+    assert smoothed.output.sqnr_db > plain.output.sqnr_db + 6
 
 
 def test_a_tensor_another_node_reads_keeps_its_mul():

@@ -142,14 +142,14 @@ def test_quantize_keeps_float_the_kinds_faster_in_float_and_says_so(monkeypatch)
     model, data = _mobile_block()
     r = qq.quantize_model(model, None, data, target_sqnr_db=10)
     report = r.report
-    kept = [f for f in report["float_where_faster"] if f["kept"]]
-    assert [(f["kind"], f["nodes"]) for f in kept] == [("Conv depthwise 3x3", ["dw0", "dw1"])]
-    reasons = {n["name"]: n["reason"] for n in report["left_float"]}
+    kept = [f for f in report.float_where_faster if f.kept]
+    assert [(f.kind, f.nodes) for f in kept] == [("Conv depthwise 3x3", ("dw0", "dw1"))]
+    reasons = {n.name: n.reason for n in report.left_float}
     assert reasons["dw0"].startswith("faster in float") and reasons["dw1"].startswith("faster in float")
-    assert {n["name"] for n in report["nodes"]} == {"pw0", "pw1", "head"}
-    assert report["latency_ms"][0]["ratio"] == pytest.approx(0.3)
+    assert {n.name for n in report.nodes} == {"pw0", "pw1", "head"}
+    assert report.latency_ms[0].ratio == pytest.approx(0.3)
     off = qq.quantize_model(model, None, data, target_sqnr_db=10, float_where_faster=False).report
-    assert off["float_where_faster"] == [] and {n["name"] for n in off["nodes"]} == {"dw0", "dw1", "pw0", "pw1", "head"}
+    assert off.float_where_faster == [] and {n.name for n in off.nodes} == {"dw0", "dw1", "pw0", "pw1", "head"}
 
 
 @pytest.mark.timed
@@ -157,10 +157,10 @@ def test_the_pass_as_shipped_reports_each_kind_it_timed():
     # This machine's own timings: what it decides may differ from one machine to another; what it reports may not.
     r = qq.quantize_model(MODEL, None, CALIBRATION)
     report = r.report
-    tried = report["float_where_faster"]
-    assert sorted(f["kind"] for f in tried) == ["Conv 3x3", "Gemm"]
-    floated = {n for f in tried if f["kept"] for n in f["nodes"]}
-    quantized = {n["name"] for n in report["nodes"]}
+    tried = report.float_where_faster
+    assert sorted(f.kind for f in tried) == ["Conv 3x3", "Gemm"]
+    floated = {n for f in tried if f.kept for n in f.nodes}
+    quantized = {n.name for n in report.nodes}
     assert floated | quantized == {"conv1", "conv2", "fc1", "fc2"} and not floated & quantized
-    assert all(f["before"] > 0 and f["after"] > 0 for f in tried)
+    assert all(f.before > 0 and f.after > 0 for f in tried)
     assert r.target_met

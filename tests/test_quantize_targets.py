@@ -62,9 +62,9 @@ def test_ort_cpu_places_and_fuses_as_golden(case):
     make, runs_as = ORT_CPU_GOLDEN[case]
     model, data = make()
     r = qq.quantize_model(model, None, data, promote=False, target="ort-cpu").report
-    assert {n["name"]: n["runs_as"] for n in r["nodes"]} == runs_as
-    assert r["fusion"]["unfused"] == [] and r["left_float"] == []
-    assert r["settings"]["target"] == "ort-cpu"
+    assert {n.name: n.runs_as for n in r.nodes} == runs_as
+    assert r.fusion.unfused == [] and r.left_float == []
+    assert r.settings.target == "ort-cpu"
 
 
 def test_the_default_target_is_onnx_runtimes_cpu_provider():

@@ -98,16 +98,16 @@ def test_every_weight_type_and_granularity(op, granularity, weights):
         weights, weights
     )
     report = result.report
-    assert report["output"]["sqnr_db"] is None or report["output"]["sqnr_db"] > MIN_SQNR[weights]
-    node_report = report["nodes"][0]
+    assert report.output.sqnr_db is None or report.output.sqnr_db > MIN_SQNR[weights]
+    node_report = report.nodes[0]
     # Blocked MatMul/Gemm weights go with float activations (MatMulNBits), so do blocked 8-bit Conv weights
     # (QLinearConv takes no blocked filter scale), and 2-bit and float weights everywhere (ONNX Runtime mis-fuses
     # them with integer activations); the rest with uint8.
     unpaired = weights not in ("int8", "uint8", "int4", "uint4")
     blocked_float = op in ("Gemm", "MatMul") or (op == "Conv" and weights in ("int8", "uint8"))
     float_activations = (granularity == "blocked" and blocked_float) or unpaired
-    assert node_report["weight_type"] == weights and node_report["activation_type"] == (None if float_activations else "uint8")
-    assert node_report["weight_bytes"]["after"] < node_report["weight_bytes"]["before"]
+    assert node_report.weight_type == weights and node_report.activation_type == (None if float_activations else "uint8")
+    assert node_report.weight_bytes.after < node_report.weight_bytes.before
     # The evaluation ran on ONNX Runtime wherever it loads the model, with qlinear's Q/DQ kernels elsewhere.
     try:
         import onnxruntime as ort
@@ -116,7 +116,7 @@ def test_every_weight_type_and_granularity(op, granularity, weights):
         loads = True
     except Exception:
         loads = False
-    assert report["eval"]["backend"] == ("onnxruntime" if loads else "onnxruntime+qlinear")
+    assert report.eval.backend == ("onnxruntime" if loads else "onnxruntime+qlinear")
     # ONNX Runtime 1.31 has DequantizeLinear kernels for every weight type here but float4e2m1.
     assert loads == (weights != "float4e2m1")
 
@@ -125,15 +125,15 @@ def test_every_weight_type_and_granularity(op, granularity, weights):
 def test_int8_layers_run_as_integer_kernels(op):
     model, data = single_op(op)
     report = qq.quantize_model(model, None, data, promote=False).report
-    assert report["fusion"]["checked"] and report["fusion"]["unfused"] == []
-    assert report["nodes"][0]["runs_as"] in ("QLinearConv", "QGemm", "MatMulIntegerToFloat", "QLinearMatMul")
+    assert report.fusion.checked and report.fusion.unfused == []
+    assert report.nodes[0].runs_as in ("QLinearConv", "QGemm", "MatMulIntegerToFloat", "QLinearMatMul")
 
 
 def test_weight_only_int4_blocked_runs_as_matmulnbits():
     model, data = single_op("Gemm")  # transB=1: stored transposed so that MatMulNBits takes it
     report = qq.quantize_model(model, None, data, weights="int4", activations=None, granularity="blocked", promote=False).report
-    assert report["nodes"][0]["runs_as"] == "MatMulNBits" and report["settings"]["block_size"] == 32
-    assert report["output"]["sqnr_db"] > 14
+    assert report.nodes[0].runs_as == "MatMulNBits" and report.settings.block_size == 32
+    assert report.output.sqnr_db > 14
 
 
 def test_conv_bias_is_int32_with_the_product_scale():
@@ -173,7 +173,7 @@ def test_float16_model_keeps_its_type(op):
     inits = {t.name: t for t in q.graph.initializer}
     scales = [inits[n.input[1]] for n in q.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert scales and all(s.data_type == onnx.TensorProto.FLOAT16 for s in scales)
-    assert result.report["output"]["sqnr_db"] > 30
+    assert result.report.output.sqnr_db > 30
 
 
 def test_sqnr_of_a_non_finite_noise_is_minus_infinity():

@@ -98,13 +98,13 @@ def test_a_dynamo_exported_transformer_quantizes_with_every_weight_matmul_fused(
     ops = Counter(n.op_type for n in onnx.load(path).graph.node)
     assert ops["LayerNormalization"] == 5 and ops["Gelu"] == 2 and ops["Softmax"] == 2  # what the exporter writes
     r = qq.quantize_model(path, None, {"ids": cal}, eval={"ids": held_out}, promote=False).report
-    kinds = {n["name"]: (n["op_type"], n["weight_type"], n["runs_as"]) for n in r["nodes"]}
+    kinds = {n.name: (n.op_type, n.weight_type, n.runs_as) for n in r.nodes}
     # With a bias, a MatMul on the (batch, length, width) input becomes a Gemm between Reshapes: QGemm adds the bias.
     weight_matmuls = [k for k in kinds.values() if k[0] in ("MatMul", "Gemm") and k[1] == "int8"]
     assert len(weight_matmuls) == 9  # qkv, o, fc1, fc2 in each block, and the head
     assert all(runs in ("QGemm", "MatMulIntegerToFloat", "QLinearMatMul") for _, _, runs in weight_matmuls)
     assert [k[2] for k in kinds.values() if k[0] == "Gather"] == [GATHER_CODES]  # the embedding gathers its codes
-    assert r["fusion"]["unfused"] == [] and not [w for w in r["warnings"] if "ONNX Runtime runs" in w]
+    assert r.fusion.unfused == [] and not [w for w in r.warnings if "ONNX Runtime runs" in w]
     # The mask, the LayerNorms, Gelu and Softmax stay float: only the compute nodes are quantized.
     assert {k[0] for k in kinds.values()} <= {"MatMul", "Gemm", "Gather"}
-    assert r["output"]["sqnr_db"] > 38 and r["output"]["top1_agreement"] > 0.99
+    assert r.output.sqnr_db > 38 and r.output.top1_agreement > 0.99

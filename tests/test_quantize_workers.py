@@ -23,7 +23,7 @@ def test_two_workers_give_the_one_process_model():
     cal, ev = {"x": data["x"][:800]}, {"x": data["x"][800:]}
     one = qq.quantize_model(model, None, cal, eval=ev, weights="int4")
     two = qq.quantize_model(model, None, cal, eval=ev, weights="int4", workers=2)
-    assert _bytes(one) == _bytes(two) and two.report["calibration"]["batches"] == 50
+    assert _bytes(one) == _bytes(two) and two.report.calibration.batches == 50
     attention, tokens = layernorm_attention()
     assert _bytes(qq.quantize_model(attention, None, tokens)) == _bytes(qq.quantize_model(attention, None, tokens, workers=2))
 
@@ -46,7 +46,7 @@ def test_a_stopped_calibration_continues_to_the_same_model(tmp_path, monkeypatch
         qq.quantize_model(model, None, stopped_after(17), save_stats_to=state, **settings)
     resumed = qq.quantize_model(model, None, iter(batches), resume=state, **settings)
     whole = qq.quantize_model(model, None, iter(batches), **settings)
-    assert _bytes(resumed) == _bytes(whole) and resumed.report["calibration"]["batches"] == len(batches)
+    assert _bytes(resumed) == _bytes(whole) and resumed.report.calibration.batches == len(batches)
     # Continuing a finished calibration runs no batch (it reads past them) and gives the same model.
     done = tmp_path / "done.npz"
     qq.quantize_model(model, None, iter(batches), save_stats_to=done, **settings)
@@ -72,7 +72,7 @@ def test_calibration_on_ray_gives_the_one_process_model():
         on_ray = qq.quantize_model(model, None, cal, eval=ev, weights="int4", ray="auto")
     finally:
         ray.shutdown()
-    assert _bytes(on_ray) == _bytes(one) and on_ray.report["calibration"]["batches"] == 50
+    assert _bytes(on_ray) == _bytes(one) and on_ray.report.calibration.batches == 50
 
 
 def test_calibration_executor_from_workers_and_ray():

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from importlib import resources
 
 import numpy as np
@@ -37,14 +38,12 @@ def test_page_is_self_contained_with_every_node(report):
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=\"(https?:)?//", page)
     assert "Plotly.newPlot" in page and len(page) > 1_000_000  # the chart library inlined
     table = page[page.index('id="node-table"') :]
-    for node in report["analysis"]:
-        assert f"<td>{node['name']}</td>" in table
-    assert table.count("<tr>") == len(report["analysis"]) + 1
+    for node in report.analysis:
+        assert f"<td>{node.name}</td>" in table
+    assert table.count("<tr>") == len(report.analysis) + 1
     assert "Promotions, most sensitive node first" in page and "--weights int2" in page
     # Names are escaped.
-    hostile = json.loads(json.dumps(report))
-    hostile["nodes"][0]["name"] = hostile["analysis"][0]["name"] = "<script>alert(1)</script>"
-    assert "<script>alert(1)</script>" not in render_html(hostile)
+    assert "<script>alert(1)</script>" not in render_html(_first_named(report, "<script>alert(1)</script>"))
 
 
 def test_page_shows_the_fine_tuning_and_repeats_it():
@@ -53,8 +52,8 @@ def test_page_shows_the_fine_tuning_and_repeats_it():
         MODEL, None, CALIBRATION, eval=EVAL, weights="int4", granularity="blocked", promote=False, finetune=20
     ).report
     page = render_html(tuned)
-    f = tuned["finetune"]
-    assert "<th>fine-tuned</th>" in page and f"{f['steps']} steps" in page
+    f = tuned.finetune
+    assert "<th>fine-tuned</th>" in page and f"{f.steps} steps" in page
     assert "--finetune 20" in page
 
 
@@ -140,7 +139,7 @@ def test_page_draws_in_chromium_offline(report, chromium, tmp_path):
     # plotly drew the chart: its SVG, one bar a node, and the node table.
     assert dom.stdout.count('class="main-svg"') >= 2
     bars = re.findall(r'<g class="point"><path d="M[^"]+"', dom.stdout)
-    assert len(bars) >= len(report["analysis"])
+    assert len(bars) >= len(report.analysis)
     shot = tmp_path / "report.png"
     result = _chromium(chromium, str(page), "--window-size=1400,1800", f"--screenshot={shot}")
     assert result.returncode == 0 and shot.stat().st_size > 50_000
@@ -154,12 +153,13 @@ def test_a_report_saved_before_the_decision_and_the_batches_timed_still_renders(
 
     from qlinear.quantize._report_print import print_report
 
-    old = json.loads(json.dumps(report))
+    saved = json.loads(report.to_json())  # the JSON as an earlier qlinear wrote it
     for key in ("decision", "tradeoff", "float_where_faster"):
-        old.pop(key)
-    old["latency_ms"] = {"before": 2.0, "after": 1.5, "batch": 16}
-    old["output"].pop("top1_agreement_interval")
-    old["promotions"]["target"].pop("text")
+        saved.pop(key)
+    saved["latency_ms"] = {"before": 2.0, "after": 1.5, "batch": 16}
+    saved["output"].pop("top1_agreement_interval")
+    saved["promotions"]["target"].pop("text")
+    old = qq.Report.from_json(json.dumps(saved))
     page = render_html(old)
     assert "2.000 ms → 1.500 ms a batch of 16 (0.75x" in page and "top-1 agreement ≥ 99.00%" in page
     printed = io.StringIO()
@@ -172,21 +172,26 @@ def test_the_settings_line_is_the_whole_command_with_its_data(tmp_path):
     argv = ["quantize", MODEL, "-o", str(out), "--calibration", CALIBRATION, "--eval", EVAL, "--labels", "label",
             "--weights", "int4", "--report", str(saved), "--quiet"]  # fmt: skip
     assert main(argv) in (0, 1)
-    page = render_html(json.loads(saved.read_text()))
+    page = render_html(qq.Report.from_json(saved.read_text()))
     command = html.unescape(re.search(r"<th>settings</th><td><code>(.*?)</code>", page).group(1))
     assert command.startswith(f"qlinear quantize {MODEL} -o {out} ")
     assert f"--calibration {CALIBRATION} --eval {EVAL} --labels label" in command and "--weights int4" in command
     # Data given as arrays in Python: a placeholder where the file goes.
     r = qq.quantize_model(MODEL, None, dict(np.load(CALIBRATION)), promote=False).report
-    assert r["data_flags"] == ["--calibration", "CALIBRATION.npz"]
+    assert r.data_flags == ["--calibration", "CALIBRATION.npz"]
 
 
 def test_long_node_names_show_their_ends_on_the_axis_and_whole_on_hover(report):
-    long = json.loads(json.dumps(report))
     name = "/model/backbone/stage3/block7/depthwise_separable/conv_bank.17/Conv"
-    long["analysis"][0]["name"] = long["nodes"][0]["name"] = name
+    long = _first_named(report, name)
     page = render_html(long)
     start = page.index('"ticktext":[') + len('"ticktext":')
     ticks = json.JSONDecoder().raw_decode(page[start:])[0]  # the chart's axis labels, as plotly wrote them
-    assert ticks[0] == "…" + name[-23:] and len(ticks[0]) == 24 and ticks[1:] == [n["name"] for n in long["analysis"][1:]]
+    assert ticks[0] == "…" + name[-23:] and len(ticks[0]) == 24 and ticks[1:] == [n.name for n in long.analysis[1:]]
     assert name in page  # whole, in the hover and the node table
+
+
+def _first_named(report: qq.Report, name: str) -> qq.Report:
+    """``report`` with its first node (in the node list and the analysis) named ``name``."""
+    nodes = [replace(report.nodes[0], name=name), *report.nodes[1:]]
+    return replace(report, nodes=nodes, analysis=[replace(report.analysis[0], name=name), *report.analysis[1:]])

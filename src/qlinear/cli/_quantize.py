@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from qlinear._errors import QuantizationError
 from qlinear.cli._args import add_json, write_json
-from qlinear.quantize import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions, print_report, quantize_model, report_json
+from qlinear.quantize import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions, print_report, quantize_model
 from qlinear.quantize._html import render_html
 from qlinear.quantize._option_fields import add_arguments as add_option_arguments
 from qlinear.quantize._option_fields import in_flags, values_from_args
@@ -120,19 +120,19 @@ def run(args: argparse.Namespace) -> int:
             if args.report.lower().endswith((".html", ".htm")):
                 _write_text(args.report, render_html(result.report))
             else:
-                _write_text(args.report, report_json(result.report) + "\n")
+                _write_text(args.report, result.report.to_json() + "\n")
     except QuantizationError as e:
         message = str(e).removeprefix("quantize: ")  # the library's own prefix, said once by the command's
         message = in_flags(message, QuantizeOptions, _ARGUMENT_FLAGS)  # the user typed flags, not Python names
         err.print(f"qlinear quantize: {escape(message)}", highlight=False, soft_wrap=True)
         return 2
     if args.json or args.json_file:
-        write_json(report_json(result.report), args)
+        write_json(result.report.to_json(), args)
     if not args.json and not args.quiet:
         print_report(result.report, Console(), analysis=args.analyze)
     if not result.target_met:
         # The model is written all the same (the best found); the status says the target was missed.
-        missed = next(w for w in result.report["warnings"] if w.startswith("target not met"))
+        missed = next(w for w in result.report.warnings if w.startswith("target not met"))
         err.print(f"qlinear quantize: {escape(missed)}", highlight=False, soft_wrap=True)
         return 1
     return 0

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from qlinear._errors import QuantizationError
-from qlinear.quantize._html import render_html, report_from_json
+from qlinear.quantize._html import render_html
+from qlinear.quantize._report_schema import Report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             raise QuantizationError(
                 f"{args.report} is not a report: expected the JSON that qlinear quantize --report REPORT.json writes, got a binary file"
             ) from None
-        page = render_html(report_from_json(text))
+        page = render_html(Report.from_json(text))
         write_page(args.output, page)
     except QuantizationError as e:
         err.print(f"qlinear report: {escape(str(e))}", highlight=False, soft_wrap=True)

@@ -22,6 +22,7 @@ from qlinear.quantize._options import (
 from qlinear.quantize._pipeline import QuantizeResult, quantize_model
 from qlinear.quantize._report import report_json
 from qlinear.quantize._report_print import print_report
+from qlinear.quantize._report_schema import Report
 from qlinear.quantize._stats import TensorStats
 from qlinear.quantize._stream import StreamResult, quantize_weights_streaming
 
@@ -31,6 +32,7 @@ __all__ = [
     "StreamResult",
     "QuantizeOptions",
     "QuantizeResult",
+    "Report",
     "TensorStats",
     "print_report",
     "report_json",

@@ -12,8 +12,8 @@ click on its header, by a few lines of script written here.
 from __future__ import annotations
 
 import html
-import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from qlinear._errors import QuantizationError
@@ -21,13 +21,15 @@ from qlinear.quantize._html_assets import SORT_SCRIPT, STYLE
 from qlinear.quantize._option_fields import command_words
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
-from qlinear.quantize._report_text import latencies_of, target_text
+from qlinear.quantize._records import plain
+from qlinear.quantize._report_schema import NodeAnalysis, NodeRow, Report
+from qlinear.quantize._tradeoff import Candidate
 
-__all__ = ["render_html", "report_from_json"]
+__all__ = ["render_html"]
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """The report (``QuantizeResult.report``, or its JSON read back) as a self-contained HTML page.
+def render_html(report: Report) -> str:
+    """The report (``QuantizeResult.report``, or ``Report.from_json`` of its JSON) as a self-contained HTML page.
 
     Raises:
         QuantizationError: plotly is not installed (the ``report`` extra).
@@ -39,7 +41,7 @@ def render_html(report: dict[str, Any]) -> str:
     nodes = _node_rows(report)
     figure = _chart(go, nodes)
     chart = figure.to_html(full_html=False, include_plotlyjs=True, config={"displaylogo": False, "responsive": True})
-    title = f"qlinear quantize: {report['model']['input']}"
+    title = f"qlinear quantize: {report.model.input}"
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -47,7 +49,7 @@ def render_html(report: dict[str, Any]) -> str:
         f"<h1>{_e(title)}</h1>",
         _decision(report),
         _summary(report),
-        *(f'<p class="warning">{_e(w)}</p>' for w in report.get("warnings", [])),
+        *(f'<p class="warning">{_e(w)}</p>' for w in report.warnings),
         "<h2>Every node along the graph</h2>",
         "<p>Sensitivity: the model's output SQNR with only that node quantized. Output: the node's own output in the "
         "quantized model against the float model (the error of everything up to it). Promoted nodes are marked; "
@@ -64,57 +66,72 @@ def render_html(report: dict[str, Any]) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _node_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class _Row:
+    """A node as the chart and the tables show it: its figures and its final state."""
+
+    name: str
+    op_type: str
+    weight_type: str | None
+    activation_type: str | None
+    sensitivity_db: float | None
+    weight_sqnr_db: float | None
+    activation_sqnr_db: float | None
+    output_sqnr_db: float | None
+    runs_as: str | None
+    fused: bool | None
+    status: str  # as requested, promoted, float (promoted)
+    promoted_to: str | None
+
+
+def _node_rows(report: Report) -> list[_Row]:
     """One row a node the requested types quantize, in graph order, with its final state."""
-    final = {n["name"]: n for n in report["nodes"]}
-    promoted = {}
-    for step in (report.get("promotions") or {}).get("steps", []):
-        promoted[step["node"]] = step["to"]
-    floated = {n["name"] for n in report.get("left_float", []) if n["reason"] == PROMOTED_TO_FLOAT}
+    final = {n.name: n for n in report.nodes}
+    promoted = {step.node: step.to for step in (report.promotions.steps if report.promotions else [])}
+    floated = {n.name for n in report.left_float if n.reason == PROMOTED_TO_FLOAT}
+    ops = {n.name: n.op_type for n in report.left_float}
+    analysed = {a.name: a for a in report.analysis}
+    names = list(analysed) or [n.name for n in report.nodes]
     rows = []
-    seen = set()
-    for a in report.get("analysis") or [{"name": n["name"]} for n in report["nodes"]]:
-        name = a["name"]
-        seen.add(name)
-        n = final.get(name, {})
+    for name in names:
+        n, a = final.get(name), analysed.get(name)
         status = "float (promoted)" if name in floated else ("promoted" if name in promoted else "as requested")
-        rows.append(
-            {
-                "name": name,
-                "op_type": n.get("op_type") or _op_of(report, name),
-                "weight_type": n.get("weight_type"),
-                "activation_type": n.get("activation_type"),
-                "sensitivity_db": a.get("sensitivity_db"),
-                "weight_sqnr_db": n.get("weight_sqnr_db", a.get("weight_sqnr_db")),
-                "activation_sqnr_db": a.get("activation_sqnr_db"),
-                "output_sqnr_db": n.get("output_sqnr_db"),
-                "runs_as": n.get("runs_as"),
-                "fused": n.get("fused"),
-                "status": status,
-                "promoted_to": promoted.get(name),
-            }
-        )
-    for n in report["nodes"]:  # nodes the analysis did not cover (none today; kept so the table never drops one)
-        if n["name"] not in seen:
-            rows.append({**n, "sensitivity_db": None, "activation_sqnr_db": None, "status": "as requested", "promoted_to": None})
+        rows.append(_row(name, ops.get(name, ""), n, a, status, promoted.get(name)))
+    for n in report.nodes:  # nodes the analysis did not cover (none today; kept so the table never drops one)
+        if analysed and n.name not in analysed:
+            rows.append(_row(n.name, n.op_type, n, None, "as requested", None))
     return rows
 
 
-def _op_of(report: dict[str, Any], name: str) -> str:
-    return next((n["op_type"] for n in report.get("left_float", []) if n["name"] == name), "")
+def _row(name: str, op_type: str, n: NodeRow | None, a: NodeAnalysis | None, status: str, promoted_to: str | None) -> _Row:
+    """A node's row from its final state ``n`` (None: now float) and its analysis ``a`` (None: not analysed)."""
+    return _Row(
+        name=name,
+        op_type=n.op_type if n else op_type,
+        weight_type=n.weight_type if n else None,
+        activation_type=n.activation_type if n else None,
+        sensitivity_db=a.sensitivity_db if a else None,
+        weight_sqnr_db=n.weight_sqnr_db if n else (a.weight_sqnr_db if a else None),
+        activation_sqnr_db=a.activation_sqnr_db if a else None,
+        output_sqnr_db=n.output_sqnr_db if n else None,
+        runs_as=n.runs_as if n else None,
+        fused=n.fused if n else None,
+        status=status,
+        promoted_to=promoted_to,
+    )
 
 
-def _chart(go, nodes: list[dict[str, Any]]):
-    names = [n["name"] for n in nodes]
+def _chart(go, nodes: list[_Row]):
+    names = [n.name for n in nodes]
     hover = [
-        f"{n['name']} ({n['op_type']})<br>weights {n['weight_type'] or 'float'}, activations {n['activation_type'] or 'float'}"
-        f"<br>{n['status']}" + (f": {n['promoted_to']}" if n["promoted_to"] else "")
+        f"{n.name} ({n.op_type})<br>weights {n.weight_type or 'float'}, activations {n.activation_type or 'float'}"
+        f"<br>{n.status}" + (f": {n.promoted_to}" if n.promoted_to else "")
         for n in nodes
     ]
-    colors = ["#e69500" if n["status"] != "as requested" else "#4c78a8" for n in nodes]
+    colors = ["#e69500" if n.status != "as requested" else "#4c78a8" for n in nodes]
     figure = go.Figure()
     figure.add_bar(
-        x=names, y=[_num(n["sensitivity_db"]) for n in nodes], name="sensitivity (only this node quantized)",
+        x=names, y=[_num(n.sensitivity_db) for n in nodes], name="sensitivity (only this node quantized)",
         marker_color=colors, customdata=hover, hovertemplate="%{customdata}<br>sensitivity %{y:.1f} dB<extra></extra>",
     )  # fmt: skip
     for key, label, symbol in (
@@ -123,10 +140,10 @@ def _chart(go, nodes: list[dict[str, Any]]):
         ("activation_sqnr_db", "input activation", "triangle-up"),
     ):
         figure.add_scatter(
-            x=names, y=[_num(n[key]) for n in nodes], name=label, mode="lines+markers" if key == "output_sqnr_db" else "markers",
+            x=names, y=[_num(getattr(n, key)) for n in nodes], name=label, mode="lines+markers" if key == "output_sqnr_db" else "markers",
             marker_symbol=symbol, customdata=hover, hovertemplate="%{customdata}<br>" + label + " %{y:.1f} dB<extra></extra>",
         )  # fmt: skip
-    floated = [n["name"] for n in nodes if n["status"] == "float (promoted)"]
+    floated = [n.name for n in nodes if n.status == "float (promoted)"]
     if floated:
         figure.add_scatter(
             x=floated, y=[0] * len(floated), name="promoted to float", mode="markers+text", text=["float"] * len(floated),
@@ -141,44 +158,40 @@ def _chart(go, nodes: list[dict[str, Any]]):
     return figure
 
 
-def _summary(report: dict[str, Any]) -> str:
-    size, out = report["size_bytes"], report["output"]
+def _summary(report: Report) -> str:
+    size, out, requested = report.size_bytes, report.output, report.requested
     rows = [
-        ("model", f"{report['model']['input']} → {report['model']['output'] or '(not written)'}"),
-        ("size", f"{_bytes(size['before'])} → {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)"),
+        ("model", f"{report.model.input} → {report.model.output or '(not written)'}"),
+        ("size", f"{_bytes(size.before)} → {_bytes(size.after)} ({size.after / size.before:.2f}x)"),
     ]
-    for lat in latencies_of(report):
+    for lat in report.latency_ms:
         rows.append(
             (
                 "latency (ONNX Runtime)",
-                f"{lat['before']:.3f} ms → {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['ratio']:.2f}x, pairs' median)",
+                f"{lat.before:.3f} ms → {lat.after:.3f} ms a batch of {lat.batch} ({lat.ratio:.2f}x, pairs' median)",
             )
         )
-    requested = report.get("requested") or {}
-    rows.append(
-        ("top-1 agreement", f"{_share(requested.get('top1_agreement'))} at the requested types → {_share(out['top1_agreement'])}")
-    )
-    rows.append(("output SQNR", f"{_db(requested.get('sqnr_db'))} dB at the requested types → {_db(out['sqnr_db'])} dB"))
-    if out.get("accuracy"):
-        rows.append(("accuracy", f"{_share(out['accuracy']['before'])} float → {_share(out['accuracy']['after'])} quantized"))
-    promotions = report.get("promotions")
+    rows.append(("top-1 agreement", f"{_share(requested.top1_agreement)} at the requested types → {_share(out.top1_agreement)}"))
+    rows.append(("output SQNR", f"{_db(requested.sqnr_db)} dB at the requested types → {_db(out.sqnr_db)} dB"))
+    if out.accuracy:
+        rows.append(("accuracy", f"{_share(out.accuracy.before)} float → {_share(out.accuracy.after)} quantized"))
+    promotions = report.promotions
     if promotions:
-        t = promotions["target"]
-        target = target_text(t).replace(">=", "≥")
-        state = '<span class="good">met</span>' if promotions["met"] else '<span class="bad">not met</span>'
-        rows.append(("target", f"{_e(target)}: {state}, {len(promotions['steps'])} promotion(s)"))
-    widened = report.get("widened") or []
-    if widened:
-        tables = ", ".join(f"{n['name']} {n['asked']} → {n['stored']}" for n in widened)
-        rows.append(("tables widened", f"{tables} ({widened[0]['reason']})"))
-    tuned = report.get("finetune")
+        target = promotions.target.describe().replace(">=", "≥")
+        state = '<span class="good">met</span>' if promotions.met else '<span class="bad">not met</span>'
+        rows.append(("target", f"{_e(target)}: {state}, {len(promotions.steps)} promotion(s)"))
+    if report.widened:
+        tables = ", ".join(f"{n.name} {n.asked} → {n.stored}" for n in report.widened)
+        rows.append(("tables widened", f"{tables} ({report.widened[0].reason})"))
+    tuned = report.finetune
     if tuned:
-        state = "kept" if tuned["kept"] else f"not kept: {tuned['note']}"
+        state = "kept" if tuned.kept else f"not kept: {tuned.note}"
+        held = tuned.held_out
         rows.append(
             (
                 "fine-tuned",
-                f"{tuned['steps']} steps, {tuned['seconds']:.1f} s: top-1 agreement {_share(tuned['agreement_before'])} → "
-                f"{_share(tuned['agreement_after'])}, output SQNR {_db(tuned['sqnr_db_before'])} → {_db(tuned['sqnr_db_after'])} dB "
+                f"{tuned.steps} steps, {tuned.seconds:.1f} s: top-1 agreement {_share(held.agreement_before)} → "
+                f"{_share(held.agreement_after)}, output SQNR {_db(held.sqnr_db_before)} → {_db(held.sqnr_db_after)} dB "
                 f"on the held-out data; {state}",
             )
         )
@@ -187,41 +200,38 @@ def _summary(report: dict[str, Any]) -> str:
     return f'<table class="summary">{body}</table>'
 
 
-def _command(report: dict[str, Any]) -> str:
+def _command(report: Report) -> str:
     """The command line that repeats the run's settings."""
-    s = report["settings"]
-    parts = ["qlinear quantize", report["model"]["input"], "-o", str(report["model"]["output"] or "OUT.onnx")]
-    parts += command_words(s, QuantizeOptions)
-    if "data_flags" in report:  # the data too, as given (placeholders for arrays given in Python)
-        return " ".join([*parts, *report["data_flags"]])
-    cal = report.get("calibration", {})
-    if cal.get("from_stats"):
-        parts += ["--stats", cal["from_stats"]]
+    parts = ["qlinear quantize", report.model.input, "-o", str(report.model.output or "OUT.onnx")]
+    parts += command_words(plain(report.settings), QuantizeOptions)
+    if report.data_flags is not None:  # the data too, as given (placeholders for arrays given in Python)
+        return " ".join([*parts, *report.data_flags])
+    if report.calibration.from_stats:
+        parts += ["--stats", report.calibration.from_stats]
     return " ".join(parts)
 
 
-def _decision(report: dict[str, Any]) -> str:
-    decision = report.get("decision")
-    if not decision:
+def _decision(report: Report) -> str:
+    decision = report.decision
+    if decision is None:
         return ""
-    good = decision["faster"] is not False and decision["target_met"] is not False
-    return f'<p class="{"decision" if good else "warning"}"><strong>{_e(decision["line"])}</strong></p>'
+    good = decision.faster is not False and decision.target_met is not False
+    return f'<p class="{"decision" if good else "warning"}"><strong>{_e(decision.line)}</strong></p>'
 
 
-def _tradeoff(report: dict[str, Any]) -> str:
-    rows = report.get("tradeoff") or []
-    if not rows:
+def _tradeoff(report: Report) -> str:
+    if not report.tradeoff:
         return ""
-    metric = (report.get("promotions") or {}).get("target", {}).get("metric", "sqnr")
+    metric = "sqnr" if report.promotions is None else report.promotions.target.metric
 
-    def latency(c: dict[str, Any]) -> str:
-        return "-" if c["latency"] is None else f"{c['latency']['ratio']:.2f}x at {c['latency']['batch']}"
+    def latency(c: Candidate) -> str:
+        return "-" if c.latency is None else f"{c.latency.ratio:.2f}x at {c.latency.batch}"
 
     body = "".join(
-        f"<tr><td>{c['promotions']}{' (written)' if c['chosen'] else ''}</td>"
-        f'<td class="num">{_figure(c["figure"], metric)}</td><td class="num">{latency(c)}</td>'
-        f'<td class="num">{_bytes(c["size_bytes"])}</td><td><code>{_e(c["flags"])}</code></td></tr>'
-        for c in rows
+        f"<tr><td>{c.promotions}{' (written)' if c.chosen else ''}</td>"
+        f'<td class="num">{_figure(c.figure, metric)}</td><td class="num">{latency(c)}</td>'
+        f'<td class="num">{_bytes(c.size_bytes)}</td><td><code>{_e(c.flags)}</code></td></tr>'
+        for c in report.tradeoff
     )
     return (
         "<h2>The trade-off measured</h2><p>Models the search built, timed against the float model in alternating pairs "
@@ -231,15 +241,15 @@ def _tradeoff(report: dict[str, Any]) -> str:
     )
 
 
-def _promotions(report: dict[str, Any]) -> str:
-    promotions = report.get("promotions")
-    if not promotions or not promotions["steps"]:
+def _promotions(report: Report) -> str:
+    promotions = report.promotions
+    if not promotions or not promotions.steps:
         return ""
-    metric = promotions["target"]["metric"]
+    metric = promotions.target.metric
     rows = "".join(
-        f"<tr><td>{k + 1}</td><td>{_e(s['node'])}</td><td>{_e(s['from'])}</td><td>{_e(s['to'])}</td>"
-        f'<td class="num">{_figure(s["figure_after"], metric)}</td></tr>'
-        for k, s in enumerate(promotions["steps"])
+        f"<tr><td>{k + 1}</td><td>{_e(s.node)}</td><td>{_e(s.from_)}</td><td>{_e(s.to)}</td>"
+        f'<td class="num">{_figure(s.figure_after, metric)}</td></tr>'
+        for k, s in enumerate(promotions.steps)
     )
     return (
         "<h2>Promotions, most sensitive node first</h2>"
@@ -248,34 +258,34 @@ def _promotions(report: dict[str, Any]) -> str:
     )
 
 
-def _left_float(report: dict[str, Any]) -> str:
+def _left_float(report: Report) -> str:
     """The nodes of quantizable type the plan left in float, and why (promotions have their own table)."""
-    kept = [n for n in report.get("left_float", []) if n["reason"] != PROMOTED_TO_FLOAT]
+    kept = [n for n in report.left_float if n.reason != PROMOTED_TO_FLOAT]
     if not kept:
         return ""
-    rows = "".join(f"<tr><td>{_e(n['name'])}</td><td>{_e(n['op_type'])}</td><td>{_e(n['reason'])}</td></tr>" for n in kept)
+    rows = "".join(f"<tr><td>{_e(n.name)}</td><td>{_e(n.op_type)}</td><td>{_e(n.reason)}</td></tr>" for n in kept)
     return f"<h2>Left float</h2><table><thead><tr><th>node</th><th>op</th><th>why</th></tr></thead><tbody>{rows}</tbody></table>"
 
 
-def _fusion(report: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
-    fusion = report.get("fusion") or {}
-    if not fusion.get("checked"):
+def _fusion(report: Report, nodes: list[_Row]) -> str:
+    fusion = report.fusion
+    if not fusion.checked:
         return "<h2>On ONNX Runtime</h2><p>Not checked: ONNX Runtime cannot load the model's types.</p>"
-    by_design = fusion.get("float_by_design") or {}
+    by_design = fusion.float_by_design
 
-    def group(n: dict[str, Any]) -> str:
-        if n["fused"]:
+    def group(n: _Row) -> str:
+        if n.fused:
             return "<span class=good>fused</span>"
-        if n["name"] in by_design:
-            return f"float between Q/DQ, by design: {_e(by_design[n['name']])}"
+        if n.name in by_design:
+            return f"float between Q/DQ, by design: {_e(by_design[n.name])}"
         return "<span class=bad>float between Q/DQ</span>"
 
     rows = "".join(
-        f"<tr><td>{_e(n['name'])}</td><td>{_e(n['runs_as'] or '-')}</td><td>{group(n)}</td></tr>"
+        f"<tr><td>{_e(n.name)}</td><td>{_e(n.runs_as or '-')}</td><td>{group(n)}</td></tr>"
         for n in nodes
-        if n["runs_as"] is not None
+        if n.runs_as is not None
     )
-    gates = fusion.get("integer_gates") or []
+    gates = fusion.integer_gates
     gates_text = (
         f" {len(gates)} gates (HardSwish, SiLU and like products) written so that they run as QLinearAdd, QLinearSigmoid"
         f" and QLinearMul: {_e(', '.join(gates))}."
@@ -284,7 +294,7 @@ def _fusion(report: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
     )
     return (
         "<h2>On ONNX Runtime</h2>"
-        f"<p>Each quantized node as ONNX Runtime's optimizer left it; {fusion.get('qdq_nodes_left')} Q/DQ nodes left."
+        f"<p>Each quantized node as ONNX Runtime's optimizer left it; {fusion.qdq_nodes_left} Q/DQ nodes left."
         f"{gates_text}</p>"
         f"<table><thead><tr><th>node</th><th>runs as</th><th>group</th></tr></thead><tbody>{rows}</tbody></table>"
     )
@@ -304,16 +314,16 @@ _COLUMNS = (
 )
 
 
-def _node_table(nodes: list[dict[str, Any]]) -> str:
+def _node_table(nodes: list[_Row]) -> str:
     head = "".join(f"<th>{_e(label)}</th>" for label, _, _ in _COLUMNS)
     body = []
     for n in nodes:
         cells = []
         for _, key, kind in _COLUMNS:
-            v = n.get(key)
+            v = getattr(n, key)
             if kind == "db":
                 # No figure: a node now float has no output; an activation left float has no error ("-"), unlike an exact one.
-                none_means_absent = key == "activation_sqnr_db" or (key == "output_sqnr_db" and n["status"] == "float (promoted)")
+                none_means_absent = key == "activation_sqnr_db" or (key == "output_sqnr_db" and n.status == "float (promoted)")
                 text = "-" if v is None and none_means_absent else _db(v)
                 cells.append(f'<td class="num">{text}</td>')
             else:
@@ -356,17 +366,3 @@ def _bytes(n: int) -> str:
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
-
-
-def report_from_json(text: str) -> dict[str, Any]:
-    """A report read back from its JSON; raises QuantizationError where it is not one."""
-    try:
-        report = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise QuantizationError(f"the report is not JSON: {e}") from None
-    missing = [
-        k for k in ("model", "settings", "size_bytes", "output", "nodes") if not isinstance(report, dict) or k not in report
-    ]
-    if missing:
-        raise QuantizationError(f"not a qlinear quantize report: it lacks {', '.join(missing)}")
-    return report

@@ -37,12 +37,9 @@ class Latency:
     """One batch's median times (ms) on the runtime, float and quantized, and the median of the pairs' ratios."""
 
     batch: int
-    float_ms: float
-    quantized_ms: float
+    before: float  # the float model's ms a batch
+    after: float  # the quantized model's
     ratio: float
-
-    def to_dict(self) -> dict[str, float | int]:
-        return {"batch": self.batch, "before": self.float_ms, "after": self.quantized_ms, "ratio": self.ratio}
 
 
 def user_batches(fixed_batch: int | None, batch_size: int) -> tuple[int, ...]:

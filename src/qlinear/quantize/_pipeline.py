@@ -23,6 +23,7 @@ from qlinear.quantize._model import load_float_model
 from qlinear.quantize._option_fields import data_words
 from qlinear.quantize._options import QuantizeOptions, given, resolve
 from qlinear.quantize._report import ReportInputs, build_report
+from qlinear.quantize._report_schema import Report
 from qlinear.quantize._session import load_error
 from qlinear.quantize.targets import target
 
@@ -33,11 +34,11 @@ HELD_OUT = stage.HELD_OUT
 
 @dataclass
 class QuantizeResult:
-    """The quantized model, where it was written, the report (a JSON-able dict), and whether the target held."""
+    """The quantized model, where it was written, the report (a :class:`Report`), and whether the target held."""
 
     model: onnx.ModelProto
     path: Path | None
-    report: dict[str, Any]
+    report: Report
     target_met: bool = True  # False: no promotion reached the accuracy target (the best model found is returned)
     # A model of 2 GB or more keeps its big weights beside the graph (qlinear.onnx.save writes them): their holder.
     weights: Any = None

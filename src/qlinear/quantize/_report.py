@@ -1,9 +1,7 @@
-"""The report pass: one JSON-able dict of what the quantizer did and measured, and its printed form."""
+"""The report pass: the typed :class:`Report` of what the quantizer did and measured, from what each stage produced."""
 
 from __future__ import annotations
 
-import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from os import PathLike
@@ -19,9 +17,29 @@ from qlinear.quantize._interval import wilson_interval
 from qlinear.quantize._latency import Latency
 from qlinear.quantize._placement import Plan, listed
 from qlinear.quantize._promotion import Search
+from qlinear.quantize._report_schema import (
+    BeforeAfter,
+    CalibrationSummary,
+    Decision,
+    EvalSummary,
+    FusionSummary,
+    Interval,
+    LeftFloat,
+    MetricFigure,
+    ModelFiles,
+    NodeAnalysis,
+    NodeRow,
+    OutputFigures,
+    Promotions,
+    PromotionStep,
+    Report,
+    Requested,
+    Settings,
+    TargetSpec,
+    Widened,
+)
 from qlinear.quantize._report_text import figure_text, share_text
 from qlinear.quantize._sensitivity import NodeSensitivity
-from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL
 from qlinear.quantize._speed import Floated
 from qlinear.quantize._to_qdq import ConvertedNode
 from qlinear.quantize._tradeoff import Candidate
@@ -29,7 +47,7 @@ from qlinear.quantize.algorithms._channel_scaling import ScaledActivation
 from qlinear.quantize.algorithms.equalize import Equalized
 from qlinear.quantize.targets import target
 
-if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
+if TYPE_CHECKING:
     from qlinear.quantize._options import QuantizeOptions
 
 
@@ -109,7 +127,7 @@ SLOWER = 1.15
 
 def _slower_text(latency: Latency, by_design: dict[str, str], fusion: FusionCheck | None) -> str:
     """Why the quantized model may be slower than the float one, as far as the run knows."""
-    before, after, batch = latency.float_ms, latency.quantized_ms, latency.batch
+    before, after, batch = latency.before, latency.after, latency.batch
     causes = []
     reasons = Counter(why.split(":")[0] for why in by_design.values())
     for what, n in reasons.most_common():
@@ -123,7 +141,7 @@ def _slower_text(latency: Latency, by_design: dict[str, str], fusion: FusionChec
     )
 
 
-def _decision(r: ReportInputs) -> dict[str, Any]:
+def _decision(r: ReportInputs) -> Decision:
     """What a user decides on, in one line: faster or slower than float at the batches they run, the target met or not."""
     faster = None if not r.latency else all(t.ratio <= 1.0 for t in r.latency)
     speed = ", ".join(f"{t.ratio:.2f}x at a batch of {t.batch}" for t in r.latency) or "not timed (ONNX Runtime cannot run it)"
@@ -144,7 +162,7 @@ def _decision(r: ReportInputs) -> dict[str, Any]:
         figure = figure_text(search.figure, search.target.metric)
         interval = _interval(r.evaluation) if search.target.metric == "agreement" else None
         if interval:  # 99% on 100 samples is not evidence of 99%
-            figure += f", 95% interval {share_text(interval['low'])} to {share_text(interval['high'])} on {interval['decisions']}"
+            figure += f", 95% interval {share_text(interval.low)} to {share_text(interval.high)} on {interval.decisions}"
         goal = f"target {'met' if search.met else 'NOT met'} ({search.target.describe()}: {figure})"
     advice = ""
     if faster is False or (search is not None and not search.met):
@@ -154,32 +172,105 @@ def _decision(r: ReportInputs) -> dict[str, Any]:
             advice = "; the trade-off table gives the faster models measured and the flags that write them"
         elif faster is False:
             advice = "; no faster quantized model was measured: its Q/DQ cost more here than its integer kernels save"
-    return {"faster": faster, "target_met": None if search is None else search.met, "line": f"{head}; {goal}{advice}"}
+    return Decision(faster, None if search is None else search.met, f"{head}; {goal}{advice}")
 
 
-def build_report(r: ReportInputs) -> dict[str, Any]:
-    """The report: the run's settings and every figure, as plain JSON-able values."""
+def build_report(r: ReportInputs) -> Report:
+    """The report: the run's settings and every figure."""
     fusion, evaluation, run, options = r.fusion, r.evaluation, r.calibration, r.options
     nodes = []
     for p in r.plan.nodes:
         c = r.converted[p.name]
+        found = r.sensitivity.get(p.name)
         nodes.append(
-            {
-                "name": p.name,
-                "op_type": p.op_type,
-                "weight_type": c.weight_type,
-                "activation_type": c.activation_type,
-                "weight_sqnr_db": c.weight_sqnr_db,
-                "output_sqnr_db": evaluation.node_sqnr_db.get(p.name),
-                "sensitivity_db": _figure(r.sensitivity, p.name, "sensitivity_db"),
-                "activation_sqnr_db": _figure(r.sensitivity, p.name, "activation_db"),
-                "fused": None if fusion is None else fusion.fused[p.name],
-                "runs_as": None if fusion is None else fusion.runs_as[p.name],
-                "bias_int32": c.bias_int32,
-                "bias_corrected": c.bias_corrected,
-                "weight_bytes": {"before": c.weight_bytes_before, "after": c.weight_bytes_after},
-            }
+            NodeRow(
+                name=p.name,
+                op_type=p.op_type,
+                weight_type=c.weight_type,
+                activation_type=c.activation_type,
+                weight_sqnr_db=c.weight_sqnr_db,
+                output_sqnr_db=evaluation.node_sqnr_db.get(p.name),
+                sensitivity_db=None if found is None else found.sensitivity_db,
+                activation_sqnr_db=None if found is None else found.activation_db,
+                fused=None if fusion is None else fusion.fused[p.name],
+                runs_as=None if fusion is None else fusion.runs_as[p.name],
+                bias_int32=c.bias_int32,
+                bias_corrected=c.bias_corrected,
+                weight_bytes=BeforeAfter(c.weight_bytes_before, c.weight_bytes_after),
+            )
         )
+    no_output_q = {p.name for p in r.plan.nodes if p.op_type == "Conv" and p.activations and p.output is None}
+    by_design = {
+        n.name: why
+        for n in nodes
+        if fusion is not None and n.name in fusion.unfused
+        if (
+            why := float_by_design(n.op_type, n.weight_type, n.activation_type)
+            or (MODEL_OUTPUT_CONV if n.name in no_output_q else None)
+            or fusion.by_layout.get(n.name)
+        )
+    }
+    accuracy = None
+    if evaluation.accuracy_after is not None:
+        accuracy = BeforeAfter(evaluation.accuracy_before, evaluation.accuracy_after)
+    return Report(
+        model=ModelFiles(r.model_name, str(r.output) if r.output else None),
+        settings=Settings(**{**options.to_dict(), "opset": r.opset}),
+        data_flags=r.data_flags,
+        size_bytes=BeforeAfter(r.size_before, r.size_after),
+        decision=_decision(r),
+        latency_ms=list(r.latency),
+        tradeoff=list(r.tradeoff),
+        float_where_faster=list(r.floated),
+        calibration=CalibrationSummary(
+            method=options.method if options.activations else None,
+            source=None if options.activations is None or r.stats_path else r.calibration_data.source,
+            batches=run.batches if run else 0,
+            batch_size=run.batch_size if run else 0,
+            samples=run.samples if run else 0,
+            seconds=run.seconds if run else 0.0,
+            peak_rss_bytes=run.peak_rss_bytes if run else 0,
+            from_stats=r.stats_path,
+            batch_fixed_by=r.batch_fixed_by,
+        ),
+        eval=EvalSummary(r.eval_data.source, evaluation.samples, evaluation.backend, r.onnxruntime_error),
+        output=OutputFigures(
+            sqnr_db=evaluation.output_sqnr_db,
+            sqnr_db_parts=evaluation.output_part_sqnr_db,
+            sqnr_db_outputs=evaluation.output_sqnr_db_by_output,
+            top1_agreement=evaluation.top1_agreement,
+            top1_agreement_interval=_interval(evaluation),
+            accuracy=accuracy,
+            metric=MetricFigure(**metric) if (metric := r.measures.get("metric")) else None,
+            decisions_kept=r.measures.get("decisions_kept"),
+        ),
+        fusion=FusionSummary(
+            checked=fusion is not None,
+            unfused=[] if fusion is None else fusion.unfused,
+            float_by_design=by_design,
+            qdq_nodes_left=None if fusion is None else fusion.qdq_nodes_left,
+            integer_gates=r.gates,
+        ),
+        nodes=nodes,
+        analysis=[NodeAnalysis(f.name, f.sensitivity_db, f.weight_db, f.activation_db) for f in r.sensitivity.values()],
+        requested=Requested(*r.requested_figures),
+        promotions=_promotions(r.search),
+        smoothquant=list(r.smoothed),
+        awq=list(r.awq),
+        equalized=list(r.equalized),
+        left_float=[LeftFloat(n, op, why) for n, op, why in r.plan.left_float],
+        widened=[
+            Widened(n, asked, stored, target(options.target).placement.widened_table) for n, asked, stored in r.plan.widened
+        ],
+        finetune=r.finetuned,
+        algorithms={name: done for name, done in r.algorithms.items() if name not in _REPORTED_APART},
+        warnings=_warnings(r, nodes, by_design),
+    )
+
+
+def _warnings(r: ReportInputs, nodes: list[NodeRow], by_design: dict[str, str]) -> list[str]:
+    """What the user should know before shipping the model, most basic first."""
+    fusion, run, options = r.fusion, r.calibration, r.options
     warnings = []
     if r.finetuned is not None and r.finetuned.note:
         warnings.append(f"finetune: {r.finetuned.note.removeprefix('finetune: ')}")
@@ -193,30 +284,14 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
         )
     if r.onnxruntime_error is not None:
         warnings.append(_unloadable_text(r.onnxruntime_error, options))
-    no_output_q = {p.name for p in r.plan.nodes if p.op_type == "Conv" and p.activations and p.output is None}
-    by_design = {
-        n["name"]: why
-        for n in nodes
-        if fusion is not None and n["name"] in fusion.unfused
-        if (
-            why := float_by_design(n["op_type"], n["weight_type"], n["activation_type"])
-            or (MODEL_OUTPUT_CONV if n["name"] in no_output_q else None)
-            or fusion.by_layout.get(n["name"])
-        )
-    }
     unexpected = [] if fusion is None else [n for n in fusion.unfused if n not in by_design]
     if unexpected:
         warnings.append(
             f"ONNX Runtime runs {len(unexpected)} quantized node(s) in float where an integer kernel was expected "
             f"(its selectors did not match the layout): {listed(unexpected, _UNFUSED_SHOWN)}"
         )
-    nbits = 0 if fusion is None else sum(op == "MatMulNBits" for op in fusion.runs_as.values())
-    if nbits:
-        warnings.append(
-            f"ONNX Runtime runs {nbits} MatMul(s) as MatMulNBits: the figures here are at its accuracy level 0 (the input "
-            f"stays float, as the model says); its default, 4, quantizes their inputs to int8: set the session entry "
-            f'"{MATMUL_NBITS_ACCURACY_LEVEL}" to "0" where you run the model'
-        )
+    if fusion is not None:
+        warnings += target(options.target).run_notes(fusion)
     slowest = max(r.latency, key=lambda t: t.ratio, default=None)
     if slowest is not None and slowest.ratio > SLOWER:
         warnings.append(_slower_text(slowest, by_design, fusion))
@@ -225,81 +300,7 @@ def build_report(r: ReportInputs) -> dict[str, Any]:
             f"target not met ({r.search.target.describe()}): the best model found has {figure_text(r.search.figure, r.search.target.metric)} "
             f"after {len(r.search.promotions)} promotion(s); allow more nodes in float (max_float) or lower the target"
         )
-    accuracy = None
-    if evaluation.accuracy_after is not None:
-        accuracy = {"before": evaluation.accuracy_before, "after": evaluation.accuracy_after}
-    return {
-        "model": {"input": r.model_name, "output": str(r.output) if r.output else None},
-        "settings": {**options.to_dict(), "opset": r.opset},
-        "data_flags": r.data_flags,
-        "size_bytes": {"before": r.size_before, "after": r.size_after},
-        "decision": _decision(r),
-        "latency_ms": [t.to_dict() for t in r.latency],
-        "tradeoff": [c.to_dict() for c in r.tradeoff],
-        "float_where_faster": [
-            {"kind": f.kind, "nodes": list(f.nodes), "before": f.before, "after": f.after, "kept": f.kept} for f in r.floated
-        ],
-        "calibration": {
-            "method": options.method if options.activations else None,
-            "source": None if options.activations is None or r.stats_path else r.calibration_data.source,
-            "batches": run.batches if run else 0,
-            "batch_size": run.batch_size if run else 0,  # cut below --batch-size where a batch's tensors are large
-            "samples": run.samples if run else 0,
-            "seconds": run.seconds if run else 0.0,
-            "peak_rss_bytes": run.peak_rss_bytes if run else 0,
-            "from_stats": r.stats_path,
-            "batch_fixed_by": r.batch_fixed_by,  # the input whose fixed batch dimension set the batch, if one did
-        },
-        "eval": {
-            "source": r.eval_data.source,
-            "samples": evaluation.samples,
-            "backend": evaluation.backend,
-            "onnxruntime_error": r.onnxruntime_error,
-        },
-        "output": {
-            "sqnr_db": evaluation.output_sqnr_db,
-            "sqnr_db_parts": evaluation.output_part_sqnr_db,
-            "sqnr_db_outputs": evaluation.output_sqnr_db_by_output,  # each judged output's, where there are several
-            "top1_agreement": evaluation.top1_agreement,
-            "top1_agreement_interval": _interval(evaluation),
-            "accuracy": accuracy,
-            "metric": r.measures.get("metric"),
-            "decisions_kept": r.measures.get("decisions_kept"),
-        },
-        "fusion": {
-            "checked": fusion is not None,
-            "unfused": [] if fusion is None else fusion.unfused,
-            "float_by_design": by_design,  # unfused nodes whose types ONNX Runtime has no integer kernel for, and why
-            "qdq_nodes_left": None if fusion is None else fusion.qdq_nodes_left,
-            "integer_gates": r.gates,  # HardSwish, SiLU and like gates between uint8 tensors, as integer kernels take them
-        },
-        "nodes": nodes,
-        "analysis": [
-            {
-                "name": f.name,
-                "sensitivity_db": f.sensitivity_db,
-                "weight_sqnr_db": f.weight_db,
-                "activation_sqnr_db": f.activation_db,
-            }
-            for f in r.sensitivity.values()
-        ],
-        "requested": {"sqnr_db": r.requested_figures[0], "top1_agreement": r.requested_figures[1]},
-        "promotions": _promotions(r.search),
-        "smoothquant": _scaled(r.smoothed),
-        "awq": _scaled(r.awq),
-        "equalized": [
-            {"first": e.first, "second": e.second, "largest_scale": e.largest, "smallest_scale": e.smallest} for e in r.equalized
-        ],
-        "left_float": [{"name": n, "op_type": op, "reason": why} for n, op, why in r.plan.left_float],
-        "widened": [
-            {"name": n, "asked": asked, "stored": stored, "reason": target(options.target).placement.widened_table}
-            for n, asked, stored in r.plan.widened
-        ],
-        "finetune": None if r.finetuned is None else r.finetuned.to_dict(),
-        # Every other algorithm that ran reports under its name what its result's to_dict() gives.
-        **{name: done.to_dict() for name, done in r.algorithms.items() if name not in _REPORTED_APART},
-        "warnings": warnings,
-    }
+    return warnings
 
 
 def _unloadable_text(error: str, options: QuantizeOptions) -> str:
@@ -336,64 +337,31 @@ def _data_warnings(r: ReportInputs, run: CalibrationRun | None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _figure(figures: dict[str, NodeSensitivity], name: str, attr: str) -> float | None:
-    f = figures.get(name)
-    return None if f is None else getattr(f, attr)
-
-
-def _interval(evaluation: Evaluation) -> dict[str, Any] | None:
+def _interval(evaluation: Evaluation) -> Interval | None:
     """The agreement's 95% Wilson interval and the decisions it was measured on."""
     n = evaluation.top1_decisions
     if evaluation.top1_agreement is None or not n:
         return None
     low, high = wilson_interval(round(evaluation.top1_agreement * n), n)
-    return {"low": low, "high": high, "decisions": n}
+    return Interval(low, high, n)
 
 
-def _scaled(done: list[ScaledActivation]) -> list[dict[str, Any]]:
-    return [
-        {
-            "tensor": m.tensor,
-            "nodes": list(m.nodes),
-            "alpha": m.alpha,
-            "sample_error_before": m.error_before,
-            "sample_error_after": m.error_after,
-        }
-        for m in done
-    ]
-
-
-def _promotions(search: Search | None) -> dict[str, Any] | None:
+def _promotions(search: Search | None) -> Promotions | None:
     if search is None:
         return None
-    return {
-        "target": {"metric": search.target.metric, "value": search.target.value, "text": search.target.describe()},
-        "met": search.met,
-        "before": search.start_figure,
-        "after": search.figure,
-        "evaluations": search.evaluations,
-        "steps": [
-            {
-                "node": p.node,
-                "from": p.before.describe(),
-                "to": p.after.describe(),
-                "figure_after": p.figure if p.measured else None,
-            }
+    return Promotions(
+        target=TargetSpec(search.target.metric, search.target.value, search.target.describe()),
+        met=search.met,
+        before=search.start_figure,
+        after=search.figure,
+        evaluations=search.evaluations,
+        steps=[
+            PromotionStep(p.node, p.before.describe(), p.after.describe(), p.figure if p.measured else None)
             for p in search.promotions
         ],
-    }
+    )
 
 
-def report_json(report: dict[str, Any]) -> str:
+def report_json(report: Report) -> str:
     """The report as strict JSON (an infinite SQNR, which no JSON number holds, is written as null)."""
-    return json.dumps(_strict(report), indent=2)
-
-
-def _strict(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value
+    return report.to_json()

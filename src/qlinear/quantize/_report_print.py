@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
 
 from rich.console import Console
 
 from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
-from qlinear.quantize._report_text import db_text, figure_text, latencies_of, share_text, target_text
+from qlinear.quantize._report_schema import Report
+from qlinear.quantize._report_text import db_text, figure_text, share_text
 
 __all__ = ["MOST_DEGRADED", "print_report"]
 
@@ -25,65 +25,69 @@ def _bytes(n: int) -> str:
 _LEFT_FLOAT_SHOWN = 4  # nodes named in the summary's "left float" row; the JSON report has them all
 
 
-def _types_text(report: dict[str, Any]) -> str:
+def _types_text(report: Report) -> str:
     """The types asked for, and the types the model holds where promotions (or the runtime's rules) changed them."""
-    settings = report["settings"]
-    promoted = sum(n["reason"] == PROMOTED_TO_FLOAT for n in report.get("left_float", []))
+    settings = report.settings
+    promoted = sum(n.reason == PROMOTED_TO_FLOAT for n in report.left_float)
 
     def side(asked: str | None, key: str) -> str:
-        held = Counter(n[key] for n in report["nodes"] if n[key])
+        held = Counter(getattr(n, key) for n in report.nodes if getattr(n, key))
         if not (set(held) - {asked} or (promoted and asked)):
             return ""
         parts = [f"{t} x{k}" for t, k in held.most_common()] + ([f"float x{promoted}"] if promoted else [])
         return f" asked, held as {', '.join(parts)}"
 
-    weights = f"weights {settings['weights']} {settings['granularity']}" + side(settings["weights"], "weight_type")
-    acts = settings["activations"]
+    weights = f"weights {settings.weights} {settings.granularity}" + side(settings.weights, "weight_type")
+    acts = settings.activations
     activations = f"activations {acts}" + side(acts, "activation_type") if acts else "activations float (weight-only)"
-    return f"{weights}, {activations}, opset {settings['opset']}"
+    return f"{weights}, {activations}, opset {settings.opset}"
 
 
-def _print_tradeoff(report: dict[str, Any], console: Console) -> None:
+def _print_tradeoff(report: Report, console: Console) -> None:
     """The models the search built, timed, where the result is slower than float or misses its target."""
-    decision, rows = report.get("decision") or {}, report.get("tradeoff") or []
-    if not rows or (decision.get("faster") is not False and decision.get("target_met") is not False):
+    decision, rows = report.decision, report.tradeoff
+    if not rows or decision is None or (decision.faster is not False and decision.target_met is not False):
         return
-    metric = (report.get("promotions") or {}).get("target", {}).get("metric", "sqnr")
+    metric = _metric(report)
     table = Table(title="the trade-off measured (latency over the float model's, in pairs)")
     for col in ("promotions", "accuracy", "latency", "size", "flags"):
         table.add_column(col, no_wrap=col != "flags")
     for row in rows:
-        lat = row["latency"]
-        latency = "-" if lat is None else f"{lat['ratio']:.2f}x at {lat['batch']}"
-        figure = figure_text(row["figure"], metric)
-        mark = " (written)" if row["chosen"] else ""
-        table.add_row(f"{row['promotions']}{mark}", figure, latency, _bytes(row["size_bytes"]), row["flags"])
+        lat = row.latency
+        latency = "-" if lat is None else f"{lat.ratio:.2f}x at {lat.batch}"
+        mark = " (written)" if row.chosen else ""
+        table.add_row(f"{row.promotions}{mark}", figure_text(row.figure, metric), latency, _bytes(row.size_bytes), row.flags)
     console.print(table)
 
 
-def print_report(report: dict[str, Any], console: Console, *, analysis: bool = False) -> None:
+def _metric(report: Report) -> str:
+    """The metric the report's figures are of: its target's, else output SQNR."""
+    return "sqnr" if report.promotions is None else report.promotions.target.metric
+
+
+def print_report(report: Report, console: Console, *, analysis: bool = False) -> None:
     """A summary table, the promotions, and the most degraded nodes (at most :data:`MOST_DEGRADED`).
 
     ``analysis``: also every node's sensitivity, weight and activation SQNR.
     """
-    decision = report.get("decision")
-    if decision:  # the first line: what a user decides on
-        slower_or_missed = decision["faster"] is False or decision["target_met"] is False
-        console.print(f"[{'bold yellow' if slower_or_missed else 'bold green'}]{decision['line']}[/]", highlight=False)
+    decision = report.decision
+    if decision is not None:  # the first line: what a user decides on
+        slower_or_missed = decision.faster is False or decision.target_met is False
+        console.print(f"[{'bold yellow' if slower_or_missed else 'bold green'}]{decision.line}[/]", highlight=False)
     summary = Table(title="qlinear quantize", show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
-    size = report["size_bytes"]
-    summary.add_row("model", f"{report['model']['input']} -> {report['model']['output']}")
+    size = report.size_bytes
+    summary.add_row("model", f"{report.model.input} -> {report.model.output}")
     summary.add_row("types", _types_text(report))
-    summary.add_row("size", f"{_bytes(size['before'])} -> {_bytes(size['after'])} ({size['after'] / size['before']:.2f}x)")
-    for lat in latencies_of(report):
+    summary.add_row("size", f"{_bytes(size.before)} -> {_bytes(size.after)} ({size.after / size.before:.2f}x)")
+    for lat in report.latency_ms:
         summary.add_row(
             "latency (ORT)",
-            f"{lat['before']:.3f} ms -> {lat['after']:.3f} ms a batch of {lat['batch']} ({lat['ratio']:.2f}x, pairs' median)",
+            f"{lat.before:.3f} ms -> {lat.after:.3f} ms a batch of {lat.batch} ({lat.ratio:.2f}x, pairs' median)",
         )
-    out = report["output"]
-    parts, outputs = out.get("sqnr_db_parts"), out.get("sqnr_db_outputs")
+    out = report.output
+    parts, outputs = out.sqnr_db_parts, out.sqnr_db_outputs
     worst = ""
     if outputs:  # the first output is the first key
         noisy = {name: db for name, db in outputs.items() if db is not None}
@@ -92,130 +96,120 @@ def print_report(report: dict[str, Any], console: Console, *, analysis: bool = F
         parts = parts if name == next(iter(outputs)) else None  # the parts are the first output's
     if parts:
         worst += f" (the worst of {len(parts)} concatenated parts: {', '.join(db_text(p) for p in parts)} dB)"
-    summary.add_row("output SQNR", f"{db_text(out['sqnr_db'])} dB{worst}")
-    interval = out.get("top1_agreement_interval")
+    summary.add_row("output SQNR", f"{db_text(out.sqnr_db)} dB{worst}")
+    interval = out.top1_agreement_interval
     summary.add_row(
         "top-1 agreement",
-        share_text(out["top1_agreement"])
+        share_text(out.top1_agreement)
         + (
-            f" (95% interval {share_text(interval['low'])} to {share_text(interval['high'])}, {interval['decisions']} decisions)"
+            f" (95% interval {share_text(interval.low)} to {share_text(interval.high)}, {interval.decisions} decisions)"
             if interval
             else ""
         ),
     )
-    if out.get("decisions_kept") is not None:
-        summary.add_row("decisions kept", f"{share_text(out['decisions_kept'])} (F1 of the scores above 0.5)")
-    if out.get("metric"):
-        summary.add_row("metric", f"{out['metric']['name']}: {out['metric']['value']:.6g}")
-    if out.get("accuracy"):
-        acc = out["accuracy"]
-        summary.add_row("accuracy", f"{share_text(acc['before'])} -> {share_text(acc['after'])}")
-    cal = report["calibration"]
-    if cal["method"] is None:
+    if out.decisions_kept is not None:
+        summary.add_row("decisions kept", f"{share_text(out.decisions_kept)} (F1 of the scores above 0.5)")
+    if out.metric:
+        summary.add_row("metric", f"{out.metric.name}: {out.metric.value:.6g}")
+    if out.accuracy:
+        summary.add_row("accuracy", f"{share_text(out.accuracy.before)} -> {share_text(out.accuracy.after)}")
+    cal = report.calibration
+    if cal.method is None:
         summary.add_row("calibration", "none (weight-only)")
-    elif cal.get("from_stats"):
-        summary.add_row("calibration", f"from saved statistics {cal['from_stats']} ({cal['method']})")
+    elif cal.from_stats:
+        summary.add_row("calibration", f"from saved statistics {cal.from_stats} ({cal.method})")
     else:
         summary.add_row(
             "calibration",
-            f"{cal['method']} on {cal['source']}: {cal['samples']} samples in {cal['batches']} batches "
-            f"of {cal.get('batch_size') or report['settings']['batch_size']}"
-            + (f" (input {cal['batch_fixed_by']} fixes the batch)" if cal.get("batch_fixed_by") else "")
-            + f", {cal['seconds']:.2f} s, peak RSS {_bytes(cal['peak_rss_bytes'])}",
+            f"{cal.method} on {cal.source}: {cal.samples} samples in {cal.batches} batches "
+            f"of {cal.batch_size or report.settings.batch_size}"
+            + (f" (input {cal.batch_fixed_by} fixes the batch)" if cal.batch_fixed_by else "")
+            + f", {cal.seconds:.2f} s, peak RSS {_bytes(cal.peak_rss_bytes)}",
         )
-    summary.add_row(
-        "evaluation", f"{report['eval']['source']} ({report['eval']['samples']} samples, {report['eval']['backend']})"
-    )
-    tuned = report.get("finetune")
+    summary.add_row("evaluation", f"{report.eval.source} ({report.eval.samples} samples, {report.eval.backend})")
+    tuned = report.finetune
     if tuned is not None:
+        held = tuned.held_out
         figures = (
-            f"output SQNR {db_text(tuned['sqnr_db_before'])} -> {db_text(tuned['sqnr_db_after'])} dB"
-            if tuned["agreement_before"] is None
-            else f"top-1 agreement {share_text(tuned['agreement_before'])} -> {share_text(tuned['agreement_after'])}, "
-            f"output SQNR {db_text(tuned['sqnr_db_before'])} -> {db_text(tuned['sqnr_db_after'])} dB"
+            f"output SQNR {db_text(held.sqnr_db_before)} -> {db_text(held.sqnr_db_after)} dB"
+            if held.agreement_before is None
+            else f"top-1 agreement {share_text(held.agreement_before)} -> {share_text(held.agreement_after)}, "
+            f"output SQNR {db_text(held.sqnr_db_before)} -> {db_text(held.sqnr_db_after)} dB"
         )
-        kept = "kept" if tuned["kept"] else "[red]not kept[/]"
-        summary.add_row("fine-tuned", f"{tuned['steps']} steps, {tuned['seconds']:.1f} s: {figures} on the held-out data; {kept}")
-    fusion = report["fusion"]
-    if fusion["checked"]:
-        unfused, by_design = fusion["unfused"], fusion.get("float_by_design", {})
-        text = f"{len(report['nodes']) - len(unfused)} of {len(report['nodes'])} quantized nodes"
+        kept = "kept" if tuned.kept else "[red]not kept[/]"
+        summary.add_row("fine-tuned", f"{tuned.steps} steps, {tuned.seconds:.1f} s: {figures} on the held-out data; {kept}")
+    fusion = report.fusion
+    if fusion.checked:
+        unfused, by_design = fusion.unfused, fusion.float_by_design
+        text = f"{len(report.nodes) - len(unfused)} of {len(report.nodes)} quantized nodes"
         if by_design:
             reasons = Counter(why.split(":", 1)[0] for why in by_design.values())
             text += "; in float by design: " + ", ".join(f"{count} ({what})" for what, count in reasons.most_common())
-        gates = fusion.get("integer_gates") or []
-        if gates:
-            text += f"; {len(gates)} gates (HardSwish, SiLU, ...) as integer Add/Mul/Sigmoid"
-        summary.add_row("fused by ORT", f"{text}; {fusion['qdq_nodes_left']} Q/DQ nodes left")
+        if fusion.integer_gates:
+            text += f"; {len(fusion.integer_gates)} gates (HardSwish, SiLU, ...) as integer Add/Mul/Sigmoid"
+        summary.add_row("fused by ORT", f"{text}; {fusion.qdq_nodes_left} Q/DQ nodes left")
     else:
         summary.add_row("fused by ORT", "not checked (ONNX Runtime cannot load the model's types)")
-    kept_float = [
-        (n["name"], n["op_type"], n["reason"]) for n in report.get("left_float", []) if n["reason"] != PROMOTED_TO_FLOAT
-    ]
+    kept_float = [(n.name, n.op_type, n.reason) for n in report.left_float if n.reason != PROMOTED_TO_FLOAT]
     if kept_float:  # the promoted ones have their own table below
         summary.add_row("left float", left_float_text(kept_float, _LEFT_FLOAT_SHOWN))
-    widened = report.get("widened", [])
+    widened = report.widened
     if widened:
-        shown = listed([f"{n['name']} {n['asked']} -> {n['stored']}" for n in widened], _LEFT_FLOAT_SHOWN)
-        summary.add_row("tables widened", f"{shown} ({widened[0]['reason']})")
-    promotions = report.get("promotions")
+        shown = listed([f"{n.name} {n.asked} -> {n.stored}" for n in widened], _LEFT_FLOAT_SHOWN)
+        summary.add_row("tables widened", f"{shown} ({widened[0].reason})")
+    promotions = report.promotions
     if promotions:
-        metric = promotions["target"]["metric"]
-        target = target_text(promotions["target"])
-        state = "met" if promotions["met"] else "[red]not met[/]"
+        metric = promotions.target.metric
+        state = "met" if promotions.met else "[red]not met[/]"
         summary.add_row(
             "target",
-            f"{target}: {state}; {figure_text(promotions['before'], metric)} at the requested types, "
-            f"{figure_text(promotions['after'], metric)} after {len(promotions['steps'])} promotion(s) "
-            f"({promotions['evaluations']} evaluations)",
+            f"{promotions.target.describe()}: {state}; {figure_text(promotions.before, metric)} at the requested types, "
+            f"{figure_text(promotions.after, metric)} after {len(promotions.steps)} promotion(s) "
+            f"({promotions.evaluations} evaluations)",
         )
-    kept = [f for f in report.get("float_where_faster") or [] if f["kept"]]
+    kept = [f for f in report.float_where_faster if f.kept]
     if kept:
         summary.add_row(
             "float for speed",
-            "; ".join(f"{f['kind']} x{len(f['nodes'])} ({f['before']:.2f}x -> {f['after']:.2f}x)" for f in kept)
+            "; ".join(f"{f.kind} x{len(f.nodes)} ({f.before:.2f}x -> {f.after:.2f}x)" for f in kept)
             + " (--no-float-where-faster keeps them quantized)",
         )
     console.print(summary)
-    for w in report.get("warnings", []):
+    for w in report.warnings:
         console.print(f"[yellow]warning:[/] {w}")
-    if promotions and promotions["steps"]:
+    if promotions and promotions.steps:
         steps = Table(title="promotions (most sensitive nodes first)")
         steps.add_column("node", overflow="fold", ratio=1)
         for col in ("from", "to", "figure after"):
             steps.add_column(col, no_wrap=True)
-        for step in promotions["steps"]:
-            after = "-" if step["figure_after"] is None else figure_text(step["figure_after"], promotions["target"]["metric"])
-            steps.add_row(step["node"], step["from"], step["to"], after)
+        for step in promotions.steps:
+            after = "-" if step.figure_after is None else figure_text(step.figure_after, promotions.target.metric)
+            steps.add_row(step.node, step.from_, step.to, after)
         console.print(steps)
     _print_tradeoff(report, console)
-    if analysis and report.get("analysis"):
-        rows = sorted(report["analysis"], key=lambda n: math.inf if n["sensitivity_db"] is None else n["sensitivity_db"])
+    if analysis and report.analysis:
+        rows = sorted(report.analysis, key=lambda n: math.inf if n.sensitivity_db is None else n.sensitivity_db)
         table = Table(title="sensitivity: output SQNR with only this node quantized (dB), lowest first")
         table.add_column("node", overflow="fold", ratio=1)
         for col in ("alone dB", "weight dB", "activation dB"):
             table.add_column(col, no_wrap=True, justify="right")
         for n in rows:
-            activation = (
-                "-" if n["activation_sqnr_db"] is None else db_text(n["activation_sqnr_db"])
-            )  # None: activations left float
-            table.add_row(n["name"], db_text(n["sensitivity_db"]), db_text(n["weight_sqnr_db"]), activation)
+            activation = "-" if n.activation_sqnr_db is None else db_text(n.activation_sqnr_db)  # None: activations left float
+            table.add_row(n.name, db_text(n.sensitivity_db), db_text(n.weight_sqnr_db), activation)
         console.print(table)
-    nodes = sorted(report["nodes"], key=lambda n: math.inf if n["output_sqnr_db"] is None else n["output_sqnr_db"])
+    nodes = sorted(report.nodes, key=lambda n: math.inf if n.output_sqnr_db is None else n.output_sqnr_db)
     if not nodes:
         return
     title = f"most degraded nodes ({min(len(nodes), MOST_DEGRADED)} of {len(nodes)}; SQNR of weight and output in dB)"
     table = Table(title=title)
     # The node's name keeps a share of a narrow terminal: the other text columns wrap, the figures do not.
-    table.add_column("node", overflow="fold", ratio=1, min_width=min(NODE_MIN_WIDTH, max(len(n["name"]) for n in nodes)))
+    table.add_column("node", overflow="fold", ratio=1, min_width=min(NODE_MIN_WIDTH, max(len(n.name) for n in nodes)))
     table.add_column("op")
     table.add_column("types")
     table.add_column("weight", no_wrap=True, justify="right")
     table.add_column("output", no_wrap=True, justify="right")
     table.add_column("ORT runs as")
     for n in nodes[:MOST_DEGRADED]:
-        types = f"{n['weight_type'] or '-'}/{n['activation_type'] or '-'}"
-        table.add_row(
-            n["name"], n["op_type"], types, db_text(n["weight_sqnr_db"]), db_text(n["output_sqnr_db"]), n["runs_as"] or "-"
-        )
+        types = f"{n.weight_type or '-'}/{n.activation_type or '-'}"
+        table.add_row(n.name, n.op_type, types, db_text(n.weight_sqnr_db), db_text(n.output_sqnr_db), n.runs_as or "-")
     console.print(table)

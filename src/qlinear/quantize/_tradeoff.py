@@ -36,16 +36,6 @@ class Candidate:
     flags: str
     chosen: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "promotions": self.promotions,
-            "figure": self.figure,
-            "latency": None if self.latency is None else self.latency.to_dict(),
-            "size_bytes": self.size_bytes,
-            "flags": self.flags,
-            "chosen": self.chosen,
-        }
-
 
 def tradeoff(
     search: Search,

@@ -31,8 +31,8 @@ class ScaledActivation:
     tensor: str
     nodes: tuple[str, ...]
     alpha: float | None  # None: no smoothing was better on the sample
-    error_before: float
-    error_after: float
+    sample_error_before: float  # the layers' output error on the sample, before and after
+    sample_error_after: float
 
 
 def sites(fm: FloatModel, excluded: set[str]) -> dict[str, list[onnx.NodeProto]]:

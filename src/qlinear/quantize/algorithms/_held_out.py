@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-__all__ = ["Figures", "better", "figures_dict"]
+__all__ = ["Figures", "HeldOut", "better"]
 
 Figures = tuple[float | None, float | None]  # (output SQNR dB, top-1 agreement) on the held-out data
 
@@ -18,11 +18,15 @@ def better(after: Figures, before: Figures) -> bool:
     return after[0] > before[0]
 
 
-def figures_dict(before: Figures, after: Figures) -> dict[str, Any]:
-    """The held-out figures before and after, as the report gives them."""
-    return {
-        "sqnr_db_before": before[0],
-        "sqnr_db_after": after[0],
-        "agreement_before": before[1],
-        "agreement_after": after[1],
-    }
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out figures before and after a refinement (a record: the report writes its fields)."""
+
+    sqnr_db_before: float | None
+    sqnr_db_after: float | None
+    agreement_before: float | None
+    agreement_after: float | None
+
+    @classmethod
+    def of(cls, before: Figures, after: Figures) -> HeldOut:
+        return cls(before[0], after[0], before[1], after[1])

@@ -55,6 +55,9 @@ class Algorithm:
         calibrates: what it needs calibrated, from the float model and the
             nodes the widest plan quantizes (stage ``calibration``).
         apply: what it does (stages ``float`` and ``refine``).
+        result: the record (:mod:`qlinear.quantize._records`) its
+            ``apply`` gives at stage ``refine``, which the report writes
+            under its name and reads back.
     """
 
     name: str
@@ -66,6 +69,7 @@ class Algorithm:
     validate: Callable[[Any], None] | None = None
     calibrates: Callable[[Any, list], Any] | None = None
     apply: Callable[..., Any] | None = None
+    result: type | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:

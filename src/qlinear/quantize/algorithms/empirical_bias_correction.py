@@ -17,8 +17,7 @@ top-1 agreement where the output classifies), as fine-tuning's is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -31,7 +30,7 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Reference, Runner, output_figures
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._option_fields import option
-from qlinear.quantize.algorithms._held_out import better, figures_dict
+from qlinear.quantize.algorithms._held_out import HeldOut, better
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
 
 __all__ = ["MAX_BATCHES", "Corrected", "correct_biases"]
@@ -45,16 +44,8 @@ class Corrected:
     """What the pass did: the layers whose bias moved, and the held-out figures before and after."""
 
     layers: list[str]
-    figures_before: tuple[float | None, float | None]  # (output SQNR dB, top-1 agreement)
-    figures_after: tuple[float | None, float | None]
-    kept: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": self.layers,
-            **figures_dict(self.figures_before, self.figures_after),
-            "kept": self.kept,
-        }
+    held_out: HeldOut = field(metadata={"flatten": True})
+    kept: bool = False
 
 
 def correct_biases(
@@ -70,7 +61,7 @@ def correct_biases(
     before = output_figures(qmodel, reference)
     layers = _biased_layers(qmodel, fm)
     if not layers:
-        return qmodel, Corrected([], before, before, False)
+        return qmodel, Corrected([], HeldOut.of(before, before), False)
     batches = [feeds for _, feeds in zip(range(MAX_BATCHES), data.batches(batch_size), strict=False)]
     float_means = _channel_means(fm.model, [f for _, f in layers.values()], batches)
     corrected = onnx.ModelProto()
@@ -80,7 +71,7 @@ def correct_biases(
         _shift(corrected, name, q_mean - float_means[f_out])
     after = output_figures(corrected, reference)
     kept = better(after, before)
-    return (corrected if kept else qmodel), Corrected(list(layers), before, after, kept)
+    return (corrected if kept else qmodel), Corrected(list(layers), HeldOut.of(before, after), kept)
 
 
 def _biased_layers(qmodel: onnx.ModelProto, fm: FloatModel) -> dict[str, tuple[str, str]]:
@@ -177,5 +168,6 @@ ALGORITHM = register(
         ),
         check=_check,
         apply=_apply,
+        result=Corrected,
     )
 )

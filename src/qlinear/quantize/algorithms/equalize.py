@@ -36,8 +36,8 @@ class Equalized:
 
     first: str
     second: str
-    largest: float
-    smallest: float
+    largest_scale: float
+    smallest_scale: float
 
 
 def equalize(fm: FloatModel, excluded: set[str]) -> list[Equalized]:

@@ -14,7 +14,7 @@ post-training model stays and the report says why.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from qlinear.quantize._evaluate import Reference, output_figures
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._option_fields import option
 from qlinear.quantize._session import run_batch, session
-from qlinear.quantize.algorithms._held_out import better, figures_dict
+from qlinear.quantize.algorithms._held_out import HeldOut, better
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
 
 __all__ = ["FinetuneResult", "finetune"]
@@ -54,21 +54,9 @@ class FinetuneResult:
     seconds: float
     loss_before: float
     loss_after: float
-    figures_before: tuple[float | None, float | None]  # (output SQNR dB, top-1 agreement) on the held-out data
-    figures_after: tuple[float | None, float | None]
-    kept: bool  # the fine-tuned model replaced the post-training one
+    held_out: HeldOut = field(metadata={"flatten": True})
+    kept: bool = False  # the fine-tuned model replaced the post-training one
     note: str | None = None  # why not, where it was not kept or could not run
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "loss_before": self.loss_before,
-            "loss_after": self.loss_after,
-            **figures_dict(self.figures_before, self.figures_after),
-            "kept": self.kept,
-            "note": self.note,
-        }
 
 
 def finetune(
@@ -134,7 +122,7 @@ def finetune(
     after = output_figures(tuned, reference)
     seconds = time.perf_counter() - start
     kept = better(after, before)
-    result = FinetuneResult(steps, seconds, first, last, before, after, kept)
+    result = FinetuneResult(steps, seconds, first, last, HeldOut.of(before, after), kept)
     if not kept:
         result.note = "the fine-tuned model was not better on the held-out data; the post-training model is kept"
         return qmodel, result
@@ -155,7 +143,7 @@ def _loss(y: Any, t: Any, *, classifies: bool) -> Any:
 
 
 def _skipped(steps: int, before: tuple, note: str) -> FinetuneResult:
-    return FinetuneResult(steps, 0.0, float("nan"), float("nan"), before, before, False, note)
+    return FinetuneResult(steps, 0.0, float("nan"), float("nan"), HeldOut.of(before, before), False, note)
 
 
 def _float_weights(fm: FloatModel, qmodel: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -231,9 +219,9 @@ def _float_prefix(qmodel: onnx.ModelProto) -> tuple[onnx.ModelProto | None, onnx
     def model_of(nodes: list, inputs: list, outputs: list) -> onnx.ModelProto:
         m = onnx.ModelProto()
         m.CopyFrom(qmodel)
-        for field, items in ((m.graph.node, [*constants, *nodes]), (m.graph.input, inputs), (m.graph.output, outputs)):
-            del field[:]
-            field.extend(items)
+        for repeated, items in ((m.graph.node, [*constants, *nodes]), (m.graph.input, inputs), (m.graph.output, outputs)):
+            del repeated[:]
+            repeated.extend(items)
         return m
 
     read = {i for n in fixed for i in n.input}
@@ -365,5 +353,6 @@ ALGORITHM = register(
         check=_check,
         validate=_validate,
         apply=_apply,
+        result=FinetuneResult,
     )
 )

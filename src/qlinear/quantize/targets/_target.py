@@ -79,6 +79,9 @@ class Target:
             type, activation type) in float whatever its layout, or None.
         ladder: the promotion steps the accuracy search may take on it.
         placement: what it fuses, as the planner reads it.
+        run_notes: what a user must set where the model runs for it to
+            compute as the report's figures say, from the fusion check
+            (one warning a line; none where nothing is needed).
     """
 
     name: str
@@ -90,3 +93,4 @@ class Target:
     float_by_design: Callable[[str, str | None, str | None], str | None]
     ladder: Ladder
     placement: Placement
+    run_notes: Callable[[Any], list[str]]

@@ -12,11 +12,11 @@ import functools
 
 from qlinear.onnx._passes import FunctionPass, Sequential
 from qlinear.quantize import _prepare as rewrites
-from qlinear.quantize._fusion import check_fusion, float_by_design
+from qlinear.quantize._fusion import FusionCheck, check_fusion, float_by_design
 from qlinear.quantize._gathered_table import gather_tables
 from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._precision import FULL_LADDER, Ladder
-from qlinear.quantize._session import PROVIDERS
+from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, PROVIDERS
 from qlinear.quantize._signed_layout import lay_out_signed
 from qlinear.quantize.targets._target import Placement, Target
 
@@ -41,6 +41,18 @@ def _prepare(weight_only: bool) -> Sequential:
     if weight_only:  # only then does a DequantizeLinear on a Gemm's weight fuse into MatMulNBits
         passes.append(_float_rewrite(rewrites.untranspose_gemm_weights))
     return Sequential(*passes)
+
+
+def _run_notes(fusion: FusionCheck) -> list[str]:
+    """The session setting MatMulNBits needs to compute as measured (its default quantizes its input to int8)."""
+    nbits = sum(op == "MatMulNBits" for op in fusion.runs_as.values())
+    if not nbits:
+        return []
+    return [
+        f"ONNX Runtime runs {nbits} MatMul(s) as MatMulNBits: the figures here are at its accuracy level 0 (the input "
+        f"stays float, as the model says); its default, 4, quantizes their inputs to int8: set the session entry "
+        f'"{MATMUL_NBITS_ACCURACY_LEVEL}" to "0" where you run the model'
+    ]
 
 
 ORT_CPU = Target(
@@ -74,6 +86,7 @@ ORT_CPU = Target(
         # into QLinearConv, which takes no blocked filter scale (4-bit ones it leaves a float Conv).
         blocked_float_ops={"MatMul": None, "Gemm": None, "Conv": frozenset({"int8", "uint8"})},
     ),
+    run_notes=_run_notes,
 )
 
 
