@@ -182,3 +182,44 @@ def test_sqnr_of_a_non_finite_noise_is_minus_infinity():
     # An infinite noise once ended the quantizer in "math domain error", a NaN one gave a NaN figure.
     assert sqnr_db(1.0, math.inf) == -math.inf and sqnr_db(1.0, math.nan) == -math.inf
     assert sqnr_db(1.0, 0.0) is None and sqnr_db(100.0, 1.0) == 20.0
+
+
+def test_a_calibration_algorithm_rounds_weights_and_corrects_biases_through_its_hooks_alone():
+    # What the registry's hooks give the conversion, it writes: the weight as rounded (codes toward zero here,
+    # not to nearest) and the bias less the shift, from what was calibrated for the algorithm.
+    from qlinear.quantize._choose import QuantParams
+    from qlinear.quantize._model import load_float_model
+    from qlinear.quantize._placement import plan
+    from qlinear.quantize._to_qdq import convert
+    from qlinear.quantize.algorithms._registry import Algorithm, Calibrated
+    from qlinear.quantize.algorithms.bias_correction import BiasSite
+
+    model, _ = single_op("Gemm")
+    fm = load_float_model(model)
+    layer = fm.node("layer")
+    weight, bias = fm.constant(layer.input[1]), fm.constant(layer.input[2])
+    scale = np.float32(np.abs(weight).max() / 127)
+    calibrated = Calibrated(means={"marker": np.ones(1)})
+    asked = []
+
+    def rounds(fm_, p, w, t, options, got):
+        asked.append(("rounds", p.name, t.name, got is calibrated))
+        return np.trunc(w / scale) * scale, QuantParams(np.array(scale), None), 0, 0
+
+    def corrects(fm_, p, got):
+        asked.append(("corrects", p.name, got is calibrated))
+        return lambda error: (np.ones(error.shape[0]), BiasSite(layer.input[2]))
+
+    toward_zero = Algorithm(
+        name="toward_zero", summary="a test's", stage="calibration", fields=(("toward_zero", bool, None),),
+        rounds=rounds, corrects=corrects,
+    )  # fmt: skip
+    options = qq.QuantizeOptions(activations=None, granularity="per-tensor", bias_correction=False, gptq=False)
+    qmodel, converted = convert(fm, plan(fm, options), options, {}, fm.opset, calibrated=calibrated, algorithms=[toward_zero])
+    inits = {t.name: numpy_helper.to_array(t) for t in qmodel.graph.initializer}
+    codes = next(v for k, v in inits.items() if k.startswith(layer.input[1]) and k.endswith("_quantized"))
+    np.testing.assert_array_equal(codes, np.trunc(weight / scale).astype(np.int8))
+    corrected = next(v for k, v in inits.items() if k.startswith(layer.input[2]) and k.endswith("_corrected"))
+    np.testing.assert_array_equal(corrected, (bias.astype(np.float64) - 1).astype(np.float32))
+    assert converted["layer"].bias_corrected
+    assert asked[0] == ("rounds", "layer", "int8", True) and set(asked[1:]) == {("corrects", "layer", True)}

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import onnx
 
 from qlinear._errors import QuantizationError
@@ -26,6 +25,8 @@ from qlinear.quantize._placement import Plan, plan
 from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._stats import TensorStats
 from qlinear.quantize._to_qdq import ConvertedNode, convert
+from qlinear.quantize.algorithms import at_stage
+from qlinear.quantize.algorithms._registry import Calibrated
 from qlinear.spec import type_opset
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
@@ -51,15 +52,15 @@ class Built:
 class ModelBuilder:
     """Builds QDQ variants of ``fm`` under ``options`` from a calibration run (None: nothing calibrated).
 
-    The run's statistics give activation parameters, its input means bias
-    correction, its Gram matrices GPTQ.
+    The run's statistics give activation parameters; what it measured for
+    the stage-``calibration`` algorithms goes to them as weights are
+    converted.
     """
 
     def __init__(self, fm: FloatModel, options: QuantizeOptions, run: CalibrationRun | None) -> None:
         self.fm, self.options = fm, options
         self.stats: dict[str, TensorStats] = run.stats if run is not None else {}
-        self.means: dict[str, np.ndarray] = run.means if run is not None else {}
-        self.grams: dict[str, np.ndarray] = run.grams if run is not None else {}
+        self.calibrated = Calibrated(run.means, run.grams) if run is not None else Calibrated()
         self._params: dict[tuple[str, str], QuantParams] = {}
         self._raised: dict[int, onnx.ModelProto] = {}  # the float model at each opset asked for
 
@@ -104,7 +105,7 @@ class ModelBuilder:
             params,
             opset,
             source=self._raised[opset],
-            input_means=self.means,
-            input_grams=self.grams,
+            calibrated=self.calibrated,
+            algorithms=at_stage("calibration", self.options),
         )
         return Built(planned, model, converted, opset, integer_gates(model))

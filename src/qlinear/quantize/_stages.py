@@ -148,8 +148,9 @@ def calibration(
     asked = plan(fm, replace(options, activations=activations)) if options.weights != "int8" else widest
     tensors = list(dict.fromkeys([*widest.activations, *asked.activations])) if options.activations is not None else []
     nodes = [fm.node(p.name) for p in widest.nodes]
-    needs = {a.name: a.calibrates(fm, nodes) for a in at_stage("calibration", options)}
-    axes, grams = needs.get("bias_correction", {}), needs.get("gptq", [])
+    needs = [a.calibrates(fm, nodes) for a in at_stage("calibration", options) if a.calibrates is not None]
+    axes = {t: axis for need in needs for t, axis in need.channel_axes.items()}
+    grams = list(dict.fromkeys(t for need in needs for t in need.gram_tensors))
     if not tensors and not axes and not grams:
         return None
     if execution.stats is not None:

@@ -14,6 +14,7 @@ of what is stored.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,8 +30,7 @@ from qlinear.quantize._model import FloatModel, reserve_name
 from qlinear.quantize._node_placement import NodePlan
 from qlinear.quantize._opset import at_opset
 from qlinear.quantize._placement import DATA_MOVEMENT_OPS, Plan
-from qlinear.quantize.algorithms.bias_correction import output_shift, site
-from qlinear.quantize.algorithms.gptq import gptq_weight, layer_input
+from qlinear.quantize.algorithms._registry import Algorithm, Calibrated
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
     from qlinear.quantize._options import QuantizeOptions
@@ -81,15 +81,16 @@ def convert(
     opset: int,
     *,
     source: onnx.ModelProto | None = None,
-    input_means: dict[str, np.ndarray] | None = None,
-    input_grams: dict[str, np.ndarray] | None = None,
+    calibrated: Calibrated | None = None,
+    algorithms: Sequence[Algorithm] = (),
 ) -> tuple[onnx.ModelProto, dict[str, ConvertedNode]]:
     """The QDQ model for ``plan``, at ``opset``, and what was done to each quantized node.
 
     ``source``: the float model already at ``opset`` (copied, not changed);
-    default: ``fm``'s, raised here. ``input_means``: per-channel means of
-    the nodes' inputs, for bias correction (``options.bias_correction``);
-    ``input_grams``: their ``X^T X``, for GPTQ (``options.gptq``).
+    default: ``fm``'s, raised here. ``algorithms``: those of stage
+    ``calibration`` that are on, which may round a weight (GPTQ) or correct
+    a bias (bias correction) from what the calibration measured for them,
+    ``calibrated``.
     """
     if source is None:
         model = at_opset(fm.model, opset)
@@ -116,7 +117,8 @@ def convert(
     nodes: list[onnx.NodeProto] = []
     ctx = _Context(
         fm, options, plan, param_names, activation_params, names, nodes, new_inits,
-        nodes_by_name={n.name: n for n in g.node}, input_means=input_means or {}, input_grams=input_grams or {},
+        nodes_by_name={n.name: n for n in g.node}, calibrated=calibrated or Calibrated(),
+        algorithms=list(algorithms),
     )  # fmt: skip
 
     def emit_q(t: str) -> None:
@@ -188,8 +190,8 @@ class _Context:
     nodes: list[onnx.NodeProto]  # the new graph's nodes so far
     new_inits: list[TensorProto]
     nodes_by_name: dict[str, onnx.NodeProto]  # the model's nodes being rewritten
-    input_means: dict[str, np.ndarray]
-    input_grams: dict[str, np.ndarray]
+    calibrated: Calibrated
+    algorithms: list[Algorithm]  # those of stage calibration that are on
     # A weight quantized once for every node that shares it: (tensor, axes, type) -> what was stored.
     weights: dict[tuple[str, int, int, str], _StoredWeight] = field(default_factory=dict)
 
@@ -204,7 +206,7 @@ class _StoredWeight:
     params: QuantParams
     sqnr: float | None
     nbytes: int
-    error: np.ndarray | None  # dequantized minus float, kept for bias correction
+    error: np.ndarray | None  # dequantized minus float, kept where an algorithm corrects the layer's bias by it
 
 
 def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> ConvertedNode:
@@ -232,7 +234,7 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
     result.weight_type, result.weight_sqnr_db = p.weight_type, stored.sqnr
     result.weight_bytes_before, result.weight_bytes_after = w.size * 4, stored.nbytes  # as float32
     bias_name, bias = p.bias, (fm.constant(p.bias) if p.bias else None)
-    shift, where = _bias_shift(node, p, stored, ctx)
+    shift, where = _bias_shift(p, stored, ctx)
     if shift is not None and where.add is None:
         # A layer without a bias gets one of its weight's float type (float16 in a float16 model).
         layer_type = helper.tensor_dtype_to_np_dtype(fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT))
@@ -280,8 +282,10 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     if key in ctx.weights:
         return ctx.weights[key]
     o, names = ctx.options, ctx.names
-    rounded = _gptq(p, w, wt, ctx)
-    if rounded is not None:  # x: the weight as GPTQ rounded it, which the parameters quantize to the same codes
+    rounded = next(
+        (r for a in ctx.algorithms if a.rounds and (r := a.rounds(ctx.fm, p, w, wt, o, ctx.calibrated)) is not None), None
+    )
+    if rounded is not None:  # x: the weight as an algorithm rounded it, which the parameters quantize to the same codes
         x, params, axis, block = rounded
     else:
         params, axis, block = weight_params(
@@ -296,9 +300,8 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     x = x if params.scale.dtype != np.float32 else x.astype(np.float32, copy=False)
     codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
-    # Bias correction reads the error of a layer's weight where its input's means were calibrated.
-    keeps_error = o.bias_correction and p.weight.index == 1 and _input_mean(p, ctx) is not None
-    sqnr, error = _weight_error(w, back, keep=keeps_error)
+    # A float64 copy of the weight's error only where an algorithm corrects the layer's bias by it.
+    sqnr, error = _weight_error(w, back, keep=_corrector(p, ctx) is not None)
     del back
     q_name = names.fresh(f"{p.weight.tensor}_quantized")
     s_name = names.fresh(f"{p.weight.tensor}_scale")
@@ -333,41 +336,16 @@ def _weight_error(w: np.ndarray, back: np.ndarray, *, keep: bool) -> tuple[float
     return sqnr_db(signal, noise), None
 
 
-def _gptq(p: NodePlan, w: np.ndarray, wt, ctx: _Context):
-    """GPTQ's rounding of this node's weight, or None (not asked for, no Gram matrix, or a layout it does not take)."""
-    if not ctx.options.gptq or p.weight.index != 1 or w.dtype != np.float32:
-        return None
-    source = layer_input(ctx.fm, ctx.fm.node(p.name))
-    gram = ctx.input_grams.get(source) if source is not None else None
-    if gram is None:
-        return None
-    o = ctx.options
-    return gptq_weight(
-        w, gram, wt, granularity=o.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
-        block_size=o.block_size, clip=o.weight_clip,
-    )  # fmt: skip
+def _corrector(p: NodePlan, ctx: _Context):
+    """The first algorithm's correction of the node's bias, as a function of its weight's error; or None."""
+    return next((c for a in ctx.algorithms if a.corrects and (c := a.corrects(ctx.fm, p, ctx.calibrated)) is not None), None)
 
 
-def _bias_shift(node: onnx.NodeProto, p: NodePlan, stored: _StoredWeight, ctx: _Context):
-    """``(shift, site)`` of bias correction for this node, or ``(None, None)``."""
-    if stored.error is None or p.weight.index != 1:
-        return None, None
-    mean = _input_mean(p, ctx)
-    if mean is None:
-        return None, None
-    float_node = ctx.fm.node(p.name)
-    shift = output_shift(float_node, stored.error, mean)
-    if shift is None:
-        return None, None
-    where = site(ctx.fm, float_node, shift.shape[0])
-    if where is None or (where.tensor is None and where.add is None and node.op_type not in ("Conv", "Gemm")):
-        return None, None
-    return shift, where
-
-
-def _input_mean(p: NodePlan, ctx: _Context) -> np.ndarray | None:
-    """The calibrated per-channel mean of the node's input (what bias correction reads), or None."""
-    return ctx.input_means.get(ctx.fm.node_inputs(p.name)[0])
+def _bias_shift(p: NodePlan, stored: _StoredWeight, ctx: _Context):
+    """``(shift, site)`` of the node's bias correction, or ``(None, None)``."""
+    correct = _corrector(p, ctx) if stored.error is not None else None
+    found = correct(stored.error) if correct is not None else None
+    return (None, None) if found is None else found
 
 
 def _bias_fits(node: onnx.NodeProto, p: NodePlan) -> bool:

@@ -10,16 +10,16 @@ here; nothing else names it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ALGORITHMS", "STAGES", "Algorithm", "Facts", "register"]
+__all__ = ["ALGORITHMS", "STAGES", "Algorithm", "Calibrated", "Facts", "Needs", "register"]
 
 # When an algorithm runs, in the pipeline's order:
 #   float:       rewrites the float model before calibration (apply(fm, options, data, bars) -> its report entries)
-#   calibration: needs something calibrated beside the activations' statistics (calibrates(fm, nodes)), which
-#                the conversion reads when it rounds each weight
+#   calibration: needs something calibrated beside the activations' statistics (calibrates(fm, nodes) -> Needs),
+#                which the conversion hands it as it rounds each weight (rounds) or sets each bias (corrects)
 #   refine:      improves the quantized model after the accuracy target is met
 #                (apply(fm, qmodel, data, reference, options, bars) -> (qmodel, its result))
 STAGES = ("float", "calibration", "refine")
@@ -32,6 +32,22 @@ class Facts:
     calibration_given: bool  # calibration data was given (arrays, an .npz or a stream of batches)
     has_inputs: bool  # calibration inputs are at hand (given or random samples), not saved statistics alone
     arrays: bool  # the calibration data are arrays, which a pass may read before the calibration reads them again
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a stage-``calibration`` algorithm reads from the calibration data beside the activations' ranges."""
+
+    channel_axes: Mapping[str, int] = field(default_factory=dict)  # tensor -> the axis of its channels, whose means it reads
+    gram_tensors: tuple[str, ...] = ()  # tensors whose ``X^T X`` over the last axis it reads
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What the calibration measured for the stage-``calibration`` algorithms (float64, by tensor)."""
+
+    means: Mapping[str, Any] = field(default_factory=dict)  # per-channel means of the tensors some Needs named
+    grams: Mapping[str, Any] = field(default_factory=dict)  # X^T X over the last axis
 
 
 @dataclass(frozen=True)
@@ -52,8 +68,20 @@ class Algorithm:
             but cannot run on these options and data.
         validate: raises QuantizationError for a value of its options that
             is never valid (run when the options are made).
-        calibrates: what it needs calibrated, from the float model and the
-            nodes the widest plan quantizes (stage ``calibration``).
+        calibrates: what it needs calibrated (:class:`Needs`), from the
+            float model and the nodes the widest plan quantizes (stage
+            ``calibration``).
+        rounds: a layer's weight rounded from what it calibrated, as
+            ``rounds(fm, node_plan, weight, weight_type, options,
+            calibrated)`` gives it: ``(weight as rounded, params, axis,
+            block)``, which the parameters quantize to the codes it chose,
+            or None where it does not serve the layer (round to nearest).
+        corrects: for a layer, ``corrects(fm, node_plan, calibrated)``
+            gives a function of its weight's error (dequantized minus
+            float, float64) returning ``(shift, site)``, the per-output
+            shift to take out of its bias and where that bias is (a
+            :class:`~qlinear.quantize.algorithms.bias_correction.BiasSite`),
+            or None; or gives None where it does not serve the layer.
         apply: what it does (stages ``float`` and ``refine``).
         result: the record (:mod:`qlinear.quantize._records`) its
             ``apply`` gives at stage ``refine``, which the report writes
@@ -67,7 +95,9 @@ class Algorithm:
     default: Callable[[Any, Facts], Any] | None = None
     check: Callable[[Any, Facts], None] | None = None
     validate: Callable[[Any], None] | None = None
-    calibrates: Callable[[Any, list], Any] | None = None
+    calibrates: Callable[[Any, list], Needs] | None = None
+    rounds: Callable[..., Any] | None = None
+    corrects: Callable[..., Any] | None = None
     apply: Callable[..., Any] | None = None
     result: type | None = None
 

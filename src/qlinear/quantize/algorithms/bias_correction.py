@@ -22,7 +22,7 @@ import onnx
 
 from qlinear.quantize._model import FloatModel, attribute
 from qlinear.quantize._option_fields import option
-from qlinear.quantize.algorithms._registry import Algorithm, register
+from qlinear.quantize.algorithms._registry import Algorithm, Calibrated, Needs, register
 
 __all__ = ["BiasSite", "input_channel_axes", "output_shift", "site"]
 
@@ -36,7 +36,7 @@ class BiasSite:
     index: int = 0
 
 
-def input_channel_axes(fm: FloatModel, nodes: list[onnx.NodeProto]) -> dict[str, int]:
+def input_channel_axes(fm: FloatModel, nodes: list[onnx.NodeProto]) -> Needs:
     """The activation input of each node that bias correction can serve, and the axis its channels lie on."""
     axes = {}
     for node in nodes:
@@ -48,7 +48,7 @@ def input_channel_axes(fm: FloatModel, nodes: list[onnx.NodeProto]) -> dict[str,
             axes[node.input[0]] = 0 if attribute(node, "transA", 0) else 1
         elif node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in fm.initializers:
             axes[node.input[0]] = -1
-    return axes
+    return Needs(channel_axes=axes)
 
 
 def site(fm: FloatModel, node: onnx.NodeProto, channels: int) -> BiasSite | None:
@@ -99,6 +99,28 @@ def output_shift(node: onnx.NodeProto, weight_error: np.ndarray, mean: np.ndarra
     return None
 
 
+def _corrects(fm: FloatModel, p, calibrated: Calibrated):
+    """The layer's correction as a function of its weight's error, or None (no calibrated input mean)."""
+    if p.weight.index != 1:
+        return None
+    mean = calibrated.means.get(fm.node_inputs(p.name)[0])
+    if mean is None:
+        return None
+    node = fm.node(p.name)
+
+    def shift_of(error: np.ndarray) -> tuple[np.ndarray, BiasSite] | None:
+        shift = output_shift(node, error, mean)
+        if shift is None:
+            return None
+        where = site(fm, node, shift.shape[0])
+        # A MatMul without an Add after it has nowhere to take a bias (a Conv or Gemm is given one).
+        if where is None or (where.tensor is None and where.add is None and node.op_type not in ("Conv", "Gemm")):
+            return None
+        return shift, where
+
+    return shift_of
+
+
 ALGORITHM = register(
     Algorithm(
         name="bias_correction",
@@ -120,5 +142,6 @@ ALGORITHM = register(
         # It reads the calibration inputs' per-channel means: on wherever there are inputs.
         default=lambda options, facts: facts.has_inputs,
         calibrates=input_channel_axes,
+        corrects=_corrects,
     )
 )

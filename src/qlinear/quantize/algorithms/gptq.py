@@ -34,7 +34,7 @@ from onnx import helper
 from qlinear.dtypes import ElementType
 from qlinear.quantize._choose import QuantParams, clipped_range, scale_and_zero_point
 from qlinear.quantize._option_fields import option
-from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
+from qlinear.quantize.algorithms._registry import Algorithm, Calibrated, Facts, Needs, register
 
 __all__ = ["DAMPING", "gram_inputs", "gptq_weight", "layer_input"]
 
@@ -53,9 +53,23 @@ def layer_input(fm, node: onnx.NodeProto) -> str | None:
     return node.input[0]
 
 
-def gram_inputs(fm, nodes: list[onnx.NodeProto]) -> list[str]:
+def gram_inputs(fm, nodes: list[onnx.NodeProto]) -> Needs:
     """The inputs whose Gram matrices GPTQ needs for ``nodes`` (each once)."""
-    return list(dict.fromkeys(t for t in (layer_input(fm, n) for n in nodes) if t is not None))
+    return Needs(gram_tensors=tuple(dict.fromkeys(t for t in (layer_input(fm, n) for n in nodes) if t is not None)))
+
+
+def _rounds(fm, p, w: np.ndarray, t: ElementType, options, calibrated: Calibrated):
+    """GPTQ's rounding of the layer's weight, or None (no Gram matrix, or a layout it does not take)."""
+    if p.weight.index != 1 or w.dtype != np.float32:
+        return None
+    source = layer_input(fm, fm.node(p.name))
+    gram = calibrated.grams.get(source) if source is not None else None
+    if gram is None:
+        return None
+    return gptq_weight(
+        w, gram, t, granularity=options.granularity, channel_axis=p.weight.channel_axis,
+        reduction_axis=p.weight.reduction_axis, block_size=options.block_size, clip=options.weight_clip,
+    )  # fmt: skip
 
 
 def gptq_weight(
@@ -175,5 +189,6 @@ ALGORITHM = register(
         ),
         default=_default,
         calibrates=gram_inputs,
+        rounds=_rounds,
     )
 )
