@@ -34,8 +34,8 @@ from qlinear.quantize._stream import quantize_weights_streaming
 from qlinear.quantize.targets import target
 
 _DEMO = "digits_cnn.onnx"
-# quantize_model's arguments that are flags of the command but not options, as messages name them.
-_ARGUMENT_FLAGS = {"calibrate_random": "--calibrate-random", "workers": "--workers", "labels": "--labels", "stats": "--stats"}
+# quantize_model's arguments that are flags of the command (their names in flag form) but not options.
+_ARGUMENTS = ("calibrate_random", "workers", "labels", "stats")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                 _write_text(args.report, result.report.to_json() + "\n")
     except QuantizationError as e:
         message = str(e).removeprefix("quantize: ")  # the library's own prefix, said once by the command's
-        message = in_flags(message, QuantizeOptions, _ARGUMENT_FLAGS)  # the user typed flags, not Python names
+        message = in_flags(message, QuantizeOptions, _ARGUMENTS)  # the user typed flags, not Python names
         err.print(f"qlinear quantize: {escape(message)}", highlight=False, soft_wrap=True)
         return 2
     if args.json or args.json_file:

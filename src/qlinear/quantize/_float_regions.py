@@ -22,14 +22,16 @@ patch embedding before a LayerNorm is quantized as before.
 from __future__ import annotations
 
 from qlinear.quantize._model import FloatModel
+from qlinear.quantize._node_placement import COMPUTE_OPS
 
 __all__ = ["FLOAT_BEFORE_LOG", "FLOAT_BEFORE_ROOT", "float_regions"]
 
 FLOAT_BEFORE_LOG = "output reaches a Log (rounding error would be unbounded relative error)"
 FLOAT_BEFORE_ROOT = "a front end on the raw input whose output reaches a Sqrt or fractional Pow (a magnitude of small values)"
 
-# The quantized ops: a value made by one of these is that node's, and the walk stops there.
-_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Gather", "Einsum"})
+# The ops that hold weights (a Gather its table, an Einsum its operand): a value made by one of these is that node's,
+# and the walk stops there.
+_COMPUTE_OPS = frozenset({*COMPUTE_OPS, "Gather", "Einsum"})
 # Ops through which a value reaches a Log or a root with its small values still small (or summed, squared, joined).
 _PASSING_OPS = frozenset(
     {

@@ -14,7 +14,10 @@ import onnx
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._precision import NodePrecision
 
-__all__ = ["NodePlan", "WeightPlan", "node_plan"]
+__all__ = ["COMPUTE_OPS", "NodePlan", "WeightPlan", "node_plan"]
+
+# The operators quantized by default: the ones that do the arithmetic.
+COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 @dataclass(frozen=True)

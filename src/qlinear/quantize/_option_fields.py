@@ -68,7 +68,12 @@ def option_fields(cls: type) -> list[tuple[dataclasses.Field, Option]]:
 
 
 def flag_of(f: dataclasses.Field, o: Option) -> str:
-    return o.flag or "--" + f.name.replace("_", "-")
+    return o.flag or _flag(f.name)
+
+
+def _flag(name: str) -> str:
+    """The flag of a Python name: ``calibrate_random`` is ``--calibrate-random``."""
+    return "--" + name.replace("_", "-")
 
 
 def default_of(f: dataclasses.Field) -> Any:
@@ -155,15 +160,15 @@ def data_words(calibration: Any, eval_data: Any, labels: str | None, calibrate_r
     return words
 
 
-def in_flags(message: str, cls: type, others: dict[str, str]) -> str:
+def in_flags(message: str, cls: type, others: tuple[str, ...] = ()) -> str:
     """``message`` (a QuantizationError's, of the Python API) with the options it names written as their flags.
 
     An option's name is replaced where it holds an underscore (no prose
     word does) or where it opens the message (``"weights must be one of
-    ..."``); ``others`` maps the names of arguments that are not options
-    (``calibrate_random``) to their flags.
+    ..."``); ``others`` names arguments that are not options
+    (``calibrate_random``), whose flags are their names in the same form.
     """
-    flags = {f.name: flag_of(f, o) for f, o in option_fields(cls)} | others
+    flags = {f.name: flag_of(f, o) for f, o in option_fields(cls)} | {name: _flag(name) for name in others}
     first, _, rest = message.partition(" ")
     if first in flags:
         message = f"{flags[first]} {rest}"

@@ -50,7 +50,7 @@ from qlinear.dtypes import element_type
 from qlinear.quantize._exclusion import excluded_nodes
 from qlinear.quantize._float_regions import float_regions
 from qlinear.quantize._model import FloatModel
-from qlinear.quantize._node_placement import NodePlan, node_plan
+from qlinear.quantize._node_placement import COMPUTE_OPS, NodePlan, node_plan
 from qlinear.quantize._precision import NodePrecision, wider_activation
 from qlinear.quantize.targets import target
 
@@ -62,8 +62,6 @@ __all__ = [
     "COMPUTE_OPS", "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "Plan", "left_float_text", "listed", "plan",
 ]  # fmt: skip
 
-# The operators quantized by default: the ones that do the arithmetic.
-COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # Ops whose output values are a subset or rearrangement of the input's: they
 # can run on quantized values with the input's parameters, exactly.
 DATA_MOVEMENT_OPS = frozenset(

@@ -37,6 +37,7 @@ from qlinear.quantize._report_schema import (
     Settings,
     TargetSpec,
     Widened,
+    algorithm_results,
 )
 from qlinear.quantize._report_text import figure_text, share_text
 from qlinear.quantize._sensitivity import NodeSensitivity
@@ -117,9 +118,6 @@ class ReportInputs:
 # samples judge no figure (a sample's agreement is all or nothing).
 FEW_CALIBRATION_SAMPLES = 16
 FEW_HELD_OUT_SAMPLES = 16
-
-# Algorithms whose results the report shows under keys of their own (the rest under their names).
-_REPORTED_APART = frozenset({"smoothquant", "awq", "equalize", "finetune"})
 
 # The quantized model's latency over the float one's past which the report warns (the timing's noise is about 0.1).
 SLOWER = 1.15
@@ -263,7 +261,7 @@ def build_report(r: ReportInputs) -> Report:
             Widened(n, asked, stored, target(options.target).placement.widened_table) for n, asked, stored in r.plan.widened
         ],
         finetune=r.finetuned,
-        algorithms={name: done for name, done in r.algorithms.items() if name not in _REPORTED_APART},
+        algorithms=algorithm_results(r.algorithms),
         warnings=_warnings(r, nodes, by_design),
     )
 

@@ -47,6 +47,7 @@ __all__ = [
     "Settings",
     "TargetSpec",
     "Widened",
+    "algorithm_results",
 ]
 
 
@@ -288,9 +289,8 @@ class Report:
             data["latency_ms"] = [{**one, "ratio": one["after"] / one["before"]}]
         for key in ("latency_ms", "tradeoff", "float_where_faster"):
             data[key] = data.get(key) or []
-        results = {a.name: a.result for a in ALGORITHMS if a.result is not None and a.name not in _FIELD_NAMES}
         try:
-            extra = {name: from_plain(record, data[name]) for name, record in results.items() if data.get(name) is not None}
+            extra = {name: from_plain(record, data[name]) for name, record in _RESULTS.items() if data.get(name) is not None}
             return dataclasses.replace(from_plain(cls, data), algorithms=extra)
         except (TypeError, ValueError, AttributeError, KeyError) as e:  # a part of the wrong shape
             raise QuantizationError(f"not a qlinear quantize report: {e}") from None
@@ -310,7 +310,16 @@ class Report:
         return self.to_dict()[key]
 
 
-_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Report))
+# The algorithms whose results the report holds under their names: those that register a result record and have
+# no attribute of their own (as finetune has).
+_RESULTS = {
+    a.name: a.result for a in ALGORITHMS if a.result is not None and a.name not in {f.name for f in dataclasses.fields(Report)}
+}
+
+
+def algorithm_results(done: dict[str, Any]) -> dict[str, Any]:
+    """Of what each algorithm that ran gave, by name, the results ``Report.algorithms`` holds."""
+    return {name: result for name, result in done.items() if name in _RESULTS}
 
 
 def _strict(value: Any) -> Any:
