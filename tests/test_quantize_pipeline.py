@@ -440,13 +440,13 @@ def test_initializers_read_only_inside_a_subgraph_are_kept():
 
 
 def test_a_quantized_model_slower_than_the_float_one_is_a_warning_with_the_causes_the_run_knows(monkeypatch):
-    import qlinear.quantize._pipeline as pipeline
+    import qlinear.quantize._stages as stages
 
     model, data = layernorm_attention()
     texts, decisions = {}, {}
     for timing in ((1.0, 2.0), (1.0, 1.1)):  # the timing's noise is about 0.1: a 10% slower model is not warned of
         timed = [Latency(1, timing[0], timing[1], timing[1] / timing[0]), Latency(16, 10.0, 9.0, 0.9)]
-        monkeypatch.setattr(pipeline, "latencies", lambda *a, timed=timed, **k: timed)
+        monkeypatch.setattr(stages, "latencies", lambda *a, timed=timed, **k: timed)
         r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
         texts[timing] = [w for w in r.warnings if w.startswith("the quantized model is slower")]
         decisions[timing] = r.decision
@@ -575,3 +575,47 @@ def test_an_input_with_a_fixed_batch_of_1_beside_open_ones_sets_the_batch():
     assert r.settings.batch_size == 1 and r.output.sqnr_db > 30
     plain = qq.quantize_model(MODEL, None, dict(np.load(CALIBRATION)), promote=False).report
     assert plain.calibration.batch_fixed_by is None
+
+
+def test_the_profile_gives_each_stage_in_order_and_they_add_up_to_the_run(capsys):
+    start = time.perf_counter()
+    r = qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL)
+    wall = time.perf_counter() - start
+    profile = r.report.profile
+    assert [t.stage for t in profile] == [
+        "load", "float rewrites", "calibrate", "build", "float reference", "meet the target", "refine", "finalize",
+        "evaluate", "report", "write",
+    ]  # fmt: skip
+    total = sum(t.seconds for t in profile)
+    # The stages cover the run: what is outside them (checking the arguments) is a small share of it.
+    assert 0.9 * wall <= total <= wall
+    assert all(t.seconds >= 0 and t.peak_rss_bytes > 0 for t in profile)
+    assert all(sum(p.seconds for p in t.parts) <= t.seconds * 1.01 + 1e-3 for t in profile)
+    calibrate = next(t for t in profile if t.stage == "calibrate")
+    assert [p.name for p in calibrate.parts] == ["calibrating (samples)"]
+    assert {p.name for t in profile for p in t.parts} >= {"analysing nodes", "evaluating"}
+    # Linux lets a process reset its peak: each stage's own, not the run's so far.
+    assert {t.peak_since for t in profile} == {"stage"}
+    # The JSON holds it; --profile prints it.
+    assert qq.Report.from_json(r.report.to_json()).profile == profile
+
+
+def test_the_profile_flag_prints_the_stages_and_keeps_json_on_stdout_alone(tmp_path, capsys):
+    from qlinear.cli import main
+
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--no-promote", "--profile"]
+    assert main([*argv, "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "where the run's" in printed and "meet the target" in printed and "calibrating (samples)" in printed
+    assert main([*argv, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["profile"][0]["stage"] == "load" and "where the run's" in err
+
+
+def test_progress_names_each_stage_from_its_first_second():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    qq.quantize_model(MODEL, None, CALIBRATION, console=console, progress=True, promote=False)
+    shown = out.getvalue()
+    for name in ("load", "calibrate", "meet the target", "evaluate"):
+        assert name in shown, name

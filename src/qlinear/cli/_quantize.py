@@ -30,6 +30,7 @@ from qlinear.quantize import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._html import render_html
 from qlinear.quantize._option_fields import add_arguments as add_option_arguments
 from qlinear.quantize._option_fields import in_flags, values_from_args
+from qlinear.quantize._report_print import print_profile
 from qlinear.quantize._stream import quantize_weights_streaming
 from qlinear.quantize.targets import target
 
@@ -107,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_json(out, "the report")
     out.add_argument("--quiet", action="store_true", help="no progress bars and no printed report")
+    out.add_argument("--profile", action="store_true", help="print each stage's wall time and peak memory (the report's profile)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         write_json(result.report.to_json(), args)
     if not args.json and not args.quiet:
         print_report(result.report, Console(), analysis=args.analyze)
+    if args.profile:  # on stderr beside --json, whose stdout is the report alone
+        print_profile(result.report, Console(stderr=args.json))
     if not result.target_met:
         # The model is written all the same (the best found); the status says the target was missed.
         missed = next(w for w in result.report.warnings if w.startswith("target not met"))

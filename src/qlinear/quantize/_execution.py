@@ -1,4 +1,4 @@
-"""How one quantizer run executes, apart from what it computes: workers, resuming, the output file, progress bars.
+"""How one quantizer run executes, apart from what it computes: workers, resuming, the output file, progress, cost.
 
 None of this changes the model a run writes: the same options give the
 same bytes with one process or many, with bars or without.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 from qlinear.onnx import save
 from qlinear.quantize._checked import check_quantized
+from qlinear.quantize._memory import peak_rss_bytes, reset_peak_rss
+from qlinear.quantize._profile import PartTime, StageTime
 
 __all__ = ["Bars", "Execution", "checked_output", "write_atomically"]
 
@@ -92,18 +95,54 @@ def write_atomically(model: onnx.ModelProto, path: Path) -> None:
 
 
 class Bars:
-    """Progress bars on a console, or nothing."""
+    """Progress bars on a console (or nothing), one a stage and one a part of it, and each stage's cost.
+
+    Each :meth:`stage` is timed and its peak memory read into ``stages``;
+    each :meth:`task` within it is a bar of its own and a part of it.
+    """
 
     def __init__(self, console: Console | None) -> None:
         # Bars only on a terminal: piped, they would leave blank lines behind.
         self.console = console if console is not None and console.is_terminal else None
+        self.stages: list[StageTime] = []
+        self._live: Progress | None = None  # the running stage's bars
+        self._parts: list[PartTime] = []
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time ``name`` and read its peak memory; on a console, its name and elapsed time from its first second."""
+        since = "stage" if reset_peak_rss() else "process"
+        start, self._parts = time.perf_counter(), []
+        if self.console is not None:
+            self._live = Progress(*_COLUMNS, console=self.console, transient=True)
+            self._live.add_task(name, total=None)
+            self._live.start()
+        try:
+            yield
+        finally:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+            self.stages.append(StageTime(name, time.perf_counter() - start, peak_rss_bytes(), since, self._parts))
 
     @contextmanager
     def task(self, description: str, total: int | None) -> Iterator:
-        if self.console is None:
-            yield lambda n: None
-            return
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=self.console, transient=True) as bar:
-            task = bar.add_task(description, total=total)
-            yield lambda n: bar.advance(task, n)
+        start = time.perf_counter()
+        try:
+            if self._live is not None:  # a bar under the stage's
+                task = self._live.add_task(f"  {description}", total=total)
+                try:
+                    yield lambda n: self._live.advance(task, n)
+                finally:
+                    self._live.remove_task(task)
+            elif self.console is not None:
+                with Progress(*_COLUMNS, console=self.console, transient=True) as bar:
+                    task = bar.add_task(description, total=total)
+                    yield lambda n: bar.advance(task, n)
+            else:
+                yield lambda n: None
+        finally:
+            self._parts.append(PartTime(description, time.perf_counter() - start))
+
+
+_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-__all__ = ["peak_rss_bytes"]
+__all__ = ["peak_rss_bytes", "reset_peak_rss"]
 
 
 def peak_rss_bytes() -> int:
@@ -22,3 +22,17 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Set this process's peak resident memory to its present size, where the system lets it (Linux 4.0 and later).
+
+    False where it cannot: :func:`peak_rss_bytes` then stays the peak since
+    the process started.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak resident set size (proc(5))
+        return True
+    except OSError:
+        return False

@@ -16,9 +16,9 @@ from rich.console import Console
 
 from qlinear.onnx import _large as large
 from qlinear.quantize import _stages as stage
-from qlinear.quantize._evaluate import Reference, evaluate
+from qlinear.quantize._evaluate import Reference
 from qlinear.quantize._execution import Bars, Execution, checked_output, write_atomically
-from qlinear.quantize._latency import PairTimer, batch_feeds, latencies, user_batches
+from qlinear.quantize._latency import PairTimer, batch_feeds, user_batches
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._option_fields import data_words
 from qlinear.quantize._options import QuantizeOptions, given, resolve
@@ -100,50 +100,54 @@ def quantize_model(
             not fit its inputs, unknown options, an output path that cannot
             be written or that names the input.
     """
-    # Load, and resolve the configuration from the model and the data.
     options, execution = given(options, option_values), Execution(workers, ray, stats, save_stats_to, resume)
     out_path = checked_output(model, output)
-    fm = load_float_model(model)
-    size_before = fm.size_bytes()  # the model as given: the target's rewrites change some weights
-    runtime = target(options.target)
-    runtime.prepare(options.activations is None)(fm)
-    stage.check_plannable(fm, options)
-    data = stage.datasets(fm, options, calibration, eval, labels, calibrate_random, stats)
-    options = resolve(options, data.facts, batch_size=data.fixed_batch)
-    batches = user_batches(data.fixed_batch, options.batch_size)  # timed at the batch asked for, not a memory cut
-    bars = Bars(console if progress else None)
-    rewritten = stage.float_rewrites(fm, options, data.calibration, bars)
-    eval_data = data.eval.replayable(options.batch_size)  # the analysis and the search walk it several times
-    run = stage.calibration(fm, options, data.calibration, execution, bars)
+    bars = Bars(console if progress else None)  # and each stage's time and peak memory, for the report's profile
+    with bars.stage("load"):  # the model and the data, and the configuration resolved from them
+        fm = load_float_model(model)
+        size_before = fm.size_bytes()  # the model as given: the target's rewrites change some weights
+        runtime = target(options.target)
+        runtime.prepare(options.activations is None)(fm)
+        stage.check_plannable(fm, options)
+        data = stage.datasets(fm, options, calibration, eval, labels, calibrate_random, stats)
+        options = resolve(options, data.facts, batch_size=data.fixed_batch)
+        batches = user_batches(data.fixed_batch, options.batch_size)  # timed at the batch asked for, not a memory cut
+        eval_data = data.eval.replayable(options.batch_size)  # the analysis and the search walk it several times
+    with bars.stage("float rewrites"):
+        rewritten = stage.float_rewrites(fm, options, data.calibration, bars)
+    with bars.stage("calibrate"):
+        run = stage.calibration(fm, options, data.calibration, execution, bars)
     if run is not None and 0 < run.batch_size < options.batch_size:
         # The analysis and the evaluation hold as many tensors a batch as the calibration: the same cut.
         options = replace(options, batch_size=run.batch_size)
-    builder, requested = stage.build(fm, options, run, bars)
-    reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
-    timer = PairTimer(fm.model, batch_feeds(eval_data, batches[0]))
-    met = stage.meet_target(builder, requested, reference, options, runtime, timer, bars)
-    qmodel, refined = stage.refine(fm, met.built.model, data.calibration, reference, options, bars)
-    runtime.finalize(qmodel)
-    quantized = [p.name for p in met.built.plan.nodes]
-    fusion = runtime.check_fusion(qmodel, quantized)
-    unloadable = load_error(qmodel) if fusion is None else None  # the fusion check loads it as written
-    with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
-        evaluation = evaluate(
-            fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, eval_data,
-            batch_size=options.batch_size, progress=step, known=reference,
+    with bars.stage("build"):
+        builder, requested = stage.build(fm, options, run, bars)
+    with bars.stage("float reference"):  # the float model's outputs on the eval data, and its latency
+        reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
+        timer = PairTimer(fm.model, batch_feeds(eval_data, batches[0]))
+    with bars.stage("meet the target"):
+        met = stage.meet_target(builder, requested, reference, options, runtime, timer, bars)
+    with bars.stage("refine"):
+        qmodel, refined = stage.refine(fm, met.built.model, data.calibration, reference, options, bars)
+    with bars.stage("finalize"):
+        runtime.finalize(qmodel)
+        fusion = runtime.check_fusion(qmodel, [p.name for p in met.built.plan.nodes])
+        unloadable = load_error(qmodel) if fusion is None else None  # the fusion check loads it as written
+    with bars.stage("evaluate"):
+        evaluation, latency, measures = stage.evaluation(fm, qmodel, met, eval_data, reference, options, batches, timer, bars)
+    with bars.stage("report"):
+        report = build_report(
+            ReportInputs.of(
+                model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=run, data=data, eval_data=eval_data,
+                stats=stats, evaluation=evaluation, fusion=fusion, latency=latency, algorithms={**rewritten, **refined},
+                onnxruntime_error=unloadable, measures=measures,
+                data_flags=data_words(calibration, eval, labels, calibrate_random, stats),
+            )
         )  # fmt: skip
-    latency = latencies(fm.model, qmodel, eval_data, batches, timer)
-    measures = stage.measures(fm, qmodel, reference, options)
-    report = build_report(
-        ReportInputs.of(
-            model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=run, data=data, eval_data=eval_data,
-            stats=stats, evaluation=evaluation, fusion=fusion, latency=latency, algorithms={**rewritten, **refined},
-            onnxruntime_error=unloadable, measures=measures,
-            data_flags=data_words(calibration, eval, labels, calibrate_random, stats),
-        )
-    )  # fmt: skip
-    if out_path is not None:
-        write_atomically(qmodel, out_path)
-    if not large.is_large(qmodel):
-        qmodel = large.inline(qmodel)
+    with bars.stage("write"):
+        if out_path is not None:
+            write_atomically(qmodel, out_path)
+        if not large.is_large(qmodel):
+            qmodel = large.inline(qmodel)
+    report = replace(report, profile=list(bars.stages))
     return QuantizeResult(qmodel, out_path, report, target_met=met.search is None or met.search.met, weights=fm.store)

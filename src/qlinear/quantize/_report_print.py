@@ -12,7 +12,7 @@ from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, list
 from qlinear.quantize._report_schema import Report
 from qlinear.quantize._report_text import db_text, figure_text, share_text
 
-__all__ = ["MOST_DEGRADED", "print_report"]
+__all__ = ["MOST_DEGRADED", "print_profile", "print_report"]
 
 MOST_DEGRADED = 15
 NODE_MIN_WIDTH = 12  # characters of a node's name the degraded-nodes table keeps on one line at 80 columns
@@ -174,6 +174,8 @@ def print_report(report: Report, console: Console, *, analysis: bool = False) ->
             "; ".join(f"{f.kind} x{len(f.nodes)} ({f.before:.2f}x -> {f.after:.2f}x)" for f in kept)
             + " (--no-float-where-faster keeps them quantized)",
         )
+    if report.profile:
+        summary.add_row("time", _time_text(report))
     console.print(summary)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {w}")
@@ -212,4 +214,29 @@ def print_report(report: Report, console: Console, *, analysis: bool = False) ->
     for n in nodes[:MOST_DEGRADED]:
         types = f"{n.weight_type or '-'}/{n.activation_type or '-'}"
         table.add_row(n.name, n.op_type, types, db_text(n.weight_sqnr_db), db_text(n.output_sqnr_db), n.runs_as or "-")
+    console.print(table)
+
+
+_STAGES_NAMED = 3  # the costliest stages the summary's time row names
+
+
+def _time_text(report: Report) -> str:
+    """The run's wall time and where most of it went."""
+    total = sum(t.seconds for t in report.profile)
+    costliest = sorted(report.profile, key=lambda t: -t.seconds)[:_STAGES_NAMED]
+    return f"{total:.1f} s: " + ", ".join(f"{t.stage} {t.seconds:.1f} s" for t in costliest) + " (--profile: every stage)"
+
+
+def print_profile(report: Report, console: Console) -> None:
+    """Each stage's wall time, its share of the run, and the peak memory while it ran; its parts below it."""
+    total = sum(t.seconds for t in report.profile) or 1.0
+    table = Table(title=f"where the run's {total:.1f} s went")
+    table.add_column("stage", overflow="fold")
+    for col in ("seconds", "share", "peak RSS"):
+        table.add_column(col, no_wrap=True, justify="right")
+    for t in report.profile:
+        peak = _bytes(t.peak_rss_bytes) + ("" if t.peak_since == "stage" else " (run)")
+        table.add_row(t.stage, f"{t.seconds:.2f}", f"{t.seconds / total:.0%}", peak)
+        for part in t.parts:
+            table.add_row(f"  {part.name}", f"{part.seconds:.2f}", f"{part.seconds / total:.0%}", "")
     console.print(table)

@@ -18,6 +18,7 @@ from typing import Any
 from qlinear._errors import QuantizationError
 from qlinear.quantize._latency import Latency
 from qlinear.quantize._options import QuantizeOptions
+from qlinear.quantize._profile import StageTime
 from qlinear.quantize._records import from_plain, plain
 from qlinear.quantize._report_text import share_text
 from qlinear.quantize._speed import Floated
@@ -268,6 +269,7 @@ class Report:
     # Every other algorithm that ran, its result under its name (the registry's ``result`` record).
     algorithms: dict[str, Any] = field(default_factory=dict, metadata={"flatten": True, "extra": True})
     warnings: list[str] = field(default_factory=list)
+    profile: list[StageTime] = field(default_factory=list)  # each stage's wall time and peak memory, in order
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-able values (an exact SQNR is still ``inf`` here)."""

@@ -22,10 +22,10 @@ from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
-from qlinear.quantize._evaluate import Reference, metric_figure, output_figures
+from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, metric_figure, output_figures
 from qlinear.quantize._exclusion import unmatched
 from qlinear.quantize._execution import Bars, Execution
-from qlinear.quantize._latency import Latency, PairTimer
+from qlinear.quantize._latency import Latency, PairTimer, latencies
 from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
@@ -42,7 +42,7 @@ from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
     "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_plannable", "datasets",
-    "float_rewrites", "measures", "meet_target", "refine",
+    "evaluation", "float_rewrites", "measures", "meet_target", "refine",
 ]  # fmt: skip
 
 HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
@@ -252,6 +252,19 @@ def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Re
             check_quantized(refined)
             qmodel = refined
     return qmodel, done
+
+
+def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, eval_data: Dataset, reference: Reference,
+               options: QuantizeOptions, batches: tuple[int, ...], timer: PairTimer,
+               bars: Bars) -> tuple[Evaluation, list[Latency], dict[str, Any]]:  # fmt: skip
+    """The written model against the float one: its figures on the eval data, its latency at each batch, its measures."""
+    quantized = [p.name for p in met.built.plan.nodes]
+    with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
+        found = evaluate(
+            fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, eval_data,
+            batch_size=options.batch_size, progress=step, known=reference,
+        )  # fmt: skip
+    return found, latencies(fm.model, qmodel, eval_data, batches, timer), measures(fm, qmodel, reference, options)
 
 
 def measures(fm: FloatModel, qmodel: onnx.ModelProto, reference: Reference, options: QuantizeOptions) -> dict[str, Any]:
