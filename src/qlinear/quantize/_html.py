@@ -173,6 +173,8 @@ def _summary(report: Report) -> str:
         )
     rows.append(("top-1 agreement", f"{_share(requested.top1_agreement)} at the requested types → {_share(out.top1_agreement)}"))
     rows.append(("output SQNR", f"{_db(requested.sqnr_db)} dB at the requested types → {_db(out.sqnr_db)} dB"))
+    if report.eval.samples == 0:  # no data: nothing was measured, and no figure is "exact"
+        rows[-2:] = [("output SQNR", "not measured (no data)")]
     if out.accuracy:
         rows.append(("accuracy", f"{_share(out.accuracy.before)} float → {_share(out.accuracy.after)} quantized"))
     promotions = report.promotions

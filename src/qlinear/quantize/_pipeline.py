@@ -16,15 +16,17 @@ from rich.console import Console
 
 from qlinear.onnx import _large as large
 from qlinear.quantize import _stages as stage
-from qlinear.quantize._evaluate import Reference
+from qlinear.quantize._data import Dataset
+from qlinear.quantize._evaluate import Evaluation, Reference
 from qlinear.quantize._execution import Bars, Execution, checked_output, write_atomically
 from qlinear.quantize._latency import PairTimer, batch_feeds, user_batches
-from qlinear.quantize._model import load_float_model
+from qlinear.quantize._model import FloatModel, load_float_model
 from qlinear.quantize._option_fields import data_words
 from qlinear.quantize._options import QuantizeOptions, given, resolve
 from qlinear.quantize._report import ReportInputs, build_report
 from qlinear.quantize._report_schema import Report
 from qlinear.quantize._session import load_error
+from qlinear.quantize.algorithms import Facts
 from qlinear.quantize.targets import target
 
 __all__ = ["HELD_OUT", "QuantizeResult", "quantize_model"]
@@ -110,9 +112,12 @@ def quantize_model(
         runtime.prepare(options.activations is None)(fm)
         stage.check_plannable(fm, options)
         data = stage.datasets(fm, options, calibration, eval, labels, calibrate_random, stats)
-        options = resolve(options, data.facts, batch_size=data.fixed_batch)
-        batches = user_batches(data.fixed_batch, options.batch_size)  # timed at the batch asked for, not a memory cut
-        eval_data = data.eval.replayable(options.batch_size)  # the analysis and the search walk it several times
+        if data is not None:
+            options = resolve(options, data.facts, batch_size=data.fixed_batch)
+            batches = user_batches(data.fixed_batch, options.batch_size)  # timed at the batch asked, not a memory cut
+            eval_data = data.eval.replayable(options.batch_size)  # the analysis and the search walk it several times
+    if data is None:  # weight-only with no data at all
+        return _without_data(model, fm, out_path, options, size_before, bars)
     with bars.stage("float rewrites"):
         rewritten = stage.float_rewrites(fm, options, data.calibration, bars)
     with bars.stage("calibrate"):
@@ -151,3 +156,34 @@ def quantize_model(
             qmodel = large.inline(qmodel)
     report = replace(report, profile=list(bars.stages))
     return QuantizeResult(qmodel, out_path, report, target_met=met.search is None or met.search.met, weights=fm.store)
+
+
+def _without_data(model: Any, fm: FloatModel, out_path: Path | None, options: QuantizeOptions, size_before: int,
+                  bars: Bars) -> QuantizeResult:  # fmt: skip
+    """A weight-only run given no data: the weights rounded and laid out for the target; nothing calibrated, judged or timed."""
+    options = resolve(options, Facts(calibration_given=False, has_inputs=False, arrays=False))
+    runtime, none = target(options.target), Dataset({}, None, "no data given")
+    with bars.stage("float rewrites"):
+        rewritten = stage.float_rewrites(fm, options, none, bars)
+    with bars.stage("build"):
+        _, built = stage.build(fm, options, None, bars)
+    qmodel = built.model
+    with bars.stage("finalize"):
+        runtime.finalize(qmodel)
+        fusion = runtime.check_fusion(qmodel, [p.name for p in built.plan.nodes])
+        unloadable = load_error(qmodel) if fusion is None else None
+    with bars.stage("report"):
+        met = stage.TargetResult(built, (None, None), {}, None)
+        report = build_report(
+            ReportInputs.of(
+                model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=None, data=stage.RunData(
+                none, none, None, Facts(False, False, False)), eval_data=none, stats=None, evaluation=Evaluation(),
+                fusion=fusion, latency=[], algorithms=rewritten, onnxruntime_error=unloadable, judged=False,
+            )
+        )  # fmt: skip
+    with bars.stage("write"):
+        if out_path is not None:
+            write_atomically(qmodel, out_path)
+        if not large.is_large(qmodel):
+            qmodel = large.inline(qmodel)
+    return QuantizeResult(qmodel, out_path, replace(report, profile=list(bars.stages)), weights=fm.store)

@@ -91,13 +91,14 @@ class ReportInputs:
     measures: dict[str, Any] = field(default_factory=dict)  # the written model's other measures (_stages.measures)
     floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
     data_flags: list[str] = field(default_factory=list)  # the data flags that repeat the run
+    judged: bool = True  # False: no data was given, so nothing was judged or timed
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
            data: Any, eval_data: Dataset, stats: Any, evaluation: Evaluation, fusion: FusionCheck | None,
            latency: list[Latency], algorithms: dict[str, Any],
            onnxruntime_error: str | None = None, measures: dict[str, Any] | None = None,
-           data_flags: list[str] | None = None) -> ReportInputs:  # fmt: skip
+           data_flags: list[str] | None = None, judged: bool = True) -> ReportInputs:  # fmt: skip
         """The inputs of one run's report: ``met`` is the run's TargetResult, ``algorithms`` what each algorithm did."""
         built = met.built
         return cls(
@@ -110,7 +111,7 @@ class ReportInputs:
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
             onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error, measures=measures or {},
-            data_flags=data_flags or [],
+            data_flags=data_flags or [], judged=judged,
         )  # fmt: skip
 
 
@@ -118,6 +119,12 @@ class ReportInputs:
 # samples judge no figure (a sample's agreement is all or nothing).
 FEW_CALIBRATION_SAMPLES = 16
 FEW_HELD_OUT_SAMPLES = 16
+
+# What a run given no data could not do, and how to have it done.
+NOT_JUDGED = (
+    "no data was given, so the model was not timed and no accuracy target was checked: give calibration data "
+    "(--calibration) or eval data (--eval) for both"
+)
 
 # The quantized model's latency over the float one's past which the report warns (the timing's noise is about 0.1).
 SLOWER = 1.15
@@ -141,6 +148,8 @@ def _slower_text(latency: Latency, by_design: dict[str, str], fusion: FusionChec
 
 def _decision(r: ReportInputs) -> Decision:
     """What a user decides on, in one line: faster or slower than float at the batches they run, the target met or not."""
+    if not r.judged:
+        return Decision(None, None, f"weights rounded; {NOT_JUDGED}")
     faster = None if not r.latency else all(t.ratio <= 1.0 for t in r.latency)
     speed = ", ".join(f"{t.ratio:.2f}x at a batch of {t.batch}" for t in r.latency) or "not timed (ONNX Runtime cannot run it)"
     if faster is None:
@@ -275,6 +284,8 @@ def _warnings(r: ReportInputs, nodes: list[NodeRow], by_design: dict[str, str]) 
     if run is not None and r.calibration_data.random:
         warnings.append("calibrated on random data: a smoke test; real inputs give the real ranges")
     warnings += _data_warnings(r, run)
+    if not r.judged:
+        warnings.append(NOT_JUDGED)
     if r.size_after > r.size_before:
         warnings.append(
             f"the quantized model is larger than the float model ({r.size_before} -> {r.size_after} bytes): its Q/DQ "

@@ -96,7 +96,8 @@ def print_report(report: Report, console: Console, *, analysis: bool = False) ->
         parts = parts if name == next(iter(outputs)) else None  # the parts are the first output's
     if parts:
         worst += f" (the worst of {len(parts)} concatenated parts: {', '.join(db_text(p) for p in parts)} dB)"
-    summary.add_row("output SQNR", f"{db_text(out.sqnr_db)} dB{worst}")
+    judged = report.eval.samples > 0  # no data: nothing measured, and None is not "exact"
+    summary.add_row("output SQNR", f"{db_text(out.sqnr_db)} dB{worst}" if judged else "not measured (no data)")
     interval = out.top1_agreement_interval
     summary.add_row(
         "top-1 agreement",
@@ -126,7 +127,8 @@ def print_report(report: Report, console: Console, *, analysis: bool = False) ->
             + (f" (input {cal.batch_fixed_by} fixes the batch)" if cal.batch_fixed_by else "")
             + f", {cal.seconds:.2f} s, peak RSS {_bytes(cal.peak_rss_bytes)}",
         )
-    summary.add_row("evaluation", f"{report.eval.source} ({report.eval.samples} samples, {report.eval.backend})")
+    if judged:
+        summary.add_row("evaluation", f"{report.eval.source} ({report.eval.samples} samples, {report.eval.backend})")
     tuned = report.finetune
     if tuned is not None:
         held = tuned.held_out
@@ -199,7 +201,9 @@ def print_report(report: Report, console: Console, *, analysis: bool = False) ->
             activation = "-" if n.activation_sqnr_db is None else db_text(n.activation_sqnr_db)  # None: activations left float
             table.add_row(n.name, db_text(n.sensitivity_db), db_text(n.weight_sqnr_db), activation)
         console.print(table)
-    nodes = sorted(report.nodes, key=lambda n: math.inf if n.output_sqnr_db is None else n.output_sqnr_db)
+    # Without data, the weights' own figures rank them.
+    figure = (lambda n: n.output_sqnr_db) if judged else (lambda n: n.weight_sqnr_db)
+    nodes = sorted(report.nodes, key=lambda n: math.inf if figure(n) is None else figure(n))
     if not nodes:
         return
     title = f"most degraded nodes ({min(len(nodes), MOST_DEGRADED)} of {len(nodes)}; SQNR of weight and output in dB)"
@@ -213,7 +217,8 @@ def print_report(report: Report, console: Console, *, analysis: bool = False) ->
     table.add_column("ORT runs as")
     for n in nodes[:MOST_DEGRADED]:
         types = f"{n.weight_type or '-'}/{n.activation_type or '-'}"
-        table.add_row(n.name, n.op_type, types, db_text(n.weight_sqnr_db), db_text(n.output_sqnr_db), n.runs_as or "-")
+        output = db_text(n.output_sqnr_db) if judged else "-"
+        table.add_row(n.name, n.op_type, types, db_text(n.weight_sqnr_db), output, n.runs_as or "-")
     console.print(table)
 
 

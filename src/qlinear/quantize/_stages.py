@@ -37,12 +37,12 @@ from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensiti
 from qlinear.quantize._speed import Floated, float_where_faster
 from qlinear.quantize._stats import load_calibration, save_stats
 from qlinear.quantize._tradeoff import Candidate, tradeoff
-from qlinear.quantize.algorithms import Facts, at_stage
+from qlinear.quantize.algorithms import ALGORITHMS, Facts, at_stage
 from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
-    "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_plannable", "datasets",
-    "evaluation", "float_rewrites", "measures", "meet_target", "refine",
+    "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_plannable",
+    "check_without_data", "datasets", "evaluation", "float_rewrites", "measures", "meet_target", "refine",
 ]  # fmt: skip
 
 HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
@@ -93,10 +93,19 @@ def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
 
 
 def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_data: Any, labels: str | None,
-             calibrate_random: int | None, stats: Any) -> RunData:  # fmt: skip
-    """The calibration and eval datasets (the eval data defaults to the calibration data's last fifth)."""
+             calibrate_random: int | None, stats: Any) -> RunData | None:  # fmt: skip
+    """The calibration and eval datasets (the eval data defaults to the calibration data's last fifth).
+
+    None: a weight-only run given no data at all, which rounds the weights
+    and judges nothing (:func:`check_without_data` says what it refuses).
+    """
     fixed, fixed_by = _fixed_batch(fm)
     weight_only = options.activations is None
+    if weight_only and calibration is None and eval_data is None and stats is None and calibrate_random is None:
+        if labels is not None:
+            raise QuantizationError("quantize: labels name an array of the eval data; give eval data too")
+        check_without_data(options)
+        return None
     if calibrate_random is not None and calibration is not None:
         raise QuantizationError("quantize: give calibration data or calibrate_random, not both")
     if calibrate_random is not None:
@@ -109,7 +118,8 @@ def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_da
         cal = None
     else:
         raise QuantizationError(
-            "quantize: calibration data is needed (an .npz with one array per model input), or calibrate_random for a smoke test"
+            "quantize: calibration data is needed (an .npz with one array per model input), or calibrate_random for a "
+            "smoke test; weight-only quantization (activations none) needs none"
         )
     if eval_data is not None:
         ev = load_dataset(eval_data, fm, what="eval data", labels=labels)
@@ -127,6 +137,21 @@ def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_da
                 )
     has_inputs = calibration is not None or calibrate_random is not None
     return RunData(cal, ev, fixed, Facts(calibration is not None, has_inputs, cal.arrays is not None), fixed_by)
+
+
+# The options that judge the model on data: a run given none refuses them.
+_JUDGED_ON_DATA = ("target_agreement", "target_sqnr_db", "target_metric", "metric", "latency_budget")
+
+
+def check_without_data(options: QuantizeOptions) -> None:
+    """Refuse, before any work, what a run given no data cannot do: a target, a budget, an algorithm that reads data."""
+    asked = [name for name in _JUDGED_ON_DATA if getattr(options, name) is not None]
+    asked += [a.name for a in ALGORITHMS if a.reads_data and a.on(options)]
+    if asked:
+        raise QuantizationError(
+            f"quantize: {asked[0]} needs data, and none was given: give calibration data (an .npz with one array per model "
+            "input, --calibration) or eval data (--eval)"
+        )
 
 
 def float_rewrites(fm: FloatModel, options: QuantizeOptions, data: Dataset, bars: Bars) -> dict[str, Any]:

@@ -83,6 +83,8 @@ class Algorithm:
             :class:`~qlinear.quantize.algorithms.bias_correction.BiasSite`),
             or None; or gives None where it does not serve the layer.
         apply: what it does (stages ``float`` and ``refine``).
+        reads_data: it reads the calibration or eval data (a run given
+            none refuses it, naming it).
         result: the record (:mod:`qlinear.quantize._records`) its
             ``apply`` gives at stage ``refine``, which the report writes
             under its name and reads back.
@@ -99,6 +101,7 @@ class Algorithm:
     rounds: Callable[..., Any] | None = None
     corrects: Callable[..., Any] | None = None
     apply: Callable[..., Any] | None = None
+    reads_data: bool = True
     result: type | None = None
 
     def __post_init__(self) -> None:

@@ -108,6 +108,7 @@ ALGORITHM = register(
         name="equalize",
         summary="cross-layer equalization of Conv -> [Relu] -> Conv pairs before quantizing (needs no data)",
         stage="float",
+        reads_data=False,  # it rescales weights alone
         fields=(
             (
                 "equalize",

@@ -1,0 +1,70 @@
+"""Weight-only quantization given no data: the weights rounded and written; what needs data refused before any work."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
+from qlinear.cli import main
+
+DEMO = resources.files("qlinear.quantize") / "_demo"
+MODEL, CALIBRATION = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz")
+INT4 = {"activations": None, "weights": "int4", "granularity": "blocked", "block_size": 16}
+
+
+def test_weights_are_rounded_as_with_data_and_the_report_says_nothing_was_judged(tmp_path):
+    r = qq.quantize_model(MODEL, tmp_path / "q.onnx", **INT4)
+    # The same rounding as a run given data with nothing that reads it: byte for byte.
+    given = qq.quantize_model(MODEL, None, CALIBRATION, promote=False, gptq=False, awq=False, bias_correction=False, **INT4)
+    assert r.model.SerializeToString(deterministic=True) == given.model.SerializeToString(deterministic=True)
+    assert (tmp_path / "q.onnx").exists() and r.target_met
+    report = r.report
+    assert report.decision.faster is None and report.decision.target_met is None
+    assert "no accuracy target was checked" in report.decision.line and "--calibration" in report.decision.line
+    assert any(w.startswith("no data was given") for w in report.warnings)
+    assert report.eval.samples == 0 and report.latency_ms == [] and report.promotions is None
+    assert report.calibration.method is None and {n.weight_type for n in report.nodes} == {"int4"}
+    assert [t.stage for t in report.profile] == ["load", "float rewrites", "build", "finalize", "report", "write"]
+
+
+@pytest.mark.parametrize(
+    ("asked", "named"),
+    [
+        ({"gptq": True}, "gptq"),
+        ({"target_sqnr_db": 30.0}, "target_sqnr_db"),
+        ({"latency_budget": 0.8}, "latency_budget"),
+        ({"finetune": 10}, "finetune"),
+        ({"awq": True}, "awq"),
+        ({"bias_correction": True}, "bias_correction"),
+    ],
+)
+def test_what_needs_data_is_refused_before_any_work_naming_it(tmp_path, asked, named):
+    with pytest.raises(QuantizationError, match=rf"^quantize: {named} needs data, and none was given: give calibration data"):
+        qq.quantize_model(MODEL, tmp_path / "q.onnx", **{**INT4, **asked})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_algorithm_that_reads_no_data_runs_without_it():
+    from quantize_models import single_op
+
+    model, _ = single_op("Conv")  # a Relu then a Conv: no pair to equalize, but equalization is not refused
+    r = qq.quantize_model(model, None, activations=None, equalize=True)
+    assert r.report.settings.equalize and r.report.equalized == []
+
+
+def test_the_command_needs_no_data_for_weights_alone(tmp_path, capsys):
+    out = tmp_path / "q.onnx"
+    assert (
+        main(["quantize", MODEL, "-o", str(out), "--activations", "none", "--weights", "int4", "--granularity", "blocked"]) == 0
+    )
+    printed = " ".join(capsys.readouterr().out.split())
+    assert out.exists() and "not measured (no data)" in printed and "no accuracy target was checked" in printed
+    assert main(["quantize", MODEL, "-o", str(tmp_path / "g.onnx"), "--activations", "none", "--gptq"]) == 2
+    err = capsys.readouterr().err
+    assert "--gptq needs data, and none was given" in err and "--calibration" in err and len(err.strip().splitlines()) == 1
+    # Quantized activations need calibration data: the message says weight-only needs none.
+    assert main(["quantize", MODEL, "-o", str(tmp_path / "a.onnx")]) == 2
+    assert "weight-only quantization (activations none) needs none" in capsys.readouterr().err
