@@ -149,12 +149,7 @@ def quantize_model(
                 data_flags=data_words(calibration, eval, labels, calibrate_random, stats),
             )
         )  # fmt: skip
-    with bars.stage("write"):
-        if out_path is not None:
-            write_atomically(qmodel, out_path)
-        if not large.is_large(qmodel):
-            qmodel = large.inline(qmodel)
-    report = replace(report, profile=list(bars.stages))
+    qmodel, report = _written(qmodel, out_path, report, bars)
     return QuantizeResult(qmodel, out_path, report, target_met=met.search is None or met.search.met, weights=fm.store)
 
 
@@ -181,9 +176,15 @@ def _without_data(model: Any, fm: FloatModel, out_path: Path | None, options: Qu
                 fusion=fusion, latency=[], algorithms=rewritten, onnxruntime_error=unloadable, judged=False,
             )
         )  # fmt: skip
+    qmodel, report = _written(qmodel, out_path, report, bars)
+    return QuantizeResult(qmodel, out_path, report, weights=fm.store)
+
+
+def _written(qmodel: onnx.ModelProto, out_path: Path | None, report: Report, bars: Bars) -> tuple[onnx.ModelProto, Report]:
+    """The model written (where asked) and held in memory as it is returned; the report with the run's profile."""
     with bars.stage("write"):
         if out_path is not None:
             write_atomically(qmodel, out_path)
         if not large.is_large(qmodel):
             qmodel = large.inline(qmodel)
-    return QuantizeResult(qmodel, out_path, replace(report, profile=list(bars.stages)), weights=fm.store)
+    return qmodel, replace(report, profile=list(bars.stages))
