@@ -33,8 +33,8 @@ class FuzzCase:
 
 
 class _Builder:
-    def __init__(self, rng: np.random.Generator, float_type: int, opset: int) -> None:
-        self.rng, self.float_type, self.opset = rng, float_type, opset
+    def __init__(self, rng: np.random.Generator, float_type: int, opset: int, grammar: int) -> None:
+        self.rng, self.float_type, self.opset, self.grammar = rng, float_type, opset, grammar
         self.np_float = np.float16 if float_type == TensorProto.FLOAT16 else np.float32
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
@@ -62,6 +62,12 @@ class _Builder:
         out = self.name(base or op.lower())
         self.nodes.append(helper.make_node(op, inputs, [out], name=f"{out}_node", **attrs))
         return out
+
+    def nodes_outputs(self, op: str, inputs: list[str], count: int, **attrs: Any) -> list[str]:
+        """A node of ``count`` outputs (Split), their names."""
+        outs = [self.name(op.lower()) for _ in range(count)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=f"{outs[0]}_node", **attrs))
+        return outs
 
     def activation(self, x: str, kind: str) -> str:
         if kind == "None":
@@ -92,6 +98,20 @@ def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int
             right = b.node("Conv", [x, b.weight(out - out // 2, channels, 1, 1)])
             x, channels = b.node("Concat", [left, right], axis=1), out
             desc.append("concat")
+        if (
+            b.grammar >= 2 and channels % 2 == 0 and rng.random() < 0.2
+        ):  # a C2f block: the channels split, one half convolved, joined
+            half = channels // 2
+            first, second = b.nodes_outputs("Split", [x, b.const(np.array([half, half], np.int64), "split")], 2, axis=1)
+            first = b.activation(b.node("Conv", [first, b.weight(half, half, 3, 3)], pads=[1, 1, 1, 1]), "Relu")
+            x = b.node("Concat", [first, second], axis=1)
+            desc.append("Split")
+        if b.grammar >= 2 and size >= 6 and rng.random() < 0.15:  # a crop of the rows and columns, as a Slice
+            edges = [
+                b.const(np.array(v, np.int64), name) for v, name in (([1, 1], "starts"), ([-1, -1], "ends"), ([2, 3], "axes"))
+            ]
+            x, size = b.node("Slice", [x, *edges]), size - 2
+            desc.append("Slice")
         pads, conv_in = [1, 1, 1, 1], x
         if rng.random() < 0.15:  # padding as its own node
             conv_in = b.node("Pad", [x, b.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")])
@@ -215,12 +235,17 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
     return last, hidden
 
 
-def fuzz_case(seed: int) -> FuzzCase:
-    """Case number ``seed``: the same model, data and options every time."""
+# The grammar's versions: 2 added Split (a C2f block's) and Slice to the convolutional models. A case is its seed
+# and the version it was drawn with: a regression test names both, so that a grammar grown later keeps its case.
+GRAMMAR = 2
+
+
+def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
+    """Case number ``seed`` of grammar version ``grammar``: the same model, data and options every time."""
     rng = np.random.default_rng(seed)
     float_type = TensorProto.FLOAT16 if rng.random() < 0.15 else TensorProto.FLOAT
     opset = int(rng.choice([13, 15, 17, 19, 21]))
-    b = _Builder(rng, float_type, opset)
+    b = _Builder(rng, float_type, opset, grammar)
     batch: Any = "N" if rng.random() < 0.8 else 1
     desc = [f"opset {opset}", "float16" if float_type == TensorProto.FLOAT16 else "float32", f"batch {batch}"]
     samples = 24

@@ -28,7 +28,7 @@ CI_CASES = 300
 CASES = int(os.environ.get("QLINEAR_FUZZ_CASES", CI_CASES))
 CASE_SECONDS = 60  # a case that runs longer is a hang
 # The least output SQNR with 16-bit activations and 8-bit weights, judged on the calibration data (the weights' own
-# error, about 45 dB a layer, bounds it).
+# error, about 45 dB a layer, bounds it); below it, the output must be within 1 dB of what the weights alone give.
 SIXTEEN_BIT_DB = 25.0
 
 
@@ -77,8 +77,18 @@ def test_generated_model(seed, tmp_path):
         assert any("larger than the float model" in w for w in report.warnings), f"{what}: {size} unsaid"
     o = r.report.settings
     if o.activations in ("uint16", "int16") and o.weights in ("int8", "uint8"):
-        sqnr = report.output.sqnr_db
-        assert sqnr is None or sqnr > SIXTEEN_BIT_DB, f"{what}: output SQNR {sqnr} dB at 16-bit activations"
+        _assert_sixteen_bit_activations_cost_little(str(float_path), case, report.output.sqnr_db, what)
+
+
+def _assert_sixteen_bit_activations_cost_little(path: str, case, sqnr: float | None, what: str) -> None:
+    """At 16-bit activations the output is close to the float model's, or as close as the 8-bit weights alone leave it."""
+    if sqnr is None or sqnr > SIXTEEN_BIT_DB:
+        return
+    weights_alone = qq.quantize_model(path, None, case.data, eval=case.data, **{**case.options, "activations": None})
+    alone = weights_alone.report.output.sqnr_db
+    assert alone is not None and sqnr >= alone - 1.0, (
+        f"{what}: output SQNR {sqnr} dB at 16-bit activations, {alone} dB weights alone"
+    )
 
 
 def _conv_model(activation: str = "LeakyRelu"):
@@ -170,7 +180,7 @@ def test_found_blocked_conv_weights_go_with_float_activations(monkeypatch):
     from qlinear.quantize.targets import TARGETS
     from qlinear.quantize.targets.ort_cpu import ORT_CPU
 
-    case = fuzz_case(544)
+    case = fuzz_case(544, grammar=1)
     assert case.description[3:5] == ["concat", "conv6+Tanh"] and case.options["granularity"] == "blocked"
     r = qq.quantize_model(case.model, None, case.data, eval=case.data, **case.options).report
     assert r.eval.onnxruntime_error is None
@@ -182,3 +192,19 @@ def test_found_blocked_conv_weights_go_with_float_activations(monkeypatch):
     monkeypatch.setitem(TARGETS, "ort-cpu", dataclasses.replace(ORT_CPU, placement=rule_off))
     with pytest.raises(QuantizationError, match="filter scale shape invalid"):
         qq.quantize_model(case.model, None, case.data, eval=case.data, **case.options)
+
+
+def test_found_sixteen_bit_activations_are_judged_beside_the_weights_own_error(tmp_path):
+    # Found by case 1003 of grammar 2 (a Clip, then a LayerNormalization over 8 values, then the logits): at 16-bit
+    # activations and per-tensor uint8 weights the output SQNR was 19.5 dB, under the 25 dB the fuzzer asked of
+    # 16-bit activations, but the weights alone give the same 19.5: the normalization divides by the small spread of
+    # some rows and so magnifies the 8-bit weights' error, not the activations'. The check now compares the two.
+    case = fuzz_case(1003, grammar=2)
+    assert case.description[-3:] == ["Clip", "LayerNormalization", "Cast"] and case.options["activations"] == "uint16"
+    path = tmp_path / "float.onnx"
+    onnx.save(case.model, path)
+    r = qq.quantize_model(str(path), None, case.data, eval=case.data, **case.options)
+    sqnr = r.report.output.sqnr_db
+    alone = qq.quantize_model(str(path), None, case.data, eval=case.data, **{**case.options, "activations": None})
+    assert sqnr < SIXTEEN_BIT_DB and abs(sqnr - alone.report.output.sqnr_db) < 1.0
+    _assert_sixteen_bit_activations_cost_little(str(path), case, sqnr, "case 1003")
