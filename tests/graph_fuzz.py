@@ -82,7 +82,17 @@ class _Builder:
             return self.node("Clip", [x, lo, hi])
         if kind == "SiLU":
             return self.node("Mul", [x, self.node("Sigmoid", [x])])
+        if kind == "Gelu" and self.opset < 20:  # written out, as exporters did before the op (opset 20)
+            root2 = self.const(np.array(np.sqrt(2.0), self.np_float), "sqrt2")
+            half = self.const(np.array(0.5, self.np_float), "half")
+            one = self.const(np.array(1.0, self.np_float), "one")
+            erf = self.node("Erf", [self.node("Div", [x, root2])])
+            return self.node("Mul", [self.node("Mul", [x, half]), self.node("Add", [erf, one])])
         return self.node(kind, [x])
+
+    def activations(self) -> tuple[str, ...]:
+        """The activations this grammar version draws from (3 added Gelu)."""
+        return (*ACTIVATIONS, "Gelu") if self.grammar >= 3 else ACTIVATIONS
 
 
 def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int, desc: list[str]) -> tuple[str, int]:
@@ -106,6 +116,10 @@ def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int
             first = b.activation(b.node("Conv", [first, b.weight(half, half, 3, 3)], pads=[1, 1, 1, 1]), "Relu")
             x = b.node("Concat", [first, second], axis=1)
             desc.append("Split")
+        if b.grammar >= 3 and size <= 8 and rng.random() < 0.15:  # a decoder's upsampling: a ConvTranspose, stride 2
+            up = [x, b.weight(channels, out, 2, 2)] + ([b.const(np.zeros(out, b.np_float), "bias")] if rng.random() < 0.5 else [])
+            x, channels, size = b.activation(b.node("ConvTranspose", up, strides=[2, 2]), "Relu"), out, size * 2
+            desc.append("ConvTranspose")
         if b.grammar >= 2 and size >= 6 and rng.random() < 0.15:  # a crop of the rows and columns, as a Slice
             edges = [
                 b.const(np.array(v, np.int64), name) for v, name in (([1, 1], "starts"), ([-1, -1], "ends"), ([2, 3], "axes"))
@@ -126,7 +140,7 @@ def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int
             params = [b.const(p.astype(b.np_float), "bn") for p in (stats[0], stats[1], stats[2], np.abs(stats[0]))]
             y = b.node("BatchNormalization", [y, *params])
             desc.append("batchnorm")
-        kind = str(rng.choice(ACTIVATIONS))
+        kind = str(rng.choice(b.activations()))
         y = b.activation(y, kind)
         desc.append(f"conv{out}+{kind}")
         if out == channels and rng.random() < 0.4:
@@ -167,7 +181,7 @@ def _mlp(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: list[s
             if rng.random() < 0.6:
                 y = b.node("Add", [y, b.const((rng.standard_normal(out) * 0.1).astype(b.np_float), "bias")])
             desc.append(f"matmul{out}")
-        kind = str(rng.choice(ACTIVATIONS))
+        kind = str(rng.choice(b.activations()))
         x, width = b.activation(y, kind), out
         desc.append(kind)
         if b.opset >= 17 and rng.random() < 0.2:
@@ -211,7 +225,7 @@ def _tokens(b: _Builder, rng: np.random.Generator, desc: list[str]) -> tuple[str
     x = b.node("MatMul", [x, b.weight(width, width)])
     if rng.random() < 0.5:
         x = b.node("Add", [x, b.const(np.zeros(width, b.np_float), "bias")])
-    x = b.activation(x, str(rng.choice(ACTIVATIONS)))
+    x = b.activation(x, str(rng.choice(b.activations())))
     if b.opset >= 18:
         x = b.node("ReduceMean", [x, b.const(np.array([1], np.int64), "axes")], keepdims=0)
     else:
@@ -235,9 +249,10 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
     return last, hidden
 
 
-# The grammar's versions: 2 added Split (a C2f block's) and Slice to the convolutional models. A case is its seed
-# and the version it was drawn with: a regression test names both, so that a grammar grown later keeps its case.
-GRAMMAR = 2
+# The grammar's versions: 2 added Split (a C2f block's) and Slice to the convolutional models, 3 ConvTranspose and
+# Gelu (the op, or written out with Erf before opset 20). A case is its seed and the version it was drawn with: a
+# regression test names both, so that a grammar grown later keeps its case.
+GRAMMAR = 3
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
