@@ -98,7 +98,8 @@ class _Builder:
 def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int, desc: list[str]) -> tuple[str, int]:
     if size <= 8 and rng.random() < 0.15:  # an exporter's upsampling of the input
         scales = b.const(np.array([1, 1, 2, 2], np.float32), "scales")
-        x = b.node("Resize", [x, "", scales], mode="nearest")
+        roi = "" if b.opset >= 13 else b.const(np.array([], np.float32), "roi")  # an input it must have before 13
+        x = b.node("Resize", [x, roi, scales], mode="nearest")
         size *= 2
         desc.append("Resize")
     for _ in range(int(rng.integers(1, 4))):
@@ -112,7 +113,10 @@ def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int
             b.grammar >= 2 and channels % 2 == 0 and rng.random() < 0.2
         ):  # a C2f block: the channels split, one half convolved, joined
             half = channels // 2
-            first, second = b.nodes_outputs("Split", [x, b.const(np.array([half, half], np.int64), "split")], 2, axis=1)
+            if b.opset >= 13:
+                first, second = b.nodes_outputs("Split", [x, b.const(np.array([half, half], np.int64), "split")], 2, axis=1)
+            else:  # its sizes an attribute before opset 13
+                first, second = b.nodes_outputs("Split", [x], 2, axis=1, split=[half, half])
             first = b.activation(b.node("Conv", [first, b.weight(half, half, 3, 3)], pads=[1, 1, 1, 1]), "Relu")
             x = b.node("Concat", [first, second], axis=1)
             desc.append("Split")
@@ -244,22 +248,25 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
     out = b.name(op.lower())
     outputs = ["", f"{out}_h"] + ([f"{out}_c"] if op == "LSTM" else [])
     b.nodes.append(helper.make_node(op, [seq, w, r], outputs, name=f"{out}_node", hidden_size=hidden))
-    last = b.node("Squeeze", [f"{out}_h", b.const(np.array([0], np.int64), "axes")])
+    if b.opset >= 13:
+        last = b.node("Squeeze", [f"{out}_h", b.const(np.array([0], np.int64), "axes")])
+    else:  # its axes an attribute before opset 13
+        last = b.node("Squeeze", [f"{out}_h"], axes=[0])
     desc.append(op)
     return last, hidden
 
 
 # The grammar's versions: 2 added Split (a C2f block's) and Slice to the convolutional models, 3 ConvTranspose and
-# Gelu (the op, or written out with Erf before opset 20). A case is its seed and the version it was drawn with: a
-# regression test names both, so that a grammar grown later keeps its case.
-GRAMMAR = 3
+# Gelu (the op, or written out with Erf before opset 20), 4 opsets 11, 12 and 23. A case is its seed and the version
+# it was drawn with: a regression test names both, so that a grammar grown later keeps its case.
+GRAMMAR = 4
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
     """Case number ``seed`` of grammar version ``grammar``: the same model, data and options every time."""
     rng = np.random.default_rng(seed)
     float_type = TensorProto.FLOAT16 if rng.random() < 0.15 else TensorProto.FLOAT
-    opset = int(rng.choice([13, 15, 17, 19, 21]))
+    opset = int(rng.choice([11, 12, 13, 15, 17, 19, 21, 23] if grammar >= 4 else [13, 15, 17, 19, 21]))
     b = _Builder(rng, float_type, opset, grammar)
     batch: Any = "N" if rng.random() < 0.8 else 1
     desc = [f"opset {opset}", "float16" if float_type == TensorProto.FLOAT16 else "float32", f"batch {batch}"]
@@ -290,7 +297,8 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
     outputs += [helper.make_tensor_value_info(t, float_type, None) for t in b.extra_outputs]
     graph = helper.make_graph(b.nodes, f"fuzz{seed}", [helper.make_tensor_value_info("x", input_type, shape)], outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
+    # The IR version an exporter writes for the opset (8 in grammars before 4, which drew no opset past 21).
+    model.ir_version = max(8, helper.find_min_ir_version_for(model.opset_import)) if grammar >= 4 else 8
     data_shape = [samples, *shape[1:]]
     if input_type == TensorProto.INT64:
         data = {"x": rng.integers(0, 20, data_shape).astype(np.int64)}
