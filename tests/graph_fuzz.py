@@ -188,6 +188,9 @@ def _mlp(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: list[s
         kind = str(rng.choice(b.activations()))
         x, width = b.activation(y, kind), out
         desc.append(kind)
+        if b.grammar >= 5 and rng.random() < 0.12:
+            x, width = _branch(b, rng, x, width)
+            desc.append(f"If{width}")
         if b.opset >= 17 and rng.random() < 0.2:
             gamma, beta = b.const(np.ones(width, b.np_float), "gamma"), b.const(np.zeros(width, b.np_float), "beta")
             x = b.node("LayerNormalization", [x, gamma, beta], axis=-1)
@@ -205,6 +208,20 @@ def _mlp(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: list[s
             x = b.node("Cast", [b.node("Cast", [x], to=TensorProto.DOUBLE)], to=b.float_type)
             desc.append("Cast")
     return x, width
+
+
+def _branch(b: _Builder, rng: np.random.Generator, x: str, width: int) -> tuple[str, int]:
+    """An If on the data (its sum above 0) whose two sides each multiply ``x`` by a weight of the outer graph; its width."""
+    out = int(rng.choice([8, 12]))
+    zero = b.const(np.array(0.0, b.np_float), "zero")
+    cond = b.node("Greater", [b.node("ReduceSum", [x], keepdims=0), zero])
+
+    def side(name: str) -> onnx.GraphProto:
+        result = b.name(f"{name}_out")
+        node = helper.make_node("MatMul", [x, b.weight(width, out)], [result], name=f"{result}_node")
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(result, b.float_type, None)])
+
+    return b.node("If", [cond], then_branch=side("then"), else_branch=side("else")), out
 
 
 def _written_out_layernorm(b: _Builder, x: str) -> str:
@@ -257,9 +274,10 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
 
 
 # The grammar's versions: 2 added Split (a C2f block's) and Slice to the convolutional models, 3 ConvTranspose and
-# Gelu (the op, or written out with Erf before opset 20), 4 opsets 11, 12 and 23. A case is its seed and the version
-# it was drawn with: a regression test names both, so that a grammar grown later keeps its case.
-GRAMMAR = 4
+# Gelu (the op, or written out with Erf before opset 20), 4 opsets 11, 12 and 23, 5 an If whose sides read weights
+# of the outer graph. A case is its seed and the version it was drawn with: a regression test names both, so that a
+# grammar grown later keeps its case.
+GRAMMAR = 5
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:

@@ -208,3 +208,15 @@ def test_found_sixteen_bit_activations_are_judged_beside_the_weights_own_error(t
     alone = qq.quantize_model(str(path), None, case.data, eval=case.data, **{**case.options, "activations": None})
     assert sqnr < SIXTEEN_BIT_DB and abs(sqnr - alone.report.output.sqnr_db) < 1.0
     _assert_sixteen_bit_activations_cost_little(str(path), case, sqnr, "case 1003")
+
+
+def test_found_a_segment_holds_what_its_if_sides_read_of_the_outer_graph(tmp_path):
+    # Found by case 71 of grammar 5 (float4 weights, so the onnxruntime+qlinear backend cuts the model into
+    # segments): the segment holding an If lacked the outer weight its sides read by name, and the analysis failed
+    # with "Unable to find input 'w13'". A segment's inputs now count what its nodes' subgraphs read.
+    case = fuzz_case(71, grammar=5)
+    assert case.description[-1] == "If12" and case.options["weights"] == "float4e2m1"
+    path = tmp_path / "float.onnx"
+    onnx.save(case.model, path)
+    r = qq.quantize_model(str(path), tmp_path / "q.onnx", case.data, eval=case.data, **case.options)
+    assert r.report.eval.backend == "onnxruntime" and r.report.output.sqnr_db > 20

@@ -18,7 +18,7 @@ from qlinear.onnx._qdq_check import QDQ_OPS, check_qdq_node
 from qlinear.onnx._schema_check import check_schema_node
 from qlinear.onnx._tensor_info import Dim, TensorInfo, onnx_type_enum
 
-__all__ = ["DEFAULT_OPSET", "Graph", "names_read", "nodes_read", "producers", "readers"]
+__all__ = ["DEFAULT_OPSET", "Graph", "names_read", "node_reads", "nodes_read", "producers", "readers"]
 
 # The newest ai.onnx opset ONNX Runtime 1.31 runs; Graph(opset=28) builds
 # newer graphs that run on the "qlinear" and "reference" backends.
@@ -357,6 +357,22 @@ def names_read(graph: onnx.GraphProto) -> set[str]:
     must count those reads too.
     """
     return {o.name for o in graph.output} | nodes_read(graph.node)
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """The names ``node`` reads from the graph around it: its inputs, then what its subgraphs read of that graph.
+
+    Unlike :func:`nodes_read`, a name a subgraph makes itself (its nodes'
+    outputs, its inputs and initializers) is not one: it is no value of the
+    graph the node is in.
+    """
+    found = [i for i in node.input if i]
+    for a in node.attribute:
+        for sub in (a.g,) if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+            own = {t.name for t in sub.initializer} | {i.name for i in sub.input} | {o for n in sub.node for o in n.output}
+            found += [name for name in [*(r for n in sub.node for r in node_reads(n)), *(o.name for o in sub.output)]
+                      if name not in own]  # fmt: skip
+    return list(dict.fromkeys(found))
 
 
 def nodes_read(nodes: Iterable[onnx.NodeProto]) -> set[str]:

@@ -37,7 +37,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from qlinear.dtypes import element_type, from_tensor_proto, to_tensor_proto
-from qlinear.onnx._graph import nodes_read
+from qlinear.onnx._graph import node_reads, nodes_read
 from qlinear.onnx._ort_values import from_ort_value, to_ort_value
 from qlinear.onnx._qdq_check import QDQ_OPS
 from qlinear.onnx._qlinear_nodes import QLINEAR_OPS, run_node
@@ -122,9 +122,10 @@ class MixedRunner:
         import onnxruntime as ort
 
         produced = {o for n in nodes for o in n.output if o}
-        read = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
+        # A node's subgraphs (an If's sides) read values of this graph by name: they are the segment's inputs too.
+        read = list(dict.fromkeys(i for n in nodes for i in node_reads(n) if i not in produced))
         inputs = [i for i in read if i not in self._initializers]
-        later = {i for kind, p in self._steps[k + 1 :] for n in ([p] if kind == "qlinear" else p) for i in n.input}
+        later = {i for kind, p in self._steps[k + 1 :] for n in ([p] if kind == "qlinear" else p) for i in node_reads(n)}
         outputs = [o for n in nodes for o in n.output if o and (o in later or o in self._graph_outputs)]
         graph = helper.make_graph(
             nodes,
