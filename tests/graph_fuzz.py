@@ -165,6 +165,22 @@ def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int
     return b.node("Flatten", [x]), channels * size * size
 
 
+def _volume(b: _Builder, rng: np.random.Generator, x: str, channels: int, desc: list[str]) -> tuple[str, int]:
+    """3-D convolutions over a (channels, 4, 6, 6) volume, then its channels' means."""
+    for _ in range(int(rng.integers(1, 3))):
+        out = int(rng.choice([4, 6]))
+        inputs = [x, b.weight(out, channels, 3, 3, 3)]
+        if rng.random() < 0.7:
+            inputs.append(b.const((rng.standard_normal(out) * 0.1).astype(b.np_float), "bias"))
+        kind = str(rng.choice(b.activations()))
+        x, channels = b.activation(b.node("Conv", inputs, pads=[1] * 6), kind), out
+        desc.append(f"conv3d{out}+{kind}")
+    if rng.random() < 0.5:
+        x = b.node("MaxPool", [x], kernel_shape=[1, 2, 2], strides=[1, 2, 2])
+        desc.append("MaxPool3d")
+    return b.node("Flatten", [b.node("GlobalAveragePool", [x])]), channels
+
+
 def _mlp(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: list[str]) -> tuple[str, int]:
     shared = None
     for _ in range(int(rng.integers(1, 4))):
@@ -275,9 +291,9 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
 
 # The grammar's versions: 2 added Split (a C2f block's) and Slice to the convolutional models, 3 ConvTranspose and
 # Gelu (the op, or written out with Erf before opset 20), 4 opsets 11, 12 and 23, 5 an If whose sides read weights
-# of the outer graph. A case is its seed and the version it was drawn with: a regression test names both, so that a
-# grammar grown later keeps its case.
-GRAMMAR = 5
+# of the outer graph, 6 a rank-5 input through 3-D convolutions and a scalar (rank-0) input. A case is its seed and
+# the version it was drawn with: a regression test names both, so that a grammar grown later keeps its case.
+GRAMMAR = 6
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
@@ -291,7 +307,11 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
     samples = 24
     kind = rng.random()
     input_type = float_type
-    if kind < 0.45:
+    if kind < 0.45 and grammar >= 6 and rng.random() < 0.15:  # a volume: rank-5 input, 3-D convolutions
+        channels = int(rng.choice([1, 2]))
+        shape = [batch, channels, 4, 6, 6]
+        x, width = _volume(b, rng, "x", channels, desc)
+    elif kind < 0.45:
         channels, size = int(rng.choice([1, 3])), int(rng.choice([8, 12]))
         shape = [batch, channels, size, size]
         x, width = _cnn(b, rng, "x", channels, size, desc)
@@ -308,12 +328,17 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
         x, width = _recurrent(b, rng, "x", width, desc)
     classes = 5
     logits = b.node("Gemm", [x, b.weight(width, classes), b.const(np.zeros(classes, b.np_float), "bias")], base="logits")
+    inputs = [helper.make_tensor_value_info("x", input_type, shape)]
+    if grammar >= 6 and rng.random() < 0.15:  # a scalar input (a temperature) the logits are scaled by
+        logits = b.node("Mul", [logits, "t"])
+        inputs.append(helper.make_tensor_value_info("t", float_type, []))
+        desc.append("scalar input")
     if rng.random() < 0.3:
         logits = b.node("Softmax", [logits], axis=-1)
         desc.append("softmax")
     outputs = [helper.make_tensor_value_info(logits, float_type, None)]
     outputs += [helper.make_tensor_value_info(t, float_type, None) for t in b.extra_outputs]
-    graph = helper.make_graph(b.nodes, f"fuzz{seed}", [helper.make_tensor_value_info("x", input_type, shape)], outputs, b.inits)
+    graph = helper.make_graph(b.nodes, f"fuzz{seed}", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     # The IR version an exporter writes for the opset (8 in grammars before 4, which drew no opset past 21).
     model.ir_version = max(8, helper.find_min_ir_version_for(model.opset_import)) if grammar >= 4 else 8
@@ -325,7 +350,9 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
     # The outputs' shapes as ONNX Runtime computes them (onnx's inference leaves some open), batch axis as the input's.
     import onnxruntime as ort
 
-    feeds = {"x": data["x"][: 1 if batch == 1 else 2]}
+    if len(inputs) > 1:
+        data["t"] = np.array(0.8, b.np_float)  # fed whole to every batch
+    feeds = {"x": data["x"][: 1 if batch == 1 else 2], **({"t": data["t"]} if "t" in data else {})}
     values = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for output, value in zip(model.graph.output, values, strict=True):
         output.CopyFrom(helper.make_tensor_value_info(output.name, float_type, [batch, *value.shape[1:]]))
