@@ -291,9 +291,10 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
 
 # The grammar's versions: 2 added Split (a C2f block's) and Slice to the convolutional models, 3 ConvTranspose and
 # Gelu (the op, or written out with Erf before opset 20), 4 opsets 11, 12 and 23, 5 an If whose sides read weights
-# of the outer graph, 6 a rank-5 input through 3-D convolutions and a scalar (rank-0) input. A case is its seed and
-# the version it was drawn with: a regression test names both, so that a grammar grown later keeps its case.
-GRAMMAR = 6
+# of the outer graph, 6 a rank-5 input through 3-D convolutions and a scalar (rank-0) input, 7 exclusions in every
+# form of pattern. A case is its seed and the version it was drawn with: a regression test names both, so that a
+# grammar grown later keeps its case.
+GRAMMAR = 7
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
@@ -370,8 +371,18 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
     if rng.random() < 0.2:
         options["smoothquant"] = bool(rng.random() < 0.5)
     if rng.random() < 0.15:
-        compute = [nd.name for nd in b.nodes if nd.op_type in ("Conv", "Gemm", "MatMul")]
-        options["exclude"] = (str(rng.choice(compute)),)
+        compute = [nd for nd in b.nodes if nd.op_type in ("Conv", "Gemm", "MatMul")]
+        options["exclude"] = (str(rng.choice([nd.name for nd in compute])),)
+        if grammar >= 7:  # the pattern's every form: a name, an op type, a glob, an expression, a region from the input
+            chosen = compute[int(rng.integers(len(compute)))]
+            forms = [
+                chosen.name,
+                chosen.op_type,
+                f"{chosen.op_type.lower()}*",
+                f"re:^{chosen.op_type.lower()}\\d+",
+                f"x..{chosen.name}",
+            ]
+            options["exclude"] = (forms[int(rng.integers(len(forms)))],)
     for name, share in (("symmetric", 0.1), ("equalize", 0.1), ("empirical_bias_correction", 0.1)):
         if rng.random() < share:
             options[name] = True
