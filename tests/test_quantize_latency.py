@@ -22,7 +22,7 @@ from qlinear.cli import main
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._latency import Latency, PairTimer, batch_feeds, user_batches
 from qlinear.quantize._precision import FULL_LADDER, NodePrecision
-from qlinear.quantize._promotion import Promotion, Target, search_within
+from qlinear.quantize._promotion import AccuracyTarget, Promotion, search_within
 from qlinear.quantize.targets import target
 from quantize_models import conv_batchnorm
 
@@ -96,17 +96,17 @@ def test_the_budget_search_takes_the_longest_prefix_within_the_budget():
     def measure(precision):
         return 10.0 + len(precision)  # each step adds accuracy
 
-    found = search_within(steps, 10.0, Target("sqnr", 30.0), 0.71, ratio, measure, binding=False)
+    found = search_within(steps, 10.0, AccuracyTarget("sqnr", 30.0), 0.71, ratio, measure, binding=False)
     assert len(found.promotions) == 4 and found.figure == 14.0 and found.met and found.budget == 0.71
     assert len(asked) <= 2 * 5 + 1  # doubling then halving: about 2 log2(20) timings
     # A target given beside the budget must hold too.
-    missed = search_within(steps, 10.0, Target("sqnr", 30.0), 0.71, ratio, measure, binding=True)
+    missed = search_within(steps, 10.0, AccuracyTarget("sqnr", 30.0), 0.71, ratio, measure, binding=True)
     assert not missed.met and len(missed.promotions) == 4
     # Even the types asked for run over the budget: they are the result, and it is not met.
-    over = search_within(steps, 10.0, Target("sqnr", 30.0), 0.4, ratio, measure, binding=False)
+    over = search_within(steps, 10.0, AccuracyTarget("sqnr", 30.0), 0.4, ratio, measure, binding=False)
     assert over.promotions == [] and not over.met and over.figure == 10.0
     # Every step within the budget: all of them.
-    assert len(search_within(steps, 10.0, Target("sqnr", 30.0), 9.0, ratio, measure, binding=False).promotions) == 20
+    assert len(search_within(steps, 10.0, AccuracyTarget("sqnr", 30.0), 9.0, ratio, measure, binding=False).promotions) == 20
 
 
 def test_latency_budget_gives_the_most_accurate_model_within_it(float_costs):

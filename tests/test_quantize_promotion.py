@@ -22,7 +22,7 @@ from qlinear.quantize._precision import (
     next_step,
     wider_activation,
 )
-from qlinear.quantize._promotion import PRUNE_TRIALS, Promotion, Target, promotion_steps, search
+from qlinear.quantize._promotion import PRUNE_TRIALS, AccuracyTarget, Promotion, promotion_steps, search
 from qlinear.quantize._sensitivity import NodeSensitivity, most_sensitive_first
 from quantize_models import outlier_mlp
 
@@ -119,13 +119,13 @@ def test_search_takes_the_shortest_prefix_in_few_evaluations():
         calls.append(len(precision))
         return len(precision) / 40
 
-    found = search(steps, 0.0, Target("agreement", 0.55), measure)
+    found = search(steps, 0.0, AccuracyTarget("agreement", 0.55), measure)
     assert found.met and len(found.promotions) == 22 and math.isclose(found.figure, 22 / 40)
     # Doubling then halving, then one trial a promoted node (none can go here), at most PRUNE_TRIALS.
     assert found.evaluations == len(calls) <= 2 * math.ceil(math.log2(40)) + 2 + PRUNE_TRIALS
     assert found.promotions[-1].measured and found.promotions[-1].figure == found.figure
     # Met at the requested types: nothing promoted, nothing evaluated.
-    assert search(steps, 0.9, Target("agreement", 0.55), measure).promotions == []
+    assert search(steps, 0.9, AccuracyTarget("agreement", 0.55), measure).promotions == []
 
 
 def test_search_drops_promotions_the_target_holds_without():
@@ -134,14 +134,14 @@ def test_search_drops_promotions_the_target_holds_without():
     def measure(precision):  # only the fragile node matters
         return 0.999 if "fragile" in precision else 0.5
 
-    found = search(steps, 0.5, Target("agreement", 0.99), measure)
+    found = search(steps, 0.5, AccuracyTarget("agreement", 0.99), measure)
     assert found.met and [p.node for p in found.promotions] == ["fragile"]
 
 
 def test_search_that_cannot_reach_the_target_keeps_the_best_found():
     steps = _steps(["a", "b", "c"])
     figures = {0: 10.0, 1: 14.0, 2: 19.0, 3: 17.0}
-    found = search(steps, 10.0, Target("sqnr", 30.0), lambda p: figures[len(p)])
+    found = search(steps, 10.0, AccuracyTarget("sqnr", 30.0), lambda p: figures[len(p)])
     assert not found.met and len(found.promotions) == 2 and found.figure == 19.0
 
 

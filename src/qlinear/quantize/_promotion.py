@@ -24,7 +24,7 @@ from qlinear.dtypes import element_type
 from qlinear.quantize._precision import FLOAT, FULL_LADDER, Ladder, NodePrecision, candidate_steps
 from qlinear.quantize._sensitivity import NodeSensitivity
 
-__all__ = ["PRUNE_TRIALS", "Promotion", "Search", "Target", "promotion_steps", "search", "search_within"]
+__all__ = ["PRUNE_TRIALS", "Promotion", "Search", "AccuracyTarget", "promotion_steps", "search", "search_within"]
 
 # Nodes the search tries to do without once the target holds (one evaluation each), least sensitive first.
 PRUNE_TRIALS = 16
@@ -33,7 +33,7 @@ _DB_PER_BIT = 6.02
 
 
 @dataclass(frozen=True)
-class Target:
+class AccuracyTarget:
     """What the output must reach, at least ``value``.
 
     ``metric``: "agreement" (top-1 share), "decisions" (the F1 of the scores
@@ -72,7 +72,7 @@ class Promotion:
 class Search:
     """The search's outcome: the promotions kept, the figure before and after, whether the target holds."""
 
-    target: Target
+    target: AccuracyTarget
     start_figure: float | None
     figure: float | None
     met: bool
@@ -124,7 +124,7 @@ def promotion_steps(
 def search(
     steps: list[Promotion],
     start_figure: float | None,
-    target: Target,
+    target: AccuracyTarget,
     measure: Callable[[dict[str, NodePrecision]], float | None],
 ) -> Search:
     """The shortest prefix of ``steps`` whose model meets ``target``; ``measure`` gives a precision assignment's figure."""
@@ -166,7 +166,7 @@ def search(
 def search_within(
     steps: list[Promotion],
     start_figure: float | None,
-    target: Target,
+    target: AccuracyTarget,
     budget: float,
     ratio: Callable[[dict[str, NodePrecision]], float | None],
     measure: Callable[[dict[str, NodePrecision]], float | None],
@@ -215,7 +215,10 @@ def search_within(
 
 
 def _prune(
-    kept: list[Promotion], figure: float | None, target: Target, measure: Callable[[dict[str, NodePrecision]], float | None]
+    kept: list[Promotion],
+    figure: float | None,
+    target: AccuracyTarget,
+    measure: Callable[[dict[str, NodePrecision]], float | None],
 ) -> tuple[list[Promotion], float | None, int]:
     """Drop every node's promotions that the target holds without, least sensitive node first.
 

@@ -32,7 +32,7 @@ from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._placement import left_float_text, plan
 from qlinear.quantize._precision import NodePrecision
-from qlinear.quantize._promotion import Search, Target, promotion_steps, search, search_within
+from qlinear.quantize._promotion import AccuracyTarget, Search, promotion_steps, search, search_within
 from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first
 from qlinear.quantize._speed import Floated, float_where_faster
 from qlinear.quantize._stats import load_calibration, save_stats
@@ -307,7 +307,7 @@ def measures(fm: FloatModel, qmodel: onnx.ModelProto, reference: Reference, opti
     return found
 
 
-def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.ModelProto) -> Target | None:
+def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.ModelProto) -> AccuracyTarget | None:
     """The accuracy target the search reaches, or None (no search)."""
     if options.target_agreement is not None:
         if not reference.classifies:
@@ -315,20 +315,20 @@ def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.Mode
                 f"quantize: target_agreement needs an output with classes along its last axis; "
                 f"output {reference.output!r} has shape {reference.batches[0][1][reference.output].shape} a batch: give target_sqnr_db"
             )
-        return Target("agreement", float(options.target_agreement))
+        return AccuracyTarget("agreement", float(options.target_agreement))
     if options.target_sqnr_db is not None:
-        return Target("sqnr", float(options.target_sqnr_db))
+        return AccuracyTarget("sqnr", float(options.target_sqnr_db))
     if not options.promote:
         return None
     if options.metric is not None:  # with a latency budget and no value, the budget alone decides
         value = -math.inf if options.target_metric is None else float(options.target_metric)
-        return Target("metric", value, metric_name(options.metric))
+        return AccuracyTarget("metric", value, metric_name(options.metric))
     if reference.classifies:
-        return Target("agreement", DEFAULT_AGREEMENT)
+        return AccuracyTarget("agreement", DEFAULT_AGREEMENT)
     # Probabilities: judged by the decisions they carry, where there are enough of them to judge.
     if sigmoid_scores(float_model, reference.output) and positive_decisions(reference) >= FEWEST_DECISIONS:
-        return Target("decisions", DEFAULT_AGREEMENT)
-    return Target("sqnr", DEFAULT_SQNR_DB)
+        return AccuracyTarget("decisions", DEFAULT_AGREEMENT)
+    return AccuracyTarget("sqnr", DEFAULT_SQNR_DB)
 
 
 def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> CalibrationRun:
