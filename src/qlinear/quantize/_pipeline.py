@@ -156,7 +156,8 @@ def quantize_model(
 def _without_data(model: Any, fm: FloatModel, out_path: Path | None, options: QuantizeOptions, size_before: int,
                   bars: Bars) -> QuantizeResult:  # fmt: skip
     """A weight-only run given no data: the weights rounded and laid out for the target; nothing calibrated, judged or timed."""
-    options = resolve(options, Facts(calibration_given=False, has_inputs=False, arrays=False))
+    facts = Facts(calibration_given=False, has_inputs=False, arrays=False)
+    options = resolve(options, facts)
     runtime, none = target(options.target), Dataset({}, None, "no data given")
     with bars.stage("float rewrites"):
         rewritten = stage.float_rewrites(fm, options, none, bars)
@@ -172,7 +173,7 @@ def _without_data(model: Any, fm: FloatModel, out_path: Path | None, options: Qu
         report = build_report(
             ReportInputs.of(
                 model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=None, data=stage.RunData(
-                none, none, None, Facts(False, False, False)), eval_data=none, stats=None, evaluation=Evaluation(),
+                none, none, None, facts), eval_data=none, stats=None, evaluation=Evaluation(),
                 fusion=fusion, latency=[], algorithms=rewritten, onnxruntime_error=unloadable, judged=False,
             )
         )  # fmt: skip

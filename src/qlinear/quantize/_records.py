@@ -11,6 +11,7 @@ qlinear still reads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any, TypeVar
@@ -48,7 +49,7 @@ def from_plain(cls: type[R], data: dict[str, Any]) -> R:
     """
     if not isinstance(data, dict):
         raise TypeError(f"a {cls.__name__} is read from a JSON object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
         if not f.init or f.metadata.get("skip") or f.metadata.get("extra"):
@@ -62,6 +63,12 @@ def from_plain(cls: type[R], data: dict[str, Any]) -> R:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             values[f.name] = None
     return cls(**values)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A record type's fields' types, resolved once (a report reads hundreds of records of a few types)."""
+    return typing.get_type_hints(cls)
 
 
 def _value(tp: Any, value: Any) -> Any:
