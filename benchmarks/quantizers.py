@@ -266,15 +266,16 @@ def memory_growth(d: dict, work: Path) -> None:
 def evaluate(float_path: str, path: str, feeds: dict, labels: np.ndarray) -> dict:
     from qlinear.quantize._evaluate import Runner
     from qlinear.quantize._latency import PairTimer
+    from qlinear.quantize.targets import ORT_CPU
 
     fm, qm = onnx.load(float_path), onnx.load(path)
-    ref = Runner(fm, [])(feeds)
-    runner = Runner(qm, [])
+    ref = Runner(fm, [], ORT_CPU)(feeds)
+    runner = Runner(qm, [], ORT_CPU)
     got = runner(feeds)
     name = fm.graph.output[0].name
     r, g = ref[name].astype(np.float64), got[name].astype(np.float64)
     noise = float(((r - g) ** 2).sum())
-    lat = {b: PairTimer(fm, {k: v[:b] for k, v in feeds.items()}).time(qm) for b in (1, 16)}
+    lat = {b: PairTimer(fm, {k: v[:b] for k, v in feeds.items()}, ORT_CPU).time(qm) for b in (1, 16)}
     size = os.path.getsize(path) + (os.path.getsize(path + ".data") if os.path.exists(path + ".data") else 0)
     return {
         "agreement": float((r.argmax(-1) == g.argmax(-1)).mean()),

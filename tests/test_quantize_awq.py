@@ -9,6 +9,7 @@ import qlinear.quantize as qq
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize.algorithms.awq import scale_for_weights
+from qlinear.quantize.targets import ORT_CPU
 from qlinear.quantize.targets.ort_cpu import prepare
 
 
@@ -39,7 +40,13 @@ def test_awq_keeps_the_float_function_and_is_on_by_default_for_4bit_weight_only(
     fm = load_float_model(model)
     prepare(fm, weight_only=True)
     done = scale_for_weights(
-        fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), weights="int4", block_size=32
+        fm,
+        load_dataset(data, fm, what="calibration"),
+        batch_size=16,
+        excluded=set(),
+        weights="int4",
+        block_size=32,
+        runtime=ORT_CPU,
     )
     assert done and done[0].sample_error_after < done[0].sample_error_before
     ref, got = qo.run(model, data, backend="onnxruntime")["y"], qo.run(fm.model, data, backend="onnxruntime")["y"]

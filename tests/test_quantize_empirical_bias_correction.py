@@ -21,6 +21,7 @@ from qlinear.quantize.algorithms.empirical_bias_correction import (
     _shifted,
     correct_biases,
 )
+from qlinear.quantize.targets import ORT_CPU
 from qlinear.quantize.targets.ort_cpu import prepare
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
@@ -37,7 +38,7 @@ def _setup(**options):
     qmodel = qq.quantize_model(MODEL, None, cal, eval=ev, promote=False, **options).model
     fm = prepare(load_float_model(MODEL), weight_only=options.get("activations", "uint8") is None)  # as the run's
     data = load_dataset(cal, fm, what="calibration")
-    return fm, qmodel, data, Reference(fm.model, load_dataset(ev, fm, what="eval data"), batch_size=16)
+    return fm, qmodel, data, Reference(fm.model, load_dataset(ev, fm, what="eval data"), batch_size=16, runtime=ORT_CPU)
 
 
 def _values(model):
@@ -61,9 +62,9 @@ def test_each_layers_mean_error_is_taken_out_of_its_int32_bias():
     layers = _biased_layers(qmodel, fm)
     q_out, f_out = layers["conv1"]
     batches = list(data.batches(16))
-    want = _channel_means(fm.model, [f_out], batches)[f_out]
-    error_before = _channel_means(qmodel, [q_out], batches)[q_out] - want
-    error_after = _channel_means(corrected, [q_out], batches)[q_out] - want
+    want = _channel_means(fm.model, [f_out], batches, ORT_CPU)[f_out]
+    error_before = _channel_means(qmodel, [q_out], batches, ORT_CPU)[q_out] - want
+    error_after = _channel_means(corrected, [q_out], batches, ORT_CPU)[q_out] - want
     bias = next(n for n in corrected.graph.node if n.name == "conv1").input[2]
     bias_scale = after[producers(corrected.graph)[bias].input[1]]
     assert np.abs(error_after).max() <= np.max(bias_scale) < np.abs(error_before).max()

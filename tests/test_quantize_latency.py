@@ -23,7 +23,7 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._latency import Latency, PairTimer, batch_feeds, user_batches
 from qlinear.quantize._precision import FULL_LADDER, NodePrecision
 from qlinear.quantize._promotion import AccuracyTarget, Promotion, search_within
-from qlinear.quantize.targets import target
+from qlinear.quantize.targets import ORT_CPU, target
 from quantize_models import conv_batchnorm
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
@@ -66,7 +66,7 @@ def test_the_batches_timed_are_the_models_fixed_one_else_one_sample_and_the_batc
 
 def test_the_timer_gives_both_medians_and_the_median_ratio():
     model, data = conv_batchnorm()
-    timer = PairTimer(model, {"x": data["x"][:2]})
+    timer = PairTimer(model, {"x": data["x"][:2]}, ORT_CPU)
     got = timer.time(model)
     assert got.batch == 2 and got.before > 0 and got.after > 0 and 0.2 < got.ratio < 5
     assert 5 <= timer.pairs <= 25

@@ -26,6 +26,7 @@ from qlinear.quantize._latency import Latency
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._placement import plan
 from qlinear.quantize._session import session, with_outputs
+from qlinear.quantize.targets import ORT_CPU
 from qlinear.quantize.targets.ort_cpu import prepare
 from quantize_models import audio_front_end, conv_batchnorm, detection_head, layernorm_attention, outlier_mlp
 
@@ -84,7 +85,7 @@ def test_calibration_memory_does_not_grow_with_batches():
     for repeat in (1, 20):
         data = load_dataset({"image": np.concatenate([images] * repeat)}, fm, what="calibration")
         tracemalloc.start()
-        calibrate(fm, p.calibrate, data, batch_size=16)
+        calibrate(fm, p.calibrate, data, batch_size=16, runtime=ORT_CPU)
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     # 20 times the batches: the same peak (one batch's tensors and the statistics), within noise.

@@ -12,6 +12,7 @@ from qlinear._errors import QuantizationError
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize.algorithms.smoothquant import smooth
+from qlinear.quantize.targets import ORT_CPU
 from qlinear.quantize.targets.ort_cpu import prepare
 from quantize_models import layernorm_attention, outlier_mlp
 
@@ -45,7 +46,7 @@ def test_the_float_function_is_unchanged(make):
     model, data = make()
     fm = load_float_model(model)
     prepare(fm, weight_only=False)
-    done = smooth(fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set())
+    done = smooth(fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), runtime=ORT_CPU)
     assert any(m.alpha is not None for m in done)
     before, after = qo.run(model, data, backend="onnxruntime"), qo.run(fm.model, data, backend="onnxruntime")
     for name, ref in before.items():
@@ -60,7 +61,7 @@ def test_activations_without_outliers_are_left_alone():
     model, data = layernorm_attention()
     fm = load_float_model(model)
     prepare(fm, weight_only=False)
-    done = smooth(fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set())
+    done = smooth(fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), runtime=ORT_CPU)
     assert done == [] and not any(n.op_type == "Mul" and n.name.endswith("SmoothQuant") for n in fm.graph.node)
 
 
@@ -78,7 +79,7 @@ def test_smoothquant_needs_data_it_can_read_twice():
 def _smoothed_graph(model, data, **options):
     fm = load_float_model(model)
     prepare(fm, weight_only=False)
-    done = smooth(fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), **options)
+    done = smooth(fm, load_dataset(data, fm, what="calibration"), batch_size=16, excluded=set(), runtime=ORT_CPU, **options)
     before, after = qo.run(model, data, backend="onnxruntime"), qo.run(fm.model, data, backend="onnxruntime")
     for name, ref in before.items():
         np.testing.assert_allclose(after[name], ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 
 import numpy as np
@@ -73,6 +74,39 @@ def test_the_default_target_is_onnx_runtimes_cpu_provider():
     assert ort is TARGETS["ort-cpu"] and ort.providers == ("CPUExecutionProvider",)
     # Weight-only runs store a Gemm's weight untransposed, which only then fuses into MatMulNBits.
     assert "untranspose_gemm_weights" in ort.prepare(True).name and "untranspose" not in ort.prepare(False).name
+
+
+def test_every_run_of_a_model_opens_the_targets_session(monkeypatch):
+    # Calibration, the analysis, the search's candidates, the latency pairs, the refine stage's algorithms and the
+    # evaluation all run on the target's runtime: every ONNX Runtime session of the run but the ones the ORT target's
+    # own fusion check and rewrites open to read the optimized graph comes from its session factory.
+    import onnxruntime as ort
+
+    ort_cpu = TARGETS["ort-cpu"]
+    inside, opened, bypassed = [0], [], []
+    real = ort.InferenceSession
+
+    def counted(*args, **kwargs):
+        options = args[1] if len(args) > 1 else kwargs.get("sess_options")
+        if not inside[0] and not (options is not None and options.optimized_model_filepath):
+            bypassed.append(args[0] if isinstance(args[0], str) else "a model")
+        return real(*args, **kwargs)
+
+    def session(model, **kwargs):
+        inside[0] += 1
+        try:
+            opened.append(kwargs)
+            return ort_cpu.session(model, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(ort, "InferenceSession", counted)
+    monkeypatch.setitem(TARGETS, "ort-cpu", dataclasses.replace(ort_cpu, session=session))
+    model, data = conv_batchnorm()
+    r = qq.quantize_model(model, None, data, target_sqnr_db=60.0, empirical_bias_correction=True).report
+    assert r.promotions is not None and r.latency_ms and "empirical_bias_correction" in r.algorithms  # they all ran
+    assert bypassed == [] and len(opened) >= 6
+    assert {"arena": False} in opened  # calibration's and the analysis' sessions keep no arena
 
 
 def test_an_unknown_target_is_refused_naming_the_choices():

@@ -77,8 +77,8 @@ def test_calibration_on_ray_gives_the_one_process_model():
 
 def test_calibration_executor_from_workers_and_ray():
     sess = object()  # stands for this process's session, which the executor only holds
-    assert executor(sess, workers=1, ray_address=None, first=2) == Here(sess, 2)
-    assert executor(sess, workers=3, ray_address=None, first=0) == InProcesses(3)
-    assert executor(sess, workers=3, ray_address="auto", first=0) == OnRay("auto")
+    assert executor(sess, workers=1, ray_address=None, first=2, runtime="ort-cpu") == Here(sess, 2)
+    assert executor(sess, workers=3, ray_address=None, first=0, runtime="ort-cpu") == InProcesses(3, "ort-cpu")
+    assert executor(sess, workers=3, ray_address="auto", first=0, runtime="ort-cpu") == OnRay("auto", "ort-cpu")
     # Nothing observed: every batch is only counted, here.
-    assert executor(None, workers=3, ray_address="auto", first=5) == Here(None, 5)
+    assert executor(None, workers=3, ray_address="auto", first=5, runtime="ort-cpu") == Here(None, 5)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnxruntime as ort
 
 from qlinear._errors import QuantizationError
 from qlinear.quantize._calibration_executors import executor
@@ -21,8 +21,11 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._memory import peak_rss_bytes
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
-from qlinear.quantize._session import run_batch, session, with_outputs
+from qlinear.quantize._session import run_batch, with_outputs
 from qlinear.quantize._stats import TensorStats, load_calibration, save_stats
+
+if TYPE_CHECKING:
+    from qlinear.quantize.targets import Target
 
 __all__ = ["CalibrationRun", "calibrate"]
 
@@ -49,7 +52,7 @@ SAVE_EVERY_SECONDS = 5.0
 HELD_BYTES = 128 * 2**20
 
 
-def held_batch_size(sess: ort.InferenceSession, names: list[str], data: Dataset, batch_size: int) -> int:
+def held_batch_size(sess: Any, names: list[str], data: Dataset, batch_size: int) -> int:
     """The batch size, at most ``batch_size``, whose tensors ``names`` take at most :data:`HELD_BYTES`.
 
     Their size a sample is read from one run on the data's first sample. A
@@ -78,8 +81,9 @@ def calibrate(
     state_path: str | None = None,
     resume: str | None = None,
     fixed_batch: bool = False,
+    runtime: Target,
 ) -> CalibrationRun:
-    """Statistics of ``tensors`` over ``data``, run on ONNX Runtime in batches of ``batch_size`` or fewer.
+    """Statistics of ``tensors`` over ``data``, run on ``runtime`` (the target's) in batches of ``batch_size`` or fewer.
 
     Batches of arrays are cut to fewer samples where the observed tensors
     of ``batch_size`` samples would take more than :data:`HELD_BYTES`
@@ -92,7 +96,7 @@ def calibrate(
     wanted too (bias correction), kept as running sums. ``gram_tensors``:
     tensors whose ``X^T X`` over their last axis is wanted (GPTQ), summed
     batch by batch. ``workers``: processes that run the batches (each its
-    own ONNX Runtime session with its share of the cores); each batch is
+    own session of the runtime with its share of the cores); each batch is
     reduced where it ran and added in batch order, so the result is the
     one-process result bit for bit. ``ray_address``: run the batches as
     tasks on a Ray cluster instead (``"auto"``, ``"local"`` or an address;
@@ -105,7 +109,7 @@ def calibrate(
     observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []))
     names = observed.names
     model = with_outputs(fm.model, names)
-    sess = session(model, arena=False) if names else None
+    sess = runtime.session(model, arena=False) if names else None
     if sess is not None and not fixed_batch:
         batch_size = held_batch_size(sess, names, data, batch_size)
     if resume is not None:
@@ -129,7 +133,7 @@ def calibrate(
             last_save[0] = time.perf_counter()
 
     batches = (b for k, b in enumerate(data.batches(batch_size)) if k >= skip)
-    runner = executor(sess, workers=workers, ray_address=ray_address, first=skip)
+    runner = executor(sess, workers=workers, ray_address=ray_address, first=skip, runtime=runtime.name)
     del sess  # on workers or Ray it only measured the first sample: each worker holds a session of its own
     for reduced, n in runner.run(model, observed, batches):
         state.add(reduced, n)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import onnx
-import onnxruntime as ort
 
 from qlinear.quantize._data import samples_in
 from qlinear.quantize._observed import Observed
@@ -38,7 +37,7 @@ class Here:
     ``first``: the first batch's number (a continued calibration's), for the messages.
     """
 
-    session: ort.InferenceSession | None
+    session: Any  # the target's session (Target.session), or None
     first: int = 0
 
     def run(self, model: onnx.ModelProto, observed: Observed, batches: Iterable[dict]) -> Iterator[tuple[dict[str, Any], int]]:
@@ -51,16 +50,17 @@ class Here:
             yield reduced, n
 
 
-def executor(session: ort.InferenceSession | None, *, workers: int, ray_address: str | None, first: int) -> Executor:
+def executor(session: Any, *, workers: int, ray_address: str | None, first: int, runtime: str) -> Executor:
     """A Ray cluster at ``ray_address`` if given, else ``workers`` processes if more than one, else :class:`Here`.
 
     ``session``: the model's session in this process (None: nothing is
-    observed, and every batch is only counted here).
+    observed, and every batch is only counted here); ``runtime``: the
+    target's name, whose sessions the other processes open.
     """
     if session is None:
         return Here(None, first)
     if ray_address is not None:
-        return OnRay(ray_address)
+        return OnRay(ray_address, runtime)
     if workers > 1:
-        return InProcesses(workers)
+        return InProcesses(workers, runtime)
     return Here(session, first)

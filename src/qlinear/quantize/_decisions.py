@@ -70,7 +70,7 @@ def positive_decisions(reference: Reference) -> int:
 
 def decisions_kept(model: onnx.ModelProto, reference: Reference) -> float:
     """The F1 of ``model``'s first-output scores above :data:`THRESHOLD` against the float model's, over every batch."""
-    runner = Runner(model, [reference.output])
+    runner = Runner(model, [reference.output], reference.runtime)
     shared = total = 0
     for feeds, ref in reference.batches:
         want = np.asarray(ref[reference.output]) > THRESHOLD

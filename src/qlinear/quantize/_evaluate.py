@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -23,14 +24,17 @@ from qlinear.onnx._graph import producers
 from qlinear.onnx._ort_with_qlinear import MixedRunner
 from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._metric import Metric, checked_figure
-from qlinear.quantize._session import run_batch, session, with_outputs
+from qlinear.quantize._session import run_batch, with_outputs
 from qlinear.quantize._to_qdq import sqnr_db
+
+if TYPE_CHECKING:
+    from qlinear.quantize.targets import Target
 
 __all__ = ["Evaluation", "Reference", "Runner", "evaluate", "metric_figure", "output_figures"]
 
 
 class Runner:
-    """Runs a model batch by batch: on ONNX Runtime if it can, else on ONNX Runtime with qlinear's Q/DQ kernels.
+    """Runs a model batch by batch: on the target's runtime if it can, else on ONNX Runtime with qlinear's Q/DQ kernels.
 
     The second is ``qlinear.onnx.run``'s ``"onnxruntime+qlinear"`` backend:
     weights of types ONNX Runtime lacks (int2, float4, ...) dequantized once
@@ -38,13 +42,13 @@ class Runner:
     segments.
     """
 
-    def __init__(self, model: onnx.ModelProto, outputs: list[str]) -> None:
+    def __init__(self, model: onnx.ModelProto, outputs: list[str], runtime: Target) -> None:
         self.model = with_outputs(model, outputs)
         self.outputs = [o.name for o in self.model.graph.output]
         self._mixed = None
-        self.onnxruntime_error: str | None = None  # why ONNX Runtime cannot load it, where it cannot
+        self.onnxruntime_error: str | None = None  # why the runtime cannot load it, where it cannot
         try:
-            self._session = session(self.model, arena=not outputs)  # many tensors: see session()
+            self._session = runtime.session(self.model, arena=not outputs)  # many tensors: see Target.session
             self.backend = "onnxruntime"
         except QuantizationError as e:  # no kernels for its types (float4, int2), or a fusion it cannot run
             self.onnxruntime_error = str(e).removeprefix("quantize: ONNX Runtime cannot load the model: ")
@@ -139,7 +143,7 @@ class _OutputsPower:
 
 
 def concat_parts(
-    model: onnx.ModelProto, outputs: list[str], feeds: dict[str, np.ndarray]
+    model: onnx.ModelProto, outputs: list[str], feeds: dict[str, np.ndarray], runtime: Target
 ) -> dict[str, tuple[int, list[slice]] | None]:
     """For each of ``outputs`` made by a Concat of several tensors: the axis and each tensor's slice of it (from ``feeds``).
 
@@ -157,7 +161,7 @@ def concat_parts(
     found: dict[str, tuple[int, list[slice]] | None] = dict.fromkeys(outputs)
     if not concats:
         return found
-    values = Runner(model, list(dict.fromkeys(i for node in concats.values() for i in node.input)))(feeds)
+    values = Runner(model, list(dict.fromkeys(i for node in concats.values() for i in node.input)), runtime)(feeds)
     for name, node in concats.items():
         shapes = [np.shape(values[i]) for i in node.input]
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(shapes[0])
@@ -190,17 +194,18 @@ def evaluate(
     data: Dataset,
     *,
     batch_size: int,
+    runtime: Target,
     progress: Callable[[int], None] | None = None,
     known: Reference | None = None,
 ) -> Evaluation:
-    """Compare the models' first outputs (and ``node_outputs``: node name -> tensor) on ``data``.
+    """Compare the models' first outputs (and ``node_outputs``: node name -> tensor) on ``data``, run on ``runtime``.
 
     ``known``: the float model's :class:`Reference` on the same data, whose
     findings (class scores, concatenated parts) are taken, not made again.
     """
     tensors = list(dict.fromkeys(node_outputs.values()))
-    reference = Runner(float_model, tensors)
-    candidate = Runner(quant_model, tensors)
+    reference = Runner(float_model, tensors, runtime)
+    candidate = Runner(quant_model, tensors, runtime)
     first = float_model.graph.output[0].name
     judged = known.outputs if known is not None else judged_outputs(float_model)
     out_power: _OutputsPower | None = None
@@ -215,7 +220,7 @@ def evaluate(
         batches += 1
         ref, got = reference(feeds), candidate(feeds)
         if out_power is None:
-            out_power = _OutputsPower(concat_parts(float_model, judged, feeds))
+            out_power = _OutputsPower(concat_parts(float_model, judged, feeds, runtime))
         out_power.add(ref, got)
         for t in tensors:
             node_power[t].add(ref[t], got[t])
@@ -305,13 +310,15 @@ class Reference:
 
     ``output`` is the first output (the one top-1 agreement reads),
     ``outputs`` every judged one (:func:`judged_outputs`), and ``batches``
-    each batch's feeds with those outputs' values by name.
+    each batch's feeds with those outputs' values by name. Every model
+    compared against it runs on ``runtime``, as the float model did.
     """
 
-    def __init__(self, float_model: onnx.ModelProto, data: Dataset, *, batch_size: int) -> None:
+    def __init__(self, float_model: onnx.ModelProto, data: Dataset, *, batch_size: int, runtime: Target) -> None:
+        self.runtime = runtime
         self.output = float_model.graph.output[0].name
         self.outputs = judged_outputs(float_model)
-        runner = Runner(float_model, self.outputs)
+        runner = Runner(float_model, self.outputs, runtime)
         self.batches: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = []
         self.labels: list[np.ndarray | None] = []  # each batch's labels, where the data has them
         offset = 0
@@ -325,12 +332,13 @@ class Reference:
             raise QuantizationError("quantize: the eval data holds no batch")
         first_feeds, first_values = self.batches[0]
         self.classifies = classifies(float_model, self.output, first_values[self.output], labelled=data.labels is not None)
-        self.parts = concat_parts(float_model, self.outputs, first_feeds)
+        self.parts = concat_parts(float_model, self.outputs, first_feeds, runtime)
 
     def head(self, max_samples: int) -> Reference:
         """The first batches holding ``max_samples`` samples, from the outputs already computed."""
         head = object.__new__(Reference)
-        head.output, head.outputs, head.classifies, head.parts = self.output, self.outputs, self.classifies, self.parts
+        head.runtime, head.output, head.outputs = self.runtime, self.output, self.outputs
+        head.classifies, head.parts = self.classifies, self.parts
         head.batches, head.labels = [], []
         kept = 0
         for (feeds, out), labels in zip(self.batches, self.labels, strict=True):
@@ -347,7 +355,7 @@ def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float 
 
     The SQNR is the worst judged output's; None means the outputs are identical.
     """
-    runner = Runner(model, reference.outputs)
+    runner = Runner(model, reference.outputs, reference.runtime)
     power = _OutputsPower(reference.parts)
     agree = rows = 0
     for feeds, ref in reference.batches:
@@ -362,7 +370,7 @@ def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float 
 
 def metric_figure(model: onnx.ModelProto, reference: Reference, metric: Metric, name: str) -> float:
     """A user's ``metric`` of ``model`` against ``reference``: its mean over the batches, weighted by their samples."""
-    runner = Runner(model, reference.outputs)
+    runner = Runner(model, reference.outputs, reference.runtime)
     total = weight = 0.0
     for (feeds, ref), labels in zip(reference.batches, reference.labels, strict=True):
         got = runner(feeds)

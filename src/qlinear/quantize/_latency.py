@@ -16,13 +16,16 @@ import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from qlinear._errors import QuantizationError
 from qlinear.quantize._data import Dataset, _take, samples_in
-from qlinear.quantize._session import session
+
+if TYPE_CHECKING:
+    from qlinear.quantize.targets import Target
 
 __all__ = ["Latency", "PairTimer", "batch_feeds", "latencies", "user_batches"]
 
@@ -60,12 +63,13 @@ def batch_feeds(data: Dataset, batch: int) -> dict[str, np.ndarray]:
 
 
 class PairTimer:
-    """Times models against one float model at one batch, in alternating pairs; the float session is made once."""
+    """Times models against one float model at one batch on ``runtime``, in alternating pairs; the float session is made once."""
 
-    def __init__(self, float_model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, float_model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runtime: Target) -> None:
         self.feeds = dict(feeds)
         self.batch = samples_in(feeds)
-        self._float = session(float_model)
+        self.runtime = runtime
+        self._float = runtime.session(float_model)
         start = time.perf_counter()
         self._float.run(None, self.feeds)  # warm-up: the first run allocates and picks kernels
         self._float.run(None, self.feeds)
@@ -75,7 +79,7 @@ class PairTimer:
     def time(self, model: onnx.ModelProto) -> Latency | None:
         """``model``'s latency beside the float model's; None where the runtime cannot load it."""
         try:
-            candidate = session(model)
+            candidate = self.runtime.session(model)
         except QuantizationError:  # no kernels for its types on this runtime: no latency to give
             return None
         candidate.run(None, self.feeds)
@@ -93,6 +97,6 @@ def latencies(
     float_model: onnx.ModelProto, model: onnx.ModelProto, data: Dataset, batches: tuple[int, ...], first: PairTimer
 ) -> list[Latency]:
     """``model``'s latency at each of ``batches`` (``first`` times the first); none where the runtime cannot load it."""
-    timers = [first, *(PairTimer(float_model, batch_feeds(data, b)) for b in batches[1:])]
+    timers = [first, *(PairTimer(float_model, batch_feeds(data, b), first.runtime) for b in batches[1:])]
     found = [t.time(model) for t in timers]
     return [f for f in found if f is not None]

@@ -128,8 +128,8 @@ def quantize_model(
     with bars.stage("build"):
         builder, requested = stage.build(fm, options, run, bars)
     with bars.stage("float reference"):  # the float model's outputs on the eval data, and its latency
-        reference = Reference(fm.model, eval_data, batch_size=options.batch_size)
-        timer = PairTimer(fm.model, batch_feeds(eval_data, batches[0]))
+        reference = Reference(fm.model, eval_data, batch_size=options.batch_size, runtime=runtime)
+        timer = PairTimer(fm.model, batch_feeds(eval_data, batches[0]), runtime)
     with bars.stage("meet the target"):
         met = stage.meet_target(builder, requested, reference, options, runtime, timer, bars)
     with bars.stage("refine"):
@@ -137,7 +137,7 @@ def quantize_model(
     with bars.stage("finalize"):
         runtime.finalize(qmodel)
         fusion = runtime.check_fusion(qmodel, [p.name for p in met.built.plan.nodes])
-        unloadable = load_error(qmodel) if fusion is None else None  # the fusion check loads it as written
+        unloadable = load_error(qmodel, runtime) if fusion is None else None  # the fusion check loads it as written
     with bars.stage("evaluate"):
         evaluation, latency, measures = stage.evaluation(fm, qmodel, met, eval_data, reference, options, batches, timer, bars)
     with bars.stage("report"):
@@ -167,7 +167,7 @@ def _without_data(model: Any, fm: FloatModel, out_path: Path | None, options: Qu
     with bars.stage("finalize"):
         runtime.finalize(qmodel)
         fusion = runtime.check_fusion(qmodel, [p.name for p in built.plan.nodes])
-        unloadable = load_error(qmodel) if fusion is None else None
+        unloadable = load_error(qmodel, runtime) if fusion is None else None
     with bars.stage("report"):
         met = stage.TargetResult(built, (None, None), {}, None)
         report = build_report(

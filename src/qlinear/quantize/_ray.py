@@ -27,7 +27,8 @@ from qlinear.onnx import _large as large
 from qlinear.onnx import save
 from qlinear.quantize._data import samples_in
 from qlinear.quantize._observed import Observed
-from qlinear.quantize._session import run_batch, session
+from qlinear.quantize._session import run_batch
+from qlinear.quantize.targets import target
 
 __all__ = ["SHARD_BATCHES", "OnRay"]
 
@@ -48,6 +49,7 @@ class OnRay:
     """
 
     address: str
+    runtime: str  # the target's name: each worker process opens its own session of it
     model_dir: str | None = None
 
     def run(self, model: onnx.ModelProto, observed: Observed, batches: Iterable[dict]) -> Iterator[tuple[dict[str, Any], int]]:
@@ -79,12 +81,12 @@ class OnRay:
             for feeds in batches:
                 shard.append(feeds)
                 if len(shard) == SHARD_BATCHES:
-                    in_flight.append(task.remote(key, source, observed, ray.put(shard)))
+                    in_flight.append(task.remote(key, self.runtime, source, observed, ray.put(shard)))
                     shard = []
                     if len(in_flight) >= window:
                         yield from _results(ray, in_flight.popleft())
             if shard:
-                in_flight.append(task.remote(key, source, observed, ray.put(shard)))
+                in_flight.append(task.remote(key, self.runtime, source, observed, ray.put(shard)))
             while in_flight:
                 yield from _results(ray, in_flight.popleft())
         finally:
@@ -103,13 +105,14 @@ def _results(ray, ref) -> list[tuple[dict[str, Any], int]]:
     return results
 
 
-def _shard(key: str, source: Any, observed: Observed, shard: list[dict]) -> list[tuple[dict[str, Any], int]]:
-    """A Ray task: each batch of the shard run and reduced."""
+def _shard(key: str, runtime: str, source: Any, observed: Observed, shard: list[dict]) -> list[tuple[dict[str, Any], int]]:
+    """A Ray task: each batch of the shard run on ``runtime`` (a target's name) and reduced."""
     if key not in _sessions:
+        opened = target(runtime).session
         if isinstance(source, str):
-            _sessions[key] = session(None, threads=1, path=source, arena=False)
+            _sessions[key] = opened(None, threads=1, path=source, arena=False)
         else:
-            _sessions[key] = session(onnx.load_from_string(source), threads=1, arena=False)
+            _sessions[key] = opened(onnx.load_from_string(source), threads=1, arena=False)
     sess = _sessions[key]
     out = []
     for feeds in shard:

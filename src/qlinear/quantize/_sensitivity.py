@@ -80,7 +80,7 @@ def _activation_sqnr(builder: ModelBuilder, full: Built, reference: Reference) -
     tensors = sorted({t for node in p.nodes for t in node.activations})
     if not tensors:
         return {}
-    runner = Runner(builder.fm.model, tensors)
+    runner = Runner(builder.fm.model, tensors, reference.runtime)
     signal = dict.fromkeys(tensors, 0.0)
     noise = dict.fromkeys(tensors, 0.0)
     for feeds, _ in reference.batches:

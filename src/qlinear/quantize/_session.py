@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from typing import TYPE_CHECKING
 
 import onnx
 import onnxruntime as ort
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
+
+if TYPE_CHECKING:
+    from qlinear.quantize.targets import Target
 
 __all__ = [
     "MATMUL_NBITS_ACCURACY_LEVEL", "PROVIDERS", "load_error", "optimized_graph", "run_batch", "session", "with_outputs",
@@ -121,14 +125,14 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return out
 
 
-def load_error(model: onnx.ModelProto) -> str | None:
-    """Why ONNX Runtime cannot load ``model`` as it is (its default optimizations on), or None where it loads it.
+def load_error(model: onnx.ModelProto, runtime: Target) -> str | None:
+    """Why ``runtime`` (a target) cannot load ``model`` as it is, or None where it loads it.
 
     The model as written, not one with more outputs: an output added to
     watch a tensor can keep a fusion from happening that fails to load.
     """
     try:
-        session(model)
+        runtime.session(model)
     except QuantizationError as e:
         return str(e).removeprefix("quantize: ONNX Runtime cannot load the model: ")
     return None

@@ -38,6 +38,7 @@ from qlinear.quantize._speed import Floated, float_where_faster
 from qlinear.quantize._stats import load_calibration, save_stats
 from qlinear.quantize._tradeoff import Candidate, tradeoff
 from qlinear.quantize.algorithms import ALGORITHMS, Facts, at_stage
+from qlinear.quantize.targets import target
 from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
@@ -185,6 +186,7 @@ def calibration(
             fm, tensors, data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams,
             workers=execution.workers, ray_address=execution.ray, resume=_str(execution.resume),
             state_path=_str(execution.save_stats_to), fixed_batch=_fixed_batch(fm)[0] is not None,
+            runtime=target(options.target),
         )  # fmt: skip
 
 
@@ -287,7 +289,7 @@ def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, eval_
     with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
         found = evaluate(
             fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, eval_data,
-            batch_size=options.batch_size, progress=step, known=reference,
+            batch_size=options.batch_size, runtime=reference.runtime, progress=step, known=reference,
         )  # fmt: skip
     return found, latencies(fm.model, qmodel, eval_data, batches, timer), measures(fm, qmodel, reference, options)
 

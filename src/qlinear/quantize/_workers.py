@@ -1,4 +1,4 @@
-"""Calibration batches run in several processes: each its own ONNX Runtime session, the reductions merged in batch order.
+"""Calibration batches run in several processes: each its own session of the target's runtime, the reductions merged in batch order.
 
 The driver reads the batches and hands batch ``k`` to worker ``k % N``
 through a bounded queue (at most two batches waiting a worker, so memory
@@ -30,7 +30,8 @@ from qlinear._errors import QuantizationError
 from qlinear.onnx import save
 from qlinear.quantize._data import samples_in
 from qlinear.quantize._observed import Observed
-from qlinear.quantize._session import run_batch, session
+from qlinear.quantize._session import run_batch
+from qlinear.quantize.targets import target
 
 __all__ = ["InProcesses"]
 
@@ -43,6 +44,7 @@ class InProcesses:
     """The batches run by ``workers`` processes (an :class:`~qlinear.quantize._calibration_executors.Executor`)."""
 
     workers: int
+    runtime: str  # the target's name: each worker opens its own session of it
 
     def run(self, model: onnx.ModelProto, observed: Observed, batches: Iterable[dict]) -> Iterator[tuple[dict[str, Any], int]]:
         """``(reduction, samples)`` of each batch, in batch order, computed by ``workers`` processes."""
@@ -56,7 +58,7 @@ class InProcesses:
             inboxes = [ctx.Queue(maxsize=2) for _ in range(self.workers)]
             outbox = ctx.Queue()
             procs = [
-                ctx.Process(target=_work, args=(path, observed, threads, inboxes[w], outbox), daemon=True)
+                ctx.Process(target=_work, args=(path, self.runtime, observed, threads, inboxes[w], outbox), daemon=True)
                 for w in range(self.workers)
             ]
             for p in procs:
@@ -109,10 +111,10 @@ def _drive(batches, inboxes, outbox, procs) -> Iterator[tuple[dict[str, Any], in
                 done += 1
 
 
-def _work(path: str, observed: Observed, threads: int, inbox, outbox) -> None:
-    """A worker: run each batch it is given and send back its reduction (or the error, once)."""
+def _work(path: str, runtime: str, observed: Observed, threads: int, inbox, outbox) -> None:
+    """A worker: run each batch it is given on ``runtime`` (a target's name) and send back its reduction (or the error, once)."""
     try:
-        sess = session(None, threads=threads, path=path, arena=False)
+        sess = target(runtime).session(None, threads=threads, path=path, arena=False)
     except QuantizationError as e:
         outbox.put((-1, e))
         return

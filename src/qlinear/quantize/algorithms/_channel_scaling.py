@@ -12,6 +12,7 @@ quantizes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -19,7 +20,10 @@ from onnx import helper, numpy_helper
 
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel, attribute, fresh_name
-from qlinear.quantize._session import run_batch, session, with_outputs
+from qlinear.quantize._session import run_batch, with_outputs
+
+if TYPE_CHECKING:
+    from qlinear.quantize.targets import Target
 
 __all__ = ["ScaledActivation", "observe", "rewrite", "rows_first", "sites"]
 
@@ -54,9 +58,12 @@ def sites(fm: FloatModel, excluded: set[str]) -> dict[str, list[onnx.NodeProto]]
     return found
 
 
-def observe(fm: FloatModel, tensors: list[str], data: Dataset, batch_size: int, sample_rows: int):
-    """``(max |x|, mean |x|, sample)`` of each tensor over the data: per channel (its last axis), and its first ``sample_rows`` rows."""
-    sess = session(with_outputs(fm.model, tensors), arena=False)
+def observe(fm: FloatModel, tensors: list[str], data: Dataset, batch_size: int, sample_rows: int, runtime: Target):
+    """``(max |x|, mean |x|, sample)`` of each tensor over the data, run on ``runtime``.
+
+    Per channel (its last axis), and its first ``sample_rows`` rows.
+    """
+    sess = runtime.session(with_outputs(fm.model, tensors), arena=False)
     absmax: dict[str, np.ndarray] = {}
     abssum: dict[str, np.ndarray] = {}
     count = dict.fromkeys(tensors, 0)

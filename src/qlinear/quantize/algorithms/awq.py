@@ -24,6 +24,7 @@ from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._option_fields import option
 from qlinear.quantize.algorithms._channel_scaling import ScaledActivation, observe, rewrite, rows_first, sites
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
+from qlinear.quantize.targets import Target, target
 
 __all__ = ["ALPHAS", "scale_for_weights"]
 
@@ -39,6 +40,7 @@ def scale_for_weights(
     excluded: set[str],
     weights: str,
     block_size: int,
+    runtime: Target,
     weights_per_tensor: bool = False,
 ) -> list[ScaledActivation]:
     """Scale every MatMul/Gemm activation's channels for its layers' ``weights`` (``fm`` rewritten in place).
@@ -46,6 +48,7 @@ def scale_for_weights(
     ``block_size``: the weights' blocks along the input channels (0: one
     scale per output channel). ``weights_per_tensor``: one scale a weight,
     so the division goes into no layer's weight (see :func:`rewrite`).
+    ``runtime``: the target the activations are observed on.
     """
     wt = element_type(weights)
     if not wt.is_integer:
@@ -53,7 +56,7 @@ def scale_for_weights(
     found = sites(fm, excluded)
     if not found:
         return []
-    _, absmean, rows = observe(fm, list(found), data, batch_size, SAMPLE_ROWS)
+    _, absmean, rows = observe(fm, list(found), data, batch_size, SAMPLE_ROWS, runtime)
     done = []
     for tensor, nodes in found.items():
         if tensor not in absmean:
@@ -118,6 +121,7 @@ def _apply(fm: FloatModel, options, data: Dataset, bars) -> list[ScaledActivatio
         done = scale_for_weights(
             fm, data, batch_size=options.batch_size, excluded=set(options.exclude), weights=options.weights,
             block_size=options.block_size, weights_per_tensor=options.granularity == "per-tensor",
+            runtime=target(options.target),
         )  # fmt: skip
         step(1)
     return done

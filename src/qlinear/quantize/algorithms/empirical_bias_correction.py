@@ -63,11 +63,11 @@ def correct_biases(
     if not layers:
         return qmodel, Corrected([], HeldOut.of(before, before), False)
     batches = [feeds for _, feeds in zip(range(MAX_BATCHES), data.batches(batch_size), strict=False)]
-    float_means = _channel_means(fm.model, [f for _, f in layers.values()], batches)
+    float_means = _channel_means(fm.model, [f for _, f in layers.values()], batches, reference.runtime)
     corrected = onnx.ModelProto()
     corrected.CopyFrom(qmodel)  # one copy, its biases moved in place layer after layer
     for name, (q_out, f_out) in layers.items():
-        (q_mean,) = _channel_means(corrected, [q_out], batches).values()
+        (q_mean,) = _channel_means(corrected, [q_out], batches, reference.runtime).values()
         _shift(corrected, name, q_mean - float_means[f_out])
     after = output_figures(corrected, reference)
     kept = better(after, before)
@@ -90,12 +90,12 @@ def _biased_layers(qmodel: onnx.ModelProto, fm: FloatModel) -> dict[str, tuple[s
     return out
 
 
-def _channel_means(model: onnx.ModelProto, names: list[str], batches: list[dict]) -> dict[str, np.ndarray]:
+def _channel_means(model: onnx.ModelProto, names: list[str], batches: list[dict], runtime) -> dict[str, np.ndarray]:
     """The mean of each of ``names`` per channel (axis 1) over ``batches``, in float64.
 
-    Run as the evaluation runs a model: on ONNX Runtime, or with qlinear's Q/DQ kernels where it cannot load it.
+    Run as the evaluation runs a model: on ``runtime`` (the target's), or with qlinear's Q/DQ kernels where it cannot load it.
     """
-    runner = Runner(model, names)
+    runner = Runner(model, names, runtime)
     sums: dict[str, np.ndarray] = {}
     counts = dict.fromkeys(names, 0)
     for feeds in batches:

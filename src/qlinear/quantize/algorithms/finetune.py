@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -31,9 +31,12 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Reference, output_figures
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._option_fields import option
-from qlinear.quantize._session import run_batch, session
+from qlinear.quantize._session import run_batch
 from qlinear.quantize.algorithms._held_out import HeldOut, better
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
+
+if TYPE_CHECKING:
+    from qlinear.quantize.targets import Target
 
 __all__ = ["FinetuneResult", "finetune"]
 
@@ -98,7 +101,7 @@ def finetune(
         except UnsupportedOperator as e_rest:
             return qmodel, _skipped(steps, before, f"{e_rest}; the post-training model is kept")
     start = time.perf_counter()
-    batches = _targets(fm, data, batch_size, prefix)
+    batches = _targets(fm, data, batch_size, reference.runtime, prefix)
     groups = [{"params": [p], "lr": SCALE_STEP * max(float(p.detach().abs().mean()), 2.0**-126)} for p in module.scales]
     if train_weights:
         groups += [{"params": [w], "lr": WEIGHT_STEP * float(w.detach().std() or 1.0)} for w in module.weights]
@@ -231,7 +234,9 @@ def _float_prefix(qmodel: onnx.ModelProto) -> tuple[onnx.ModelProto | None, onnx
     return prefix, rest
 
 
-def _targets(fm: FloatModel, data: Dataset, batch_size: int, prefix: onnx.ModelProto | None = None) -> list[tuple[dict, list]]:
+def _targets(
+    fm: FloatModel, data: Dataset, batch_size: int, runtime: Target, prefix: onnx.ModelProto | None = None
+) -> list[tuple[dict, list]]:
     """Up to MAX_BATCHES calibration batches as torch tensors, with the float model's outputs on them.
 
     With a ``prefix`` (see :func:`_float_prefix`), a batch is what the
@@ -239,9 +244,9 @@ def _targets(fm: FloatModel, data: Dataset, batch_size: int, prefix: onnx.ModelP
     """
     import torch
 
-    sess = session(fm.model)
+    sess = runtime.session(fm.model)
     names = fm.output_names
-    prefix_sess = None if prefix is None else session(prefix)
+    prefix_sess = None if prefix is None else runtime.session(prefix)
     cut = [] if prefix is None else [o.name for o in prefix.graph.output]
     out = []
     for k, feeds in enumerate(data.batches(batch_size)):

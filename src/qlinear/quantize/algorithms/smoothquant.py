@@ -33,6 +33,7 @@ from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._option_fields import option
 from qlinear.quantize.algorithms._channel_scaling import ScaledActivation, observe, rewrite, rows_first, sites
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
+from qlinear.quantize.targets import Target, target
 
 __all__ = ["ALPHAS", "smooth"]
 
@@ -55,6 +56,7 @@ def smooth(
     activations: str = "uint8",
     symmetric: bool = False,
     weights_per_tensor: bool = False,
+    runtime: Target,
 ) -> list[ScaledActivation]:
     """Smooth every activation read by MatMul/Gemm layers with constant weights (``fm`` rewritten in place).
 
@@ -63,7 +65,8 @@ def smooth(
 
     ``weights``/``activations``: the types the search simulates (integer
     weights per output channel, the activation per tensor, signed ones
-    symmetric only with ``symmetric``, as the plan makes them).
+    symmetric only with ``symmetric``, as the plan makes them). ``runtime``:
+    the target the activations are observed on.
     """
     wt, at = element_type(weights), element_type(activations)
     if not (wt.is_integer and at.is_integer):
@@ -73,7 +76,7 @@ def smooth(
     found = sites(fm, excluded)
     if not found:
         return []
-    absmax, _, rows = observe(fm, list(found), data, batch_size, SAMPLE_ROWS)
+    absmax, _, rows = observe(fm, list(found), data, batch_size, SAMPLE_ROWS, runtime)
     done = []
     for tensor, nodes in found.items():
         if tensor not in absmax or absmax[tensor].max() < OUTLIER_RATIO * max(float(np.median(absmax[tensor])), 1e-30):
@@ -151,7 +154,7 @@ def _apply(fm: FloatModel, options, data: Dataset, bars) -> list[ScaledActivatio
         done = smooth(
             fm, data, batch_size=options.batch_size, excluded=set(options.exclude), weights=options.weights,
             activations=options.activations, symmetric=options.symmetric,
-            weights_per_tensor=options.granularity == "per-tensor",
+            weights_per_tensor=options.granularity == "per-tensor", runtime=target(options.target),
         )  # fmt: skip
         step(batches or 1)
     return done

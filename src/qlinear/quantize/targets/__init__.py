@@ -10,7 +10,7 @@ from qlinear._errors import QuantizationError
 from qlinear.quantize.targets._target import Placement, Target
 from qlinear.quantize.targets.ort_cpu import ORT_CPU
 
-__all__ = ["DEFAULT_TARGET", "TARGETS", "Placement", "Target", "target"]
+__all__ = ["DEFAULT_TARGET", "ORT_CPU", "TARGETS", "Placement", "Target", "target"]
 
 TARGETS: dict[str, Target] = {t.name: t for t in (ORT_CPU,)}
 DEFAULT_TARGET = ORT_CPU.name

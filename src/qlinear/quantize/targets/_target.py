@@ -6,7 +6,9 @@ it fuses (``prepare``), the layout rewrites of the quantized model
 (``finalize``), the check of what the runtime actually fused
 (``check_fusion``), why a node of given types runs in float on it
 whatever the layout (``float_by_design``) and the promotion steps the
-accuracy search may take on it (``ladder``). Model-semantic rules (a Log
+accuracy search may take on it (``ladder``), and it opens the runtime on
+a model (``session``) for every run the quantizer makes: calibration,
+evaluation, the search's candidates, the latency pairs. Model-semantic rules (a Log
 downstream, graph outputs, subgraph reads, user exclusions) are the
 planner's, the same on every target.
 """
@@ -69,6 +71,15 @@ class Target:
         name: what ``--target`` takes and the report shows.
         runtime: the runtime's name, as messages and the report say it.
         providers: the execution providers its sessions run on.
+        session: the runtime opened on a model, as
+            ``session(model, *, threads=0, path=None, arena=True)``
+            (``path``: the model's file instead, its external data beside
+            it; ``threads``: 0 for the runtime's own choice; ``arena``:
+            whether the session may keep its largest run's memory, off
+            where runs return many tensors). The object it returns runs a
+            batch as ``run(output_names, feeds)`` (the outputs' arrays in
+            that order); it raises ``QuantizationError`` (one line) where
+            the runtime cannot load the model.
         prepare: the float-exact rewrites of the float model that let the
             runtime fuse, as one pass (given whether the run is weight-only).
         finalize: the rewrites of the quantized model into the layout the
@@ -87,6 +98,7 @@ class Target:
     name: str
     runtime: str
     providers: tuple[str, ...]
+    session: Callable[..., Any]
     prepare: Callable[[bool], Pass]
     finalize: Pass
     check_fusion: Callable[[Any, list[str]], Any]

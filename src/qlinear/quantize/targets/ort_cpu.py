@@ -16,7 +16,7 @@ from qlinear.quantize._fusion import FusionCheck, check_fusion, float_by_design
 from qlinear.quantize._gathered_table import gather_tables
 from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._precision import FULL_LADDER, Ladder
-from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, PROVIDERS
+from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, PROVIDERS, session
 from qlinear.quantize._signed_layout import lay_out_signed
 from qlinear.quantize.targets._target import Placement, Target
 
@@ -59,6 +59,7 @@ ORT_CPU = Target(
     name="ort-cpu",
     runtime="ONNX Runtime",
     providers=tuple(PROVIDERS),
+    session=session,
     prepare=_prepare,
     finalize=Sequential(
         # The same values, without dequantizing whole tables every run.
