@@ -78,6 +78,12 @@ class ModelBuilder:
             )
         return self._params[key]
 
+    def float_at(self, opset: int) -> onnx.ModelProto:
+        """The float model at ``opset``, as the variants of that opset were built from it."""
+        if opset not in self._raised:
+            self._raised[opset] = at_opset(self.fm.model, opset)
+        return self._raised[opset]
+
     def plan(self, precision: dict[str, NodePrecision] | None = None) -> Plan:
         return plan(self.fm, self.options, precision)
 
@@ -96,15 +102,13 @@ class ModelBuilder:
                 f"quantize: opset {self.options.opset} cannot hold the chosen types; they need opset >= {need}"
             )
         opset = max(self.fm.opset, self.options.opset or 0, need)
-        if opset not in self._raised:
-            self._raised[opset] = at_opset(self.fm.model, opset)
         model, converted = convert(
             self.fm,
             planned,
             self.options,
             params,
             opset,
-            source=self._raised[opset],
+            source=self.float_at(opset),
             calibrated=self.calibrated,
             algorithms=at_stage("calibration", self.options),
         )

@@ -30,7 +30,7 @@ from qlinear.quantize._to_qdq import sqnr_db
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
-__all__ = ["Evaluation", "Reference", "Runner", "evaluate", "metric_figure", "output_figures"]
+__all__ = ["Evaluation", "Reference", "Runner", "evaluate", "metric_figure", "output_figures", "output_sqnr"]
 
 
 class Runner:
@@ -316,6 +316,7 @@ class Reference:
 
     def __init__(self, float_model: onnx.ModelProto, data: Dataset, *, batch_size: int, runtime: Target) -> None:
         self.runtime = runtime
+        self.axes = dict(data.axes)  # each input's batch axis
         self.output = float_model.graph.output[0].name
         self.outputs = judged_outputs(float_model)
         runner = Runner(float_model, self.outputs, runtime)
@@ -337,7 +338,7 @@ class Reference:
     def head(self, max_samples: int) -> Reference:
         """The first batches holding ``max_samples`` samples, from the outputs already computed."""
         head = object.__new__(Reference)
-        head.runtime, head.output, head.outputs = self.runtime, self.output, self.outputs
+        head.runtime, head.axes, head.output, head.outputs = self.runtime, self.axes, self.output, self.outputs
         head.classifies, head.parts = self.classifies, self.parts
         head.batches, head.labels = [], []
         kept = 0
@@ -366,6 +367,17 @@ def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float 
             agree += int((np.argmax(first, axis=-1) == np.argmax(got_first, axis=-1)).sum())
             rows += first[..., 0].size
     return power.db, (agree / rows if rows else None)
+
+
+def output_sqnr(reference: Reference, outputs: list[dict[str, np.ndarray]]) -> float | None:
+    """The worst judged output's SQNR of ``outputs`` against ``reference`` (one dict a batch; None: exact).
+
+    An output the dicts lack is the float model's own (exact), which leaves the worst output's SQNR as it is.
+    """
+    power = _OutputsPower({name: part for name, part in reference.parts.items() if outputs and name in outputs[0]})
+    for (_, ref), got in zip(reference.batches, outputs, strict=True):
+        power.add(ref, got)
+    return power.db
 
 
 def metric_figure(model: onnx.ModelProto, reference: Reference, metric: Metric, name: str) -> float:

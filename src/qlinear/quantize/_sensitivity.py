@@ -5,9 +5,11 @@ For every node the plan quantizes, three figures on a few held-out batches:
 - **sensitivity**: the output SQNR of the model with only that node
   quantized (every other node float), the error the node adds on its own
   as the model's output sees it. This is the measure itself, not an
-  estimate of it: one model a node, each built from the saved calibration
-  statistics and run on ONNX Runtime (or qlinear's engine) on the same
-  batches, so no node is calibrated twice;
+  estimate of it: each node's model is built from the saved calibration
+  statistics, and only its part downstream of the node
+  (:mod:`._downstream`) runs, on the float model's values of what that
+  part reads, computed once for all the nodes (in groups holding at most
+  :data:`HELD_BYTES` of them);
 - **weight SQNR**: the stored weight against the float one;
 - **activation SQNR**: each input activation against itself quantized with
   its chosen parameters, on the float model's values (the lowest among the
@@ -25,12 +27,19 @@ from dataclasses import dataclass
 import numpy as np
 
 import qlinear
+from qlinear._errors import QuantizationError
 from qlinear.quantize._build import Built, ModelBuilder
-from qlinear.quantize._evaluate import Reference, Runner, output_figures
-from qlinear.quantize._precision import FLOAT
+from qlinear.quantize._data import _take
+from qlinear.quantize._downstream import Downstream, downstream, element_types
+from qlinear.quantize._evaluate import Reference, Runner, output_sqnr
+from qlinear.quantize._precision import FLOAT, NodePrecision
 from qlinear.quantize._to_qdq import sqnr_db
 
-__all__ = ["NodeSensitivity", "analyze", "most_sensitive_first"]
+__all__ = ["HELD_BYTES", "NodeSensitivity", "analyze", "most_sensitive_first"]
+
+# The float values the nodes' parts read, held at most (bytes over the analysis' samples); past it the nodes go in
+# groups, one float run each.
+HELD_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -50,15 +59,88 @@ def analyze(
     names = [p.name for p in full.plan.nodes]
     requested = {p.name: p.precision for p in full.plan.nodes}
     activation_db = _activation_sqnr(builder, full, reference)
-    result = {}
-    for name in names:
-        alone = {other: FLOAT for other in names if other != name}
-        alone[name] = requested[name]
-        sqnr, _ = output_figures(builder.build(alone).model, reference)
-        result[name] = NodeSensitivity(name, sqnr, full.converted[name].weight_sqnr_db, activation_db.get(name))
-        if progress:
-            progress(1)
-    return result
+    # Each part's reads first (the models let go: a part holds its model's weights), then each group's parts again.
+    reads = {name: _part(builder, names, requested, name, reference)[::2] for name in names}
+    sensitivity: dict[str, float | None] = {}
+    for opset, group in _groups(builder, reads, reference):
+        values = _float_values(builder.float_at(opset), list(dict.fromkeys(t for n in group for t in reads[n][1])), reference)
+        for name in group:
+            sensitivity[name] = _part_sqnr(_part(builder, names, requested, name, reference)[1], values, reference)
+            if progress:
+                progress(1)
+    return {
+        name: NodeSensitivity(name, sensitivity[name], full.converted[name].weight_sqnr_db, activation_db.get(name))
+        for name in names
+    }
+
+
+def _part(
+    builder: ModelBuilder, names: list[str], requested: dict[str, NodePrecision], name: str, reference: Reference
+) -> tuple[int, Downstream, tuple[str, ...]]:
+    """The opset and the downstream part of the model with only ``name`` quantized, and what the part reads."""
+    alone = {other: FLOAT for other in names if other != name}
+    alone[name] = requested[name]
+    built = builder.build(alone)
+    part = downstream(built.model, builder.float_at(built.opset), reference.outputs)
+    return built.opset, part, part.reads
+
+
+def _groups(
+    builder: ModelBuilder, reads: dict[str, tuple[int, tuple[str, ...]]], reference: Reference
+) -> list[tuple[int, list[str]]]:
+    """The nodes in graph order, in groups of one opset whose parts read at most :data:`HELD_BYTES` of float values."""
+    samples = sum(_samples(feeds, reference) for feeds, _ in reference.batches)
+    sizes: dict[str, int] = {}
+    for opset in dict.fromkeys(opset for opset, _ in reads.values()):
+        read = list(dict.fromkeys(t for o, names in reads.values() if o == opset for t in names))
+        sizes.update(_sample_bytes(builder.float_at(opset), read, reference))
+    groups: list[tuple[int, list[str]]] = []
+    held: set[str] = set()
+    for name, (opset, names) in reads.items():
+        more = set(names) - held
+        if groups and groups[-1][0] == opset and samples * sum(sizes[t] for t in held | more) <= HELD_BYTES:
+            groups[-1][1].append(name)
+            held |= more
+        else:
+            groups.append((opset, [name]))
+            held = set(names)
+    return groups
+
+
+def _samples(feeds: dict, reference: Reference) -> int:
+    axis = next((reference.axes.get(n, 0) for n in feeds if reference.axes.get(n, 0) is not None), None)
+    return 1 if axis is None else next(np.shape(v)[axis] for n, v in feeds.items() if reference.axes.get(n, 0) is not None)
+
+
+def _sample_bytes(float_model, reads: list[str], reference: Reference) -> dict[str, int]:
+    """The bytes of each of ``reads`` a sample, from one run of the first batch cut to one sample."""
+    feeds = reference.batches[0][0]
+    one = {n: _take(np.asarray(v), reference.axes.get(n, 0), slice(0, 1)) for n, v in feeds.items()}
+    computed = [t for t in reads if t not in feeds]
+    try:
+        values, per = Runner(float_model, computed, reference.runtime)(one), 1
+    except QuantizationError:  # a model whose batch is fixed: the whole first batch, a sample's share of it
+        values, per = Runner(float_model, computed, reference.runtime)(feeds), max(_samples(feeds, reference), 1)
+    values = {**values, **one}
+    return {t: -(-np.asarray(values[t]).nbytes // per) for t in reads}
+
+
+def _float_values(float_model, reads: list[str], reference: Reference) -> list[dict[str, np.ndarray]]:
+    """Each reference batch's float values of ``reads`` (the batch's own inputs among them)."""
+    runner = Runner(float_model, [t for t in reads if t not in reference.batches[0][0]], reference.runtime)
+    out = []
+    for feeds, _ in reference.batches:
+        values = {**runner(feeds), **feeds}
+        out.append({t: np.asarray(values[t]) for t in reads})
+    return out
+
+
+def _part_sqnr(part: Downstream, values: list[dict[str, np.ndarray]], reference: Reference) -> float | None:
+    """The output SQNR of the model the part was cut from, each batch's part run on the float values it reads."""
+    if not part.outputs:  # the node's change reaches no judged output
+        return None
+    runner = Runner(part.model(element_types(values[0])), [], reference.runtime)
+    return output_sqnr(reference, [runner({t: batch[t] for t in part.reads}) for batch in values])
 
 
 def most_sensitive_first(figures: dict[str, NodeSensitivity]) -> list[str]:
