@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 import qlinear
 from qlinear._errors import QuantizationError
@@ -68,6 +69,7 @@ def analyze(
             sensitivity[name] = _part_sqnr(_part(builder, names, requested, name, reference)[1], values, reference)
             if progress:
                 progress(1)
+        del values  # before the next group's are computed
     return {
         name: NodeSensitivity(name, sensitivity[name], full.converted[name].weight_sqnr_db, activation_db.get(name))
         for name in names
@@ -126,11 +128,19 @@ def _sample_bytes(float_model, reads: list[str], reference: Reference) -> dict[s
 
 
 def _float_values(float_model, reads: list[str], reference: Reference) -> list[dict[str, np.ndarray]]:
-    """Each reference batch's float values of ``reads`` (the batch's own inputs among them)."""
-    runner = Runner(float_model, [t for t in reads if t not in reference.batches[0][0]], reference.runtime)
+    """Each reference batch's float values of ``reads`` (the batch's own inputs among them).
+
+    The model's outputs are only these, so the runtime computes no node they do not need.
+    """
+    computed = [t for t in reads if t not in reference.batches[0][0]]
+    only = onnx.ModelProto()
+    only.CopyFrom(float_model)
+    del only.graph.output[:]
+    only.graph.output.extend(onnx.ValueInfoProto(name=t) for t in computed)
+    runner = Runner(only, [], reference.runtime) if computed else None
     out = []
     for feeds, _ in reference.batches:
-        values = {**runner(feeds), **feeds}
+        values = {**(runner(feeds) if runner is not None else {}), **feeds}
         out.append({t: np.asarray(values[t]) for t in reads})
     return out
 
