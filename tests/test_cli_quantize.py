@@ -206,6 +206,15 @@ def test_an_html_report_without_plotly_is_refused_before_any_work(tmp_path, caps
     assert list(tmp_path.iterdir()) == []
 
 
+def test_activations_the_target_cannot_load_are_refused_naming_the_flags(tmp_path, capsys):
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--activations", "float8e4m3fn"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("qlinear quantize: --activations float8e4m3fn cannot be written around Conv and Gemm for ONNX")
+    assert "exclude Conv and Gemm" in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_unknown_flag_is_named_by_its_subcommand(capsys):
     with pytest.raises(SystemExit) as e:
         main(["quantize", MODEL, "--bogus"])

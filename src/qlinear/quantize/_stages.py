@@ -83,6 +83,7 @@ def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
         )
     planned = plan(fm, options)
     if planned.nodes:
+        _check_loadable(planned, target(options.target))
         return
     if not planned.left_float:
         raise QuantizationError(
@@ -90,6 +91,22 @@ def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
         )
     raise QuantizationError(
         f"quantize: the model has nothing to quantize: every node stays float: {left_float_text(planned.left_float, 5)}"
+    )
+
+
+def _check_loadable(planned: Any, runtime: Runtime) -> None:
+    """Refuse activation types the target's runtime fuses around a node into a kernel it lacks (the model would not load)."""
+    placement = runtime.placement
+    found = [p for p in planned.nodes if p.activation_type in placement.unloadable_activations.get(p.op_type, ())]
+    if not found:
+        return
+    kinds = list(dict.fromkeys(p.op_type for p in found))
+    ops = " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    raise QuantizationError(
+        f"quantize: activations {found[0].activation_type} cannot be written around {ops} for {runtime.runtime} "
+        f"(target {runtime.name}): {placement.unloadable_why} (nodes {', '.join(repr(p.name) for p in found[:3])}{more}); "
+        f"use uint8 or int8 activations, none for {found[0].weight_type or 'float'} weights alone, or exclude {ops}"
     )
 
 

@@ -52,6 +52,11 @@ class Placement:
             integer kernels take per-tensor or per-channel weight scales
             only, and a blocked DequantizeLinear it fuses into one fails at
             run time).
+        unloadable_activations: ops whose Q/DQ it fuses into an integer
+            kernel whatever the activations' type, each with the activation
+            types it has no such kernel for: a model with one does not load,
+            so a run asking for them is refused before any work.
+        unloadable_why: why, as the refusal says it.
     """
 
     integer_weight_types: frozenset[str]
@@ -61,6 +66,8 @@ class Placement:
     fused_pools: frozenset[str]
     clamps_folded: frozenset[str]
     blocked_float_ops: Mapping[str, frozenset[str] | None]
+    unloadable_activations: Mapping[str, frozenset[str]]
+    unloadable_why: str
 
 
 @dataclass(frozen=True)

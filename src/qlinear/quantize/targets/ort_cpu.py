@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+from qlinear.dtypes import ELEMENT_TYPES
 from qlinear.onnx._passes import FunctionPass, Sequential
 from qlinear.quantize import _prepare as rewrites
 from qlinear.quantize._fusion import FusionCheck, check_fusion, float_by_design
@@ -21,6 +22,8 @@ from qlinear.quantize._signed_layout import lay_out_signed
 from qlinear.quantize.targets._target import Placement, Target
 
 __all__ = ["ORT_CPU", "prepare"]
+
+_FLOAT8 = frozenset(t.name for t in ELEMENT_TYPES if not t.is_integer and t.bits == 8)
 
 
 def _float_rewrite(rewrite, name: str | None = None) -> FunctionPass:
@@ -86,6 +89,11 @@ ORT_CPU = Target(
         # MatMul and Gemm run blocked weights of every type as MatMulNBits; a blocked 8-bit Conv weight it fuses
         # into QLinearConv, which takes no blocked filter scale (4-bit ones it leaves a float Conv).
         blocked_float_ops={"MatMul": None, "Gemm": None, "Conv": frozenset({"int8", "uint8"})},
+        # Its optimizer fuses the Q/DQ around these into QLinearConv, QLinearMatMul and QGemm without looking at the
+        # type, and the session then fails (INVALID_GRAPH; no QLinearMatMul kernel): measured on ONNX Runtime 1.31.
+        unloadable_activations=dict.fromkeys(("Conv", "MatMul", "Gemm"), _FLOAT8),
+        unloadable_why="its optimizer fuses their Q/DQ into QLinearConv, QLinearMatMul or QGemm, which have no float8 "
+        "kernels, and the model does not load",
     ),
     run_notes=_run_notes,
 )
