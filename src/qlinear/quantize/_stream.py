@@ -126,6 +126,7 @@ def quantize_weights_streaming(
                 params, axis, block = weight_params(
                     array.astype(np.float32), wt, granularity=options.granularity, channel_axis=channel_axis % array.ndim,
                     reduction_axis=reduction_axis % array.ndim, block_size=options.block_size, clip=options.weight_clip,
+                    weight_only=True,
                 )  # fmt: skip
                 before += array.nbytes
                 done[weight.name] = _dequantize(ir, graph, node, weight, params, axis, block, wt, base, spill)

@@ -278,7 +278,8 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
 def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     """The weight's codes, scales and zero points as initializers (once for every node sharing it at these axes and type)."""
     wt = element_type(p.weight_type)
-    key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis, wt.name)
+    weight_only = p.activation_type is None  # a narrow signed weight beside float activations takes a zero point
+    key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis, wt.name, weight_only)
     if key in ctx.weights:
         return ctx.weights[key]
     o, names = ctx.options, ctx.names
@@ -290,7 +291,7 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     else:
         params, axis, block = weight_params(
             w, wt, granularity=o.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
-            block_size=o.block_size, clip=o.weight_clip,
+            block_size=o.block_size, clip=o.weight_clip, weight_only=weight_only,
         )  # fmt: skip
         x = w
     # In the weight's own float type: a float16 model's DequantizeLinear gives float16 (the scale's type).

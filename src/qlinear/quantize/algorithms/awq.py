@@ -18,7 +18,7 @@ import numpy as np
 
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType, element_type
-from qlinear.quantize._choose import scale_and_zero_point
+from qlinear.quantize._choose import scale_and_zero_point, symmetric_weights
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._option_fields import option
@@ -98,7 +98,7 @@ def _round_trip(w: np.ndarray, t: ElementType, block: int) -> np.ndarray:
     b = block or k
     pad = -k % b
     groups = np.concatenate([w, np.zeros((pad, n))]).reshape(-1, b, n)  # (blocks, b, N)
-    scale, zp = scale_and_zero_point(groups.min(axis=1), groups.max(axis=1), t, t.qmin < 0)
+    scale, zp = scale_and_zero_point(groups.min(axis=1), groups.max(axis=1), t, symmetric_weights(t, weight_only=True))
     scale, zp = scale[:, None, :].astype(np.float64), zp[:, None, :]
     q = (np.clip(np.rint(groups / scale) + zp, t.qmin, t.qmax) - zp) * scale
     return q.reshape(-1, n)[:k]

@@ -32,7 +32,7 @@ import onnx
 from onnx import helper
 
 from qlinear.dtypes import ElementType
-from qlinear.quantize._choose import QuantParams, clipped_range, scale_and_zero_point
+from qlinear.quantize._choose import QuantParams, clipped_range, scale_and_zero_point, symmetric_weights
 from qlinear.quantize._option_fields import option
 from qlinear.quantize.algorithms._registry import Algorithm, Calibrated, Facts, Needs, register
 
@@ -69,6 +69,7 @@ def _rounds(fm, p, w: np.ndarray, t: ElementType, options, calibrated: Calibrate
     return gptq_weight(
         w, gram, t, granularity=options.granularity, channel_axis=p.weight.channel_axis,
         reduction_axis=p.weight.reduction_axis, block_size=options.block_size, clip=options.weight_clip,
+        weight_only=p.activation_type is None,
     )  # fmt: skip
 
 
@@ -82,11 +83,13 @@ def gptq_weight(
     reduction_axis: int,
     block_size: int,
     clip: str = "minmax",
+    weight_only: bool = False,
 ) -> tuple[np.ndarray, QuantParams, int, int] | None:
     """``(dequantized weight, params, axis, block_size)`` for a 2-D weight, or None where GPTQ does not apply.
 
     ``gram``: ``X^T X`` of the layer's input over the calibration data
-    (K x K, K the weight's length along ``reduction_axis``).
+    (K x K, K the weight's length along ``reduction_axis``); ``weight_only``:
+    the node's activations stay float (see :func:`symmetric_weights`).
     """
     if w.ndim != 2 or not t.is_integer or granularity not in ("per-channel", "blocked"):
         return None
@@ -97,7 +100,7 @@ def gptq_weight(
     # Rows along the reduction axis: W is (K, N).
     weight = np.asarray(w, np.float64)
     weight = weight if reduction_axis == 0 else weight.T
-    symmetric = t.qmin < 0
+    symmetric = symmetric_weights(t, weight_only=weight_only)
     block = block_size if granularity == "blocked" else 0
     q, scale, zero = _gptq(weight, np.array(gram, np.float64), t, block, symmetric, clip == "mse")
     if granularity == "per-channel":

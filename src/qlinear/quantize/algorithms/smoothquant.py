@@ -27,7 +27,7 @@ import numpy as np
 
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
-from qlinear.quantize._choose import scale_and_zero_point
+from qlinear.quantize._choose import scale_and_zero_point, symmetric_weights
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._option_fields import option
@@ -123,7 +123,7 @@ def _error(x: np.ndarray, weights: list[np.ndarray], refs: list[np.ndarray], s: 
     wq = []
     for w in weights:
         ws = w * s[:, None]
-        wscale, wzp = scale_and_zero_point(ws.min(axis=0), ws.max(axis=0), wt, wt.qmin < 0)
+        wscale, wzp = scale_and_zero_point(ws.min(axis=0), ws.max(axis=0), wt, symmetric_weights(wt, weight_only=False))
         wq.append((np.clip(np.rint(ws / wscale) + wzp, wt.qmin, wt.qmax) - wzp) * wscale)
     folds = (slice(0, None, 2), slice(1, None, 2)) if xs.shape[0] > 1 else (slice(None), slice(None))
     total = 0.0
