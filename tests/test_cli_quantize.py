@@ -181,6 +181,12 @@ def test_bias_correction_flag_reaches_every_layer(tmp_path, capsys):
         (["--awq"], "qlinear quantize: --awq scales weight-only layers"),
         (["--calibrate-random", "8"], "give calibration data or --calibrate-random, not both"),
         (["--weights", "int3"], "qlinear quantize: --weights must be one of int8,"),
+        (
+            ["--latency-budget", "0.8", "--no-promote"],
+            "--latency-budget needs promotion (it picks the promotions); drop --no-promote",
+        ),
+        (["--target-metric", "3"], "qlinear quantize: --target-metric is a value of a metric: give --metric too"),
+        (["--resume", "nosuch.npz"], "qlinear quantize: --resume nosuch.npz cannot be read as calibration statistics"),
     ],
 )
 def test_errors_name_the_flags_the_user_typed(tmp_path, capsys, flags, said):

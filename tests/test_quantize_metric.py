@@ -112,7 +112,7 @@ def test_metric_options_are_checked(tmp_path):
     broken.write_text("import no_such_dependency\n")
     with pytest.raises(QuantizationError, match=r"importing '.*broken.py' failed: ModuleNotFoundError"):
         qq.QuantizeOptions(metric=f"{broken}:f", target_metric=1.0)
-    with pytest.raises(QuantizationError, match="target_metric needs metric"):
+    with pytest.raises(QuantizationError, match="target_metric is a value of a metric: give metric= too"):
         qq.QuantizeOptions(target_metric=1.0)
     with pytest.raises(QuantizationError, match="metric needs target_metric"):
         qq.QuantizeOptions(metric=np.mean)

@@ -204,8 +204,16 @@ def test_target_options_are_checked():
     mm = g.op("MatMul", [x, np.ones((32, 4), np.float32)], name="mm")
     g.output(g.op("ReduceSum", [mm], name="sum", keepdims=0, output_names=["y"]))
     data = {"x": np.random.default_rng(0).standard_normal((40, 32)).astype(np.float32)}
-    with pytest.raises(QuantizationError, match="target_agreement needs an output with classes"):
-        qq.quantize_model(g.to_model(), None, data, target_agreement=0.9)
+    # Refused before any work: nothing calibrated (one eval batch of the float model run to see its output).
+    import qlinear.quantize._stages as stages
+
+    def calibrated(*args, **kwargs):
+        raise AssertionError("calibrated before refusing")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(stages, "calibrate", calibrated)
+        with pytest.raises(QuantizationError, match="target_agreement needs an output with classes"):
+            qq.quantize_model(g.to_model(), None, data, target_agreement=0.9)
 
 
 def test_promotions_widen_only_the_sides_a_node_quantizes():

@@ -101,7 +101,7 @@ def test_narrow_signed_weights_beside_float_activations_take_a_zero_point():
         return zp, 10 * np.log10((w**2).sum() / ((w - back) ** 2).sum())
 
     weight_only = qq.quantize_model(model, None, **INT4)
-    zp, db = stored(weight_only)
+    zp, _ = stored(weight_only)
     assert zp is not None and np.any(zp != 0) and weight_only.report.nodes[0].runs_as == "MatMulNBits"
     # Per channel (a blocked MatMul keeps float activations on this target): beside uint8 activations, symmetric.
     per_channel = {"activations": None, "weights": "int4", "granularity": "per-channel"}

@@ -92,9 +92,10 @@ def _print(console: Console, report: ModelReport) -> None:
         )
     if report.float_bytes:
         ratio = report.float_bytes / report.quantized_bytes
+        kept = f"; {_size(report.float_kept_bytes)} of float constants stored as they are" if report.float_kept_bytes else ""
         console.print(
             f"Quantized constants: {_size(report.quantized_bytes)} stored for {_size(report.float_bytes)} "
-            f"of floats ({ratio:.2f}x smaller).",
+            f"of floats ({ratio:.2f}x smaller){kept}.",
             highlight=False,
         )
     for problem in report.problems:

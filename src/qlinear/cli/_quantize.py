@@ -36,7 +36,7 @@ from qlinear.quantize.targets import target
 
 _DEMO = "digits_cnn.onnx"
 # quantize_model's arguments that are flags of the command (their names in flag form) but not options.
-_ARGUMENTS = ("calibrate_random", "workers", "labels", "stats")
+_ARGUMENTS = ("calibrate_random", "workers", "labels", "stats", "resume")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -100,6 +100,9 @@ class ModelReport:
     # types that differ from the zero point's.
     warnings: list[str] = field(default_factory=list)
     gathered_tables: list[GatheredTableReport] = field(default_factory=list)
+    # The float constants of the main graph stored as they are (no Q/DQ scale among them): weights left float, and
+    # a weight a float node reads beside its quantized copy.
+    float_kept_bytes: int = 0
 
     @property
     def quantized_bytes(self) -> int:
@@ -161,6 +164,25 @@ def inspect_model(model: onnx.ModelProto) -> ModelReport:
         problems=analysis.problems,
         warnings=warnings,
         gathered_tables=_gathered_tables(model.graph, initializers),
+        float_kept_bytes=_float_kept_bytes(model.graph),
+    )
+
+
+_FLOAT_CONSTANTS = {
+    onnx.TensorProto.FLOAT: 4,
+    onnx.TensorProto.FLOAT16: 2,
+    onnx.TensorProto.BFLOAT16: 2,
+    onnx.TensorProto.DOUBLE: 8,
+}
+
+
+def _float_kept_bytes(graph: onnx.GraphProto) -> int:
+    """Bytes of the graph's float initializers that are no Q/DQ node's scale."""
+    scales = {n.input[1] for n in graph.node if n.op_type in QDQ_OPS and len(n.input) > 1}
+    return sum(
+        math.prod(t.dims) * _FLOAT_CONSTANTS[t.data_type]
+        for t in graph.initializer
+        if t.data_type in _FLOAT_CONSTANTS and t.name not in scales
     )
 
 

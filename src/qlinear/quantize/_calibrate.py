@@ -113,7 +113,7 @@ def calibrate(
     if sess is not None and not fixed_batch:
         batch_size = held_batch_size(sess, names, data, batch_size)
     if resume is not None:
-        stats, extras, done = load_calibration(resume, model_digest=fm.digest)
+        stats, extras, done = load_calibration(resume, model_digest=fm.digest, what="resume")
         if done is None:
             raise QuantizationError(f"quantize: {resume} holds finished statistics, not a calibration to continue; use stats=")
         missing = [t for t in observed.tensors if t not in stats]

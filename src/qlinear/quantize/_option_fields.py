@@ -168,7 +168,22 @@ def in_flags(message: str, cls: type, others: tuple[str, ...] = ()) -> str:
     ..."``); ``others`` names arguments that are not options
     (``calibrate_random``), whose flags are their names in the same form.
     """
-    flags = {f.name: flag_of(f, o) for f, o in option_fields(cls)} | {name: _flag(name) for name in others}
+    fields = {f.name: (f, o) for f, o in option_fields(cls)}
+    flags = {name: flag_of(f, o) for name, (f, o) in fields.items()} | {name: _flag(name) for name in others}
+
+    def keyword(m: re.Match) -> str:
+        """``promote=False`` as the flag that gives it (``--no-promote``); ``metric=`` as ``--metric``."""
+        name, value = m.group(1), m.group(2)
+        if name not in flags:
+            return m.group(0)
+        if not value or name not in fields or fields[name][1].form == "value":
+            return flags[name]
+        f, o = fields[name]
+        if o.form in ("switch", "negated"):  # the flag gives the value its default is not; the default is no flag
+            return flags[name] if str(default_of(f)) != value else m.group(0)
+        return _flag(name) if value == "True" else "--no-" + name.replace("_", "-")
+
+    message = re.sub(r"\b([a-z][a-z0-9_]*)=(?:(True|False)\b|(?=[\s,;)]|$))", keyword, message)
     first, _, rest = message.partition(" ")
     if first in flags:
         message = f"{flags[first]} {rest}"

@@ -235,7 +235,7 @@ class _Checked:
         if len(targets) > 1:
             raise QuantizationError(f"quantize: give one target, got {' and '.join(targets)}")
         if self.target_metric is not None and self.metric is None:
-            raise QuantizationError("quantize: target_metric needs metric, the function it is a value of")
+            raise QuantizationError("quantize: target_metric is a value of a metric: give metric= too (the function)")
         if self.metric is not None:
             load_metric(self.metric)  # a metric that cannot be imported is refused before any work
             if self.target_metric is None and self.promote and self.latency_budget is None:

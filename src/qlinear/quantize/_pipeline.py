@@ -116,6 +116,7 @@ def quantize_model(
             options = resolve(options, data.facts, batch_size=data.fixed_batch)
             batches = user_batches(data.fixed_batch, options.batch_size)  # timed at the batch asked, not a memory cut
             eval_data = data.eval.replayable(options.batch_size)  # the analysis and the search walk it several times
+            stage.check_goal(fm, options, eval_data, runtime)
     if data is None:  # weight-only with no data at all
         return _without_data(model, fm, out_path, options, size_before, bars)
     with bars.stage("float rewrites"):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qlinear.onnx import _large as large
+from qlinear.onnx._graph import node_reads
 from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Evaluation
@@ -88,6 +89,7 @@ class ReportInputs:
     batch_fixed_by: str | None = None  # the input whose fixed batch dimension set the batch
     onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the model as written, where it cannot
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
+    kept_float_weights: list[str] = field(default_factory=list)  # quantized weights float nodes still read whole
     measures: dict[str, Any] = field(default_factory=dict)  # the written model's other measures (_stages.measures)
     floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
     data_flags: list[str] = field(default_factory=list)  # the data flags that repeat the run
@@ -111,7 +113,7 @@ class ReportInputs:
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
             onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error, measures=measures or {},
-            data_flags=data_flags or [], judged=judged,
+            data_flags=data_flags or [], judged=judged, kept_float_weights=_kept_float(qmodel, built.plan),
         )  # fmt: skip
 
 
@@ -275,6 +277,14 @@ def build_report(r: ReportInputs) -> Report:
     )
 
 
+def _kept_float(qmodel: Any, plan: Plan) -> list[str]:
+    """The weights the plan quantizes that a node of ``qmodel`` still reads as float initializers (stored twice)."""
+    weights = {p.weight.tensor for p in plan.nodes if p.weight is not None}
+    stored = {t.name for t in qmodel.graph.initializer} & weights
+    read = {i for n in qmodel.graph.node for i in node_reads(n)}
+    return sorted(stored & read)
+
+
 def _warnings(r: ReportInputs, nodes: list[NodeRow], by_design: dict[str, str]) -> list[str]:
     """What the user should know before shipping the model, most basic first."""
     fusion, run, options = r.fusion, r.calibration, r.options
@@ -286,7 +296,13 @@ def _warnings(r: ReportInputs, nodes: list[NodeRow], by_design: dict[str, str]) 
     warnings += _data_warnings(r, run)
     if not r.judged:
         warnings.append(NOT_JUDGED)
-    if r.size_after > r.size_before:
+    if r.size_after > r.size_before and r.kept_float_weights:
+        warnings.append(
+            f"the quantized model is larger than the float model ({r.size_before} -> {r.size_after} bytes): "
+            f"weight(s) {listed(r.kept_float_weights, 3)} are read by quantized nodes and by nodes left float, so each is stored "
+            "twice, float and quantized: quantize every reader of a shared weight, or leave them all float"
+        )
+    elif r.size_after > r.size_before:
         warnings.append(
             f"the quantized model is larger than the float model ({r.size_before} -> {r.size_after} bytes): its Q/DQ "
             "nodes, scales and zero points outweigh what its weights save; a model of so few weights gains no size"

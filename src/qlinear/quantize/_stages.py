@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import onnx
 
 from qlinear._errors import QuantizationError
@@ -22,7 +23,7 @@ from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
-from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, metric_figure, output_figures
+from qlinear.quantize._evaluate import Evaluation, Reference, Runner, classifies, evaluate, metric_figure, output_figures
 from qlinear.quantize._exclusion import unmatched
 from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._latency import Latency, PairTimer, latencies
@@ -42,7 +43,7 @@ from qlinear.quantize.targets import target
 from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
-    "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_plannable",
+    "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_goal", "check_plannable",
     "check_without_data", "datasets", "evaluation", "float_rewrites", "measures", "meet_target", "refine",
 ]  # fmt: skip
 
@@ -330,10 +331,7 @@ def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.Mode
     """The accuracy target the search reaches, or None (no search)."""
     if options.target_agreement is not None:
         if not reference.classifies:
-            raise QuantizationError(
-                f"quantize: target_agreement needs an output with classes along its last axis; "
-                f"output {reference.output!r} has shape {reference.batches[0][1][reference.output].shape} a batch: give target_sqnr_db"
-            )
+            raise _no_classes(reference.output, reference.batches[0][1][reference.output].shape)
         return AccuracyTarget("agreement", float(options.target_agreement))
     if options.target_sqnr_db is not None:
         return AccuracyTarget("sqnr", float(options.target_sqnr_db))
@@ -348,6 +346,26 @@ def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.Mode
     if sigmoid_scores(float_model, reference.output) and positive_decisions(reference) >= FEWEST_DECISIONS:
         return AccuracyTarget("decisions", DEFAULT_AGREEMENT)
     return AccuracyTarget("sqnr", DEFAULT_SQNR_DB)
+
+
+def check_goal(fm: FloatModel, options: QuantizeOptions, eval_data: Dataset, runtime: Runtime) -> None:
+    """Refuse, before any work, an agreement target on an output that holds no classes (one eval batch run to see)."""
+    if options.target_agreement is None:
+        return
+    first = next(iter(eval_data.batches(options.batch_size)), None)
+    if first is None:
+        return
+    output = fm.model.graph.output[0].name
+    value = np.asarray(Runner(fm.model, [output], runtime)(first)[output])
+    if not classifies(fm.model, output, value, labelled=eval_data.labels is not None):
+        raise _no_classes(output, value.shape)
+
+
+def _no_classes(output: str, shape: tuple[int, ...]) -> QuantizationError:
+    return QuantizationError(
+        f"quantize: target_agreement needs an output with classes along its last axis; "
+        f"output {output!r} has shape {shape} a batch: give target_sqnr_db"
+    )
 
 
 def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> CalibrationRun:

@@ -199,17 +199,22 @@ def load_stats(path: str, *, model_digest: str) -> dict[str, TensorStats]:
     return load_calibration(path, model_digest=model_digest)[0]
 
 
-def load_calibration(path: str, *, model_digest: str) -> tuple[dict[str, TensorStats], dict[str, np.ndarray], int | None]:
-    """``(statistics, extras, batches counted)`` as :func:`save_stats` wrote them (batches None: not recorded)."""
+def load_calibration(
+    path: str, *, model_digest: str, what: str = "stats"
+) -> tuple[dict[str, TensorStats], dict[str, np.ndarray], int | None]:
+    """``(statistics, extras, batches counted)`` as :func:`save_stats` wrote them (batches None: not recorded).
+
+    ``what``: the argument that named the file (``stats``, ``resume``), as the errors say it.
+    """
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = dict(f.items())
     except (OSError, ValueError) as e:
-        raise QuantizationError(f"quantize: stats {path} cannot be read as calibration statistics: {e}") from None
+        raise QuantizationError(f"quantize: {what} {path} cannot be read as calibration statistics: {e}") from None
     if "__names__" not in arrays or "__model_digest__" not in arrays:
-        raise QuantizationError(f"quantize: stats {path} is not a statistics file written by --save-stats")
+        raise QuantizationError(f"quantize: {what} {path} is not a statistics file written by --save-stats")
     if str(arrays["__model_digest__"]) != model_digest:
-        raise QuantizationError(f"quantize: stats {path} were computed for another model (digest differs); calibrate again")
+        raise QuantizationError(f"quantize: {what} {path} were computed for another model (digest differs); calibrate again")
     stats = {str(name): TensorStats.from_arrays(arrays, str(i)) for i, name in enumerate(arrays["__names__"])}
     extras = {k.removeprefix("__extra__/"): v for k, v in arrays.items() if k.startswith("__extra__/")}
     batches = int(arrays["__batches__"]) if "__batches__" in arrays else None
