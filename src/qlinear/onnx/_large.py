@@ -200,13 +200,14 @@ def session(model: onnx.ModelProto, options: Any, providers: list[str]) -> Any:
 
 
 def infer_shapes(model: onnx.ModelProto, **kwargs: Any) -> onnx.ModelProto:
-    """``onnx.shape_inference.infer_shapes`` of ``model``, or of its graph-only copy where ``model`` is large.
+    """``onnx.shape_inference.infer_shapes`` of ``model``'s graph-only copy (:func:`graph_only`), of any size.
 
-    The result of a large model holds markers in place of its big
-    initializers: read shapes and types from it, not values.
+    The result holds markers in place of the big initializers: read shapes
+    and types from it, not values. Inference reads their types and shapes
+    only (a shape a node computes comes from small tensors), and the copy
+    spares serializing the weights for it (twice the model's bytes at the
+    peak).
     """
-    if not is_large(model):
-        return onnx.shape_inference.infer_shapes(model, **kwargs)
     return onnx.shape_inference.infer_shapes(graph_only(model)[0], **kwargs)
 
 
