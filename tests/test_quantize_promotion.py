@@ -229,3 +229,13 @@ def test_promotions_widen_only_the_sides_a_node_quantizes():
     assert q_proj[0][0] == "w int4 / a uint8" and q_proj[-1][1] == "float"
     for s in r.promotions.steps:
         assert s.from_ != s.to
+
+
+def test_no_promotion_keeps_the_types_asked_and_judges_a_target_given():
+    # --no-promote with a target the types asked miss: nothing promoted, the target judged and reported missed.
+    model, data = outlier_mlp()
+    r = qq.quantize_model(model, None, data, promote=False, target_sqnr_db=80.0)
+    assert not r.target_met and r.report.promotions.steps == [] and not r.report.promotions.met
+    assert {n.weight_type for n in r.report.nodes} == {"int8"} and r.report.float_where_faster == []
+    promoted = qq.quantize_model(model, None, data, target_sqnr_db=80.0).report
+    assert promoted.promotions.steps  # the same target, promotion on: it reaches for it

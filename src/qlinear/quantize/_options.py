@@ -137,7 +137,13 @@ _CORE_FIELDS = (
     (
         "promote",
         bool,
-        option(True, form="negated", flag="--no-promote", group=_TARGET, help="keep the types asked for everywhere (no target)"),
+        option(
+            True,
+            form="negated",
+            flag="--no-promote",
+            group=_TARGET,
+            help="keep the types asked for everywhere (a target given is judged, not reached for)",
+        ),
     ),
     (
         "max_float",

@@ -235,10 +235,12 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         return TargetResult(requested, start, figures, None)
     # A node widens only the sides it quantizes: an embedding its table, an activation x activation MatMul its inputs.
     precisions = {p.name: p.precision for p in requested.plan.nodes}
-    steps = promotion_steps(
-        most_sensitive_first(figures), precisions, figures, max_float=math.ceil(options.max_float * len(precisions)),
-        allows=builder.allows, ladder=runtime.ladder,
-    )  # fmt: skip
+    steps = []  # no promotion asked for: a target given is judged at the types asked, not reached for
+    if options.promote:
+        steps = promotion_steps(
+            most_sensitive_first(figures), precisions, figures, max_float=math.ceil(options.max_float * len(precisions)),
+            allows=builder.allows, ladder=runtime.ladder,
+        )  # fmt: skip
     pick = 0 if goal.metric == "sqnr" else 1
     user_metric = load_metric(options.metric) if goal.metric == "metric" else None
 
@@ -274,7 +276,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
             binding = any(v is not None for v in (options.target_agreement, options.target_sqnr_db, options.target_metric))
             found = search_within(steps, start_figure, goal, float(options.latency_budget), ratio, measure, binding=binding)
         precision, floated = found.precision, []
-        if options.float_where_faster:
+        if options.float_where_faster and options.promote:
             quantized = {p.name: p.precision for p in requested.plan.nodes}
             precision, floated = float_where_faster(builder.fm, quantized, precision, timed)
             if precision != found.precision and found.met and not goal.met(figure_of(builder.build(precision).model)):
