@@ -275,3 +275,14 @@ def dense_on_sequences(shape=(4, 12, 32), opset=17) -> tuple[onnx.ModelProto, di
     )
     g.output(g.op("MatMul", [h, (rng.standard_normal((32, 10)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
     return g.to_model(), {"x": rng.standard_normal((48, 12, 32)).astype(np.float32)}
+
+
+def shared_weight(size: int = 256) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two MatMuls in a row reading one ``size`` x ``size`` weight ``W`` (named mm1 and mm2)."""
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("shared", opset=17)
+    w = (rng.standard_normal((size, size)) * 0.1).astype(np.float32)
+    x = g.input("x", "float", ("N", size))
+    g.initializer("W", w)
+    g.output(g.op("MatMul", [g.op("MatMul", [x, "W"], name="mm1"), "W"], name="mm2", output_names=["y"]))
+    return g.to_model(), {"x": rng.standard_normal((64, size)).astype(np.float32)}

@@ -240,20 +240,12 @@ def test_a_weight_two_layers_share_is_counted_once():
 def test_float_constants_kept_beside_quantized_ones_are_counted():
     # A weight two MatMuls share, one left float: the file holds the quantized copy and the float one. The quantized
     # constants' ratio says nothing of the second, so the report counts it (scales are not among them).
-    from onnx import helper, numpy_helper
-
     import qlinear.quantize as qq
+    from quantize_models import shared_weight
 
-    w = np.random.default_rng(0).normal(0, 0.1, (64, 64)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["a"], name="mm1"), helper.make_node("MatMul", ["a", "W"], ["y"], name="mm2")]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", 1, ["N", 64])], [helper.make_tensor_value_info("y", 1, ["N", 64])],
-        [numpy_helper.from_array(w, "W")],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    data = {"x": np.random.default_rng(1).normal(0, 1, (64, 64)).astype(np.float32)}
+    model, data = shared_weight(64)
+    w_bytes = 64 * 64 * 4
     one_float = inspect_model(qq.quantize_model(model, None, data, exclude=("mm2",), promote=False).model)
-    assert one_float.float_kept_bytes == w.nbytes and one_float.float_bytes == w.nbytes
+    assert one_float.float_kept_bytes == w_bytes and one_float.float_bytes == w_bytes
     both = inspect_model(qq.quantize_model(model, None, data, promote=False).model)
-    assert both.float_kept_bytes == 0 and both.float_bytes == w.nbytes
+    assert both.float_kept_bytes == 0 and both.float_bytes == w_bytes

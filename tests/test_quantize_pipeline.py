@@ -631,17 +631,9 @@ def test_progress_names_each_stage_from_its_first_second():
 def test_a_shared_weight_with_a_float_reader_is_said_to_be_stored_twice():
     # One weight read by two MatMuls, one excluded: the float reader keeps the float copy beside the quantized one, and
     # the model grows. The warning says why, not that the Q/DQ outweigh the weights; with both quantized, it shrinks.
-    from onnx import helper, numpy_helper
+    from quantize_models import shared_weight
 
-    w = np.random.default_rng(0).normal(0, 0.1, (256, 256)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["a"], name="mm1"), helper.make_node("MatMul", ["a", "W"], ["y"], name="mm2")]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", 1, ["N", 256])], [helper.make_tensor_value_info("y", 1, ["N", 256])],
-        [numpy_helper.from_array(w, "W")],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    data = {"x": np.random.default_rng(1).normal(0, 1, (64, 256)).astype(np.float32)}
+    model, data = shared_weight()
     r = qq.quantize_model(model, None, data, exclude=("mm2",), promote=False).report
     grew = [w for w in r.warnings if "larger than the float model" in w]
     assert r.size_bytes.after > r.size_bytes.before and len(grew) == 1
