@@ -95,7 +95,7 @@ RUNS = [
         "qlinear",
         {"weights": "int2", "granularity": "blocked", "block_size": 16, "activations": None},
     ),
-    ("qlinear float8 per-channel", "qlinear", {"weights": "float8e4m3fn", "activations": "float8e4m3fn"}),
+    ("qlinear float8 per-channel, weight-only", "qlinear", {"weights": "float8e4m3fn", "activations": None}),
     ("qlinear float4 blocked, weight-only", "qlinear", {"weights": "float4e2m1", "granularity": "blocked", "activations": None}),
     ("ORT static QDQ minmax", "ort_static", {"method": "MinMax"}),
     ("ORT static QDQ entropy", "ort_static", {"method": "Entropy"}),
