@@ -15,6 +15,7 @@ import onnx
 from rich.console import Console
 
 from qlinear.onnx import _large as large
+from qlinear.quantize import _refusals as refusals
 from qlinear.quantize import _stages as stage
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Evaluation, Reference
@@ -110,13 +111,13 @@ def quantize_model(
         size_before = fm.size_bytes()  # the model as given: the target's rewrites change some weights
         runtime = target(options.target)
         runtime.prepare(options.activations is None)(fm)
-        stage.check_plannable(fm, options)
+        refusals.check_plannable(fm, options)
         data = stage.datasets(fm, options, calibration, eval, labels, calibrate_random, stats)
         if data is not None:
             options = resolve(options, data.facts, batch_size=data.fixed_batch)
             batches = user_batches(data.fixed_batch, options.batch_size)  # timed at the batch asked, not a memory cut
             eval_data = data.eval.replayable(options.batch_size)  # the analysis and the search walk it several times
-            stage.check_goal(fm, options, eval_data, runtime)
+            refusals.check_goal(fm, options, eval_data, runtime)
     if data is None:  # weight-only with no data at all
         return _without_data(model, fm, out_path, options, size_before, bars)
     with bars.stage("float rewrites"):

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import onnx
 
 from qlinear._errors import QuantizationError
@@ -23,28 +22,28 @@ from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
-from qlinear.quantize._evaluate import Evaluation, Reference, Runner, classifies, evaluate, metric_figure, output_figures
-from qlinear.quantize._exclusion import unmatched
+from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, metric_figure, output_figures
 from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._latency import Latency, PairTimer, latencies
 from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
-from qlinear.quantize._placement import left_float_text, plan
+from qlinear.quantize._placement import plan
 from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._promotion import AccuracyTarget, Search, promotion_steps, search, search_within
+from qlinear.quantize._refusals import check_without_data, no_classes
 from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first
 from qlinear.quantize._speed import Floated, float_where_faster
 from qlinear.quantize._stats import load_calibration, save_stats
 from qlinear.quantize._tradeoff import Candidate, tradeoff
-from qlinear.quantize.algorithms import ALGORITHMS, Facts, at_stage
+from qlinear.quantize.algorithms import Facts, at_stage
 from qlinear.quantize.targets import target
 from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
-    "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "check_goal", "check_plannable",
-    "check_without_data", "datasets", "evaluation", "float_rewrites", "measures", "meet_target", "refine",
+    "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "datasets", "evaluation",
+    "float_rewrites", "measures", "meet_target", "refine",
 ]  # fmt: skip
 
 HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
@@ -72,43 +71,6 @@ class TargetResult:
     search: Search | None  # None: no target
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
     floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
-
-
-def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
-    """Raise where the options leave no node of ``fm`` to quantize, or an ``exclude`` pattern names none, saying why."""
-    missing = unmatched(fm, options.exclude)
-    if missing:
-        raise QuantizationError(
-            f"quantize: exclude pattern(s) {', '.join(map(repr, missing))} name no node of the model: give node names, op "
-            "types, globs (/encoder/*), re:EXPRESSION or FROM..TO (qlinear inspect lists the nodes)"
-        )
-    planned = plan(fm, options)
-    if planned.nodes:
-        _check_loadable(planned, target(options.target))
-        return
-    if not planned.left_float:
-        raise QuantizationError(
-            "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
-        )
-    raise QuantizationError(
-        f"quantize: the model has nothing to quantize: every node stays float: {left_float_text(planned.left_float, 5)}"
-    )
-
-
-def _check_loadable(planned: Any, runtime: Runtime) -> None:
-    """Refuse activation types the target's runtime fuses around a node into a kernel it lacks (the model would not load)."""
-    placement = runtime.placement
-    found = [p for p in planned.nodes if p.activation_type in placement.unloadable_activations.get(p.op_type, ())]
-    if not found:
-        return
-    kinds = list(dict.fromkeys(p.op_type for p in found))
-    ops = " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)
-    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
-    raise QuantizationError(
-        f"quantize: activations {found[0].activation_type} cannot be written around {ops} for {runtime.runtime} "
-        f"(target {runtime.name}): {placement.unloadable_why} (nodes {', '.join(repr(p.name) for p in found[:3])}{more}); "
-        f"use uint8 or int8 activations, none for {found[0].weight_type or 'float'} weights alone, or exclude {ops}"
-    )
 
 
 def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_data: Any, labels: str | None,
@@ -159,20 +121,6 @@ def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_da
 
 
 # The options that judge the model on data: a run given none refuses them.
-_JUDGED_ON_DATA = ("target_agreement", "target_sqnr_db", "target_metric", "metric", "latency_budget")
-
-
-def check_without_data(options: QuantizeOptions) -> None:
-    """Refuse, before any work, what a run given no data cannot do: a target, a budget, an algorithm that reads data."""
-    asked = [name for name in _JUDGED_ON_DATA if getattr(options, name) is not None]
-    asked += [a.name for a in ALGORITHMS if a.reads_data and a.on(options)]
-    if asked:
-        raise QuantizationError(
-            f"quantize: {asked[0]} needs data, and none was given: give calibration data (an .npz with one array per model "
-            "input, --calibration) or eval data (--eval)"
-        )
-
-
 def float_rewrites(fm: FloatModel, options: QuantizeOptions, data: Dataset, bars: Bars) -> dict[str, Any]:
     """The float model rewritten by each algorithm of stage ``float`` that is on; what each did, by name."""
     return {a.name: a.apply(fm, options, data, bars) for a in at_stage("float", options)}
@@ -333,7 +281,7 @@ def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.Mode
     """The accuracy target the search reaches, or None (no search)."""
     if options.target_agreement is not None:
         if not reference.classifies:
-            raise _no_classes(reference.output, reference.batches[0][1][reference.output].shape)
+            raise no_classes(reference.output, reference.batches[0][1][reference.output].shape)
         return AccuracyTarget("agreement", float(options.target_agreement))
     if options.target_sqnr_db is not None:
         return AccuracyTarget("sqnr", float(options.target_sqnr_db))
@@ -348,26 +296,6 @@ def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.Mode
     if sigmoid_scores(float_model, reference.output) and positive_decisions(reference) >= FEWEST_DECISIONS:
         return AccuracyTarget("decisions", DEFAULT_AGREEMENT)
     return AccuracyTarget("sqnr", DEFAULT_SQNR_DB)
-
-
-def check_goal(fm: FloatModel, options: QuantizeOptions, eval_data: Dataset, runtime: Runtime) -> None:
-    """Refuse, before any work, an agreement target on an output that holds no classes (one eval batch run to see)."""
-    if options.target_agreement is None:
-        return
-    first = next(iter(eval_data.batches(options.batch_size)), None)
-    if first is None:
-        return
-    output = fm.model.graph.output[0].name
-    value = np.asarray(Runner(fm.model, [output], runtime)(first)[output])
-    if not classifies(fm.model, output, value, labelled=eval_data.labels is not None):
-        raise _no_classes(output, value.shape)
-
-
-def _no_classes(output: str, shape: tuple[int, ...]) -> QuantizationError:
-    return QuantizationError(
-        f"quantize: target_agreement needs an output with classes along its last axis; "
-        f"output {output!r} has shape {shape} a batch: give target_sqnr_db"
-    )
 
 
 def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> CalibrationRun:
