@@ -187,6 +187,7 @@ def test_bias_correction_flag_reaches_every_layer(tmp_path, capsys):
         ),
         (["--target-metric", "3"], "qlinear quantize: --target-metric is a value of a metric: give --metric too"),
         (["--resume", "nosuch.npz"], "qlinear quantize: --resume nosuch.npz cannot be read as calibration statistics"),
+        (["--max-float", "0.5", "--no-promote"], "qlinear quantize: --max-float needs promotion (it bounds the nodes promoted"),
     ],
 )
 def test_errors_name_the_flags_the_user_typed(tmp_path, capsys, flags, said):

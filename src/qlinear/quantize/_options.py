@@ -18,7 +18,7 @@ from typing import Any
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import ElementType, element_type
 from qlinear.quantize._metric import load_metric, metric_name
-from qlinear.quantize._option_fields import option, option_fields
+from qlinear.quantize._option_fields import default_of, option, option_fields
 from qlinear.quantize.algorithms import ALGORITHMS, Facts
 from qlinear.quantize.targets import DEFAULT_TARGET, TARGETS
 
@@ -269,6 +269,11 @@ class _Checked:
                 raise QuantizationError("quantize: latency_budget needs promotion (it picks the promotions); drop promote=False")
         if not 0.0 <= float(self.max_float) <= 1.0:
             raise QuantizationError(f"quantize: max_float must be in [0, 1], got {self.max_float!r}")
+        max_float_default = next(default_of(f) for f in dataclasses.fields(self) if f.name == "max_float")
+        if not self.promote and self.max_float != max_float_default:
+            raise QuantizationError(
+                "quantize: max_float needs promotion (it bounds the nodes promoted to float); drop promote=False"
+            )
         if self.symmetric and self.activations in ("uint8", "uint16"):
             signed = "int" + self.activations[4:]
             object.__setattr__(self, "activations", signed)
