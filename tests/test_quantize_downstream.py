@@ -7,7 +7,7 @@ import pytest
 
 import qlinear.quantize._sensitivity as sensitivity
 from qlinear.quantize import _stages as stage
-from qlinear.quantize._downstream import downstream
+from qlinear.quantize._downstream import Unchanged, downstream
 from qlinear.quantize._evaluate import Reference, output_figures
 from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._model import load_float_model
@@ -76,7 +76,7 @@ def test_the_part_holds_what_follows_the_node_and_reads_the_rest_from_the_float_
     alone = {name: FLOAT for name in names if name != "box_fc"}
     alone["box_fc"] = next(p.precision for p in requested.plan.nodes if p.name == "box_fc")
     built = builder.build(alone)
-    part = downstream(built.model, builder.float_at(built.opset), reference.outputs)
+    part = downstream(built.model, Unchanged.of(builder.float_at(built.opset)), reference.outputs)
     ops = [n.op_type for n in part.nodes]
     assert part.outputs == ("boxes",)  # the scores' branch is the float model's own
     assert "Gemm" in ops and ops.count("Gemm") == 1 and "Softmax" not in ops and "Conv" not in ops
@@ -95,5 +95,5 @@ def test_the_part_holds_what_follows_the_node_and_reads_the_rest_from_the_float_
 def test_an_unchanged_model_has_an_empty_part():
     builder, requested, reference = _built(lambda: detection_head(separate=True))
     float_model = builder.float_at(requested.opset)
-    part = downstream(float_model, float_model, reference.outputs)
+    part = downstream(float_model, Unchanged.of(float_model), reference.outputs)
     assert part.nodes == () and part.outputs == () and part.reads == ()

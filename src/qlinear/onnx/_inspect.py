@@ -168,19 +168,16 @@ def inspect_model(model: onnx.ModelProto) -> ModelReport:
     )
 
 
-_FLOAT_CONSTANTS = {
-    onnx.TensorProto.FLOAT: 4,
-    onnx.TensorProto.FLOAT16: 2,
-    onnx.TensorProto.BFLOAT16: 2,
-    onnx.TensorProto.DOUBLE: 8,
-}
+_FLOAT_CONSTANTS = frozenset(
+    {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+)
 
 
 def _float_kept_bytes(graph: onnx.GraphProto) -> int:
     """Bytes of the graph's float initializers that are no Q/DQ node's scale."""
     scales = {n.input[1] for n in graph.node if n.op_type in QDQ_OPS and len(n.input) > 1}
     return sum(
-        math.prod(t.dims) * _FLOAT_CONSTANTS[t.data_type]
+        math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
         for t in graph.initializer
         if t.data_type in _FLOAT_CONSTANTS and t.name not in scales
     )

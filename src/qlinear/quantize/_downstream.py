@@ -21,7 +21,7 @@ from onnx import helper
 
 from qlinear.onnx._graph import node_reads
 
-__all__ = ["Downstream", "downstream", "element_types"]
+__all__ = ["Downstream", "Unchanged", "downstream", "element_types"]
 
 
 @dataclass(frozen=True)
@@ -52,18 +52,28 @@ class Downstream:
         return model
 
 
-def downstream(changed: onnx.ModelProto, float_model: onnx.ModelProto, outputs: list[str]) -> Downstream:
-    """The part of ``changed`` that differs from ``float_model`` (the same model at the same opset) and what follows it.
+@dataclass(frozen=True)
+class Unchanged:
+    """The float model's nodes and initializers, serialized once for every changed model compared with it."""
+
+    nodes: frozenset[bytes]
+    initializers: dict[str, bytes]
+
+    @classmethod
+    def of(cls, float_model: onnx.ModelProto) -> Unchanged:
+        g = float_model.graph
+        return cls(frozenset(n.SerializeToString() for n in g.node), {t.name: t.SerializeToString() for t in g.initializer})
+
+
+def downstream(changed: onnx.ModelProto, unchanged: Unchanged, outputs: list[str]) -> Downstream:
+    """The part of ``changed`` that differs from the float model (``unchanged``, at the same opset) and what follows it.
 
     ``outputs``: the judged outputs; the part computes those it reaches.
     """
-    g, fg = changed.graph, float_model.graph
-    known = {n.SerializeToString() for n in fg.node}
-    before = {t.name: t for t in fg.initializer}
+    g = changed.graph
+    known, before = unchanged.nodes, unchanged.initializers
     initializers = {t.name: t for t in g.initializer}
-    rewritten = {
-        name for name, t in initializers.items() if name in before and before[name].SerializeToString() != t.SerializeToString()
-    }
+    rewritten = {name for name, t in initializers.items() if name in before and before[name] != t.SerializeToString()}
     reads = [node_reads(n) for n in g.node]
     readers: dict[str, list[int]] = defaultdict(list)
     for k, names in enumerate(reads):

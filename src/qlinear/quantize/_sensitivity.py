@@ -30,8 +30,8 @@ import onnx
 import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.quantize._build import Built, ModelBuilder
-from qlinear.quantize._data import _take
-from qlinear.quantize._downstream import Downstream, downstream, element_types
+from qlinear.quantize._data import _count, _take
+from qlinear.quantize._downstream import Downstream, Unchanged, downstream, element_types
 from qlinear.quantize._evaluate import Reference, Runner, output_sqnr
 from qlinear.quantize._precision import FLOAT, NodePrecision
 from qlinear.quantize._to_qdq import sqnr_db
@@ -61,12 +61,14 @@ def analyze(
     requested = {p.name: p.precision for p in full.plan.nodes}
     activation_db = _activation_sqnr(builder, full, reference)
     # Each part's reads first (the models let go: a part holds its model's weights), then each group's parts again.
-    reads = {name: _part(builder, names, requested, name, reference)[::2] for name in names}
+    unchanged: dict[int, Unchanged] = {}  # the float model at each opset, serialized once
+    reads = {name: _part(builder, names, requested, name, reference, unchanged)[::2] for name in names}
     sensitivity: dict[str, float | None] = {}
     for opset, group in _groups(builder, reads, reference):
         values = _float_values(builder.float_at(opset), list(dict.fromkeys(t for n in group for t in reads[n][1])), reference)
         for name in group:
-            sensitivity[name] = _part_sqnr(_part(builder, names, requested, name, reference)[1], values, reference)
+            part = _part(builder, names, requested, name, reference, unchanged)[1]
+            sensitivity[name] = _part_sqnr(part, values, reference)
             if progress:
                 progress(1)
         del values  # before the next group's are computed
@@ -77,13 +79,20 @@ def analyze(
 
 
 def _part(
-    builder: ModelBuilder, names: list[str], requested: dict[str, NodePrecision], name: str, reference: Reference
+    builder: ModelBuilder,
+    names: list[str],
+    requested: dict[str, NodePrecision],
+    name: str,
+    reference: Reference,
+    unchanged: dict[int, Unchanged],
 ) -> tuple[int, Downstream, tuple[str, ...]]:
     """The opset and the downstream part of the model with only ``name`` quantized, and what the part reads."""
     alone = {other: FLOAT for other in names if other != name}
     alone[name] = requested[name]
     built = builder.build(alone)
-    part = downstream(built.model, builder.float_at(built.opset), reference.outputs)
+    if built.opset not in unchanged:
+        unchanged[built.opset] = Unchanged.of(builder.float_at(built.opset))
+    part = downstream(built.model, unchanged[built.opset], reference.outputs)
     return built.opset, part, part.reads
 
 
@@ -91,7 +100,7 @@ def _groups(
     builder: ModelBuilder, reads: dict[str, tuple[int, tuple[str, ...]]], reference: Reference
 ) -> list[tuple[int, list[str]]]:
     """The nodes in graph order, in groups of one opset whose parts read at most :data:`HELD_BYTES` of float values."""
-    samples = sum(_samples(feeds, reference) for feeds, _ in reference.batches)
+    samples = sum((_count(feeds, reference.axes) or 1) for feeds, _ in reference.batches)
     sizes: dict[str, int] = {}
     for opset in dict.fromkeys(opset for opset, _ in reads.values()):
         read = list(dict.fromkeys(t for o, names in reads.values() if o == opset for t in names))
@@ -109,11 +118,6 @@ def _groups(
     return groups
 
 
-def _samples(feeds: dict, reference: Reference) -> int:
-    axis = next((reference.axes.get(n, 0) for n in feeds if reference.axes.get(n, 0) is not None), None)
-    return 1 if axis is None else next(np.shape(v)[axis] for n, v in feeds.items() if reference.axes.get(n, 0) is not None)
-
-
 def _sample_bytes(float_model, reads: list[str], reference: Reference) -> dict[str, int]:
     """The bytes of each of ``reads`` a sample, from one run of the first batch cut to one sample."""
     feeds = reference.batches[0][0]
@@ -122,7 +126,7 @@ def _sample_bytes(float_model, reads: list[str], reference: Reference) -> dict[s
     try:
         values, per = Runner(float_model, computed, reference.runtime)(one), 1
     except QuantizationError:  # a model whose batch is fixed: the whole first batch, a sample's share of it
-        values, per = Runner(float_model, computed, reference.runtime)(feeds), max(_samples(feeds, reference), 1)
+        values, per = Runner(float_model, computed, reference.runtime)(feeds), _count(feeds, reference.axes) or 1
     values = {**values, **one}
     return {t: -(-np.asarray(values[t]).nbytes // per) for t in reads}
 
