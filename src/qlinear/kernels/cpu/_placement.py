@@ -166,7 +166,9 @@ def keep_workers_off_caller() -> None:
                 found, failed = _discover(), False
             except Exception:  # placement is an optimization: a finder that fails leaves the workers alone
                 found, failed = {}, True
-            pending = found is None
+            # None: the finder is still compiling. Empty: no worker woke for a task while the caller ran them all (a
+            # busy machine); both look again at the next call, the latter at most _TRIES times.
+            pending = found is None or (not found and not failed)
             if found is not None:
                 state["tries"] = _TRIES if failed else state["tries"] + 1
                 state["workers"] = {**found, **state["workers"]}
