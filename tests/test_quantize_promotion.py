@@ -20,6 +20,7 @@ from qlinear.quantize._precision import (
     NodePrecision,
     candidate_steps,
     next_step,
+    reachable,
     wider_activation,
 )
 from qlinear.quantize._promotion import PRUNE_TRIALS, AccuracyTarget, Promotion, promotion_steps, search
@@ -105,6 +106,17 @@ def test_steps_climb_only_the_ladder_given():
     no16 = Ladder(weights=FULL_LADDER.weights, activations={})
     assert [s.after for s in promotion_steps(["a"], start, figures, max_float=1, ladder=no16)] == [FLOAT]
     assert candidate_steps(NodePrecision("int4", "uint8"), 5.0, 3.0, no16) == [NodePrecision("int8", "uint8"), FLOAT]
+
+
+def test_reachable_is_every_pair_of_types_the_two_sides_climb_to_widest_first():
+    # Calibration observes the tensors of each of these, so no promotion meets a tensor without statistics.
+    w2 = NodePrecision("int2", "uint8")
+    assert reachable(w2, FULL_LADDER) == [NodePrecision(w, a) for w in ("int8", "int4", "int2") for a in ("uint16", "uint8")]
+    no16 = Ladder(weights=FULL_LADDER.weights, activations={})
+    assert reachable(w2, no16) == [NodePrecision("int8", "uint8"), NodePrecision("int4", "uint8"), w2]
+    assert reachable(NodePrecision("int4", None), no16) == [NodePrecision("int8", None), NodePrecision("int4", None)]
+    assert reachable(NodePrecision("float4e2m1", "float8e4m3fn"), FULL_LADDER)[0] == NodePrecision("int8", "int16")
+    assert reachable(NodePrecision("int8", "uint16"), FULL_LADDER) == [NodePrecision("int8", "uint16")]
 
 
 def _steps(nodes):

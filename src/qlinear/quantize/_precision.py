@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 
 from qlinear.dtypes import element_type
 
-__all__ = ["FLOAT", "FULL_LADDER", "Ladder", "NodePrecision", "candidate_steps", "next_step", "wider_activation"]
+__all__ = [
+    "FLOAT",
+    "FULL_LADDER",
+    "Ladder",
+    "NodePrecision",
+    "candidate_steps",
+    "next_step",
+    "reachable",
+    "wider_activation",
+]
 
 WEIGHT_PROMOTION = {
     "int2": "int4", "uint2": "uint4", "int4": "int8", "uint4": "uint8",
@@ -84,6 +93,23 @@ def candidate_steps(
         sides.append((_error(activation_db), NodePrecision(p.weights, ladder.activations[p.activations])))
     sides.sort(key=lambda side: -side[0])  # stable: weights first on a tie
     return [q for _, q in sides] + [FLOAT]
+
+
+def reachable(p: NodePrecision, ladder: Ladder) -> list[NodePrecision]:
+    """Every quantized precision the promotions on ``ladder`` can take ``p`` to, the widest first and ``p`` last.
+
+    Each side climbs its own steps, so the precisions are every pair of a
+    weight type and an activation type on the two climbs.
+    """
+    return [NodePrecision(w, a) for w in _climb(p.weights, ladder.weights) for a in _climb(p.activations, ladder.activations)]
+
+
+def _climb(t: str | None, steps: Mapping[str, str]) -> list[str | None]:
+    """``t`` and the types its steps widen it to, the widest first."""
+    climbed = [t]
+    while climbed[-1] in steps:
+        climbed.append(steps[climbed[-1]])
+    return climbed[::-1]
 
 
 def _error(db: float | None) -> float:

@@ -30,7 +30,7 @@ from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._placement import plan
-from qlinear.quantize._precision import NodePrecision
+from qlinear.quantize._precision import NodePrecision, reachable
 from qlinear.quantize._promotion import AccuracyTarget, Search, promotion_steps, search, search_within
 from qlinear.quantize._refusals import check_without_data, no_classes
 from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first
@@ -133,13 +133,13 @@ def calibration(
 
     None: nothing to calibrate (weight-only with no algorithm that reads the data).
     """
-    # With 8-bit integer weights every node pairs with integer activations: the widest set of tensors, but for the
-    # nodes whose blocked 8-bit weights the target runs with float activations, which the types asked for may not.
-    activations = options.activations or "uint8"
-    widest = plan(fm, replace(options, weights="int8", activations=activations))
-    asked = plan(fm, replace(options, activations=activations)) if options.weights != "int8" else widest
-    tensors = list(dict.fromkeys([*widest.activations, *asked.activations])) if options.activations is not None else []
-    nodes = [fm.node(p.name) for p in widest.nodes]
+    # The search may move any node to any precision on the target's ladder, and each places its own tensors (blocked
+    # 4-bit weights run beside float activations where 8-bit ones do not): the union over every one of them.
+    asked = NodePrecision(options.weights, options.activations)
+    plans = [plan(fm, replace(options, weights=p.weights, activations=p.activations))
+             for p in reachable(asked, target(options.target).ladder)]  # fmt: skip
+    tensors = list(dict.fromkeys(t for p in plans for t in p.activations))
+    nodes = [fm.node(name) for name in dict.fromkeys(n.name for p in plans for n in p.nodes)]
     needs = [a.calibrates(fm, nodes) for a in at_stage("calibration", options) if a.calibrates is not None]
     axes = {t: axis for need in needs for t, axis in need.channel_axes.items()}
     grams = list(dict.fromkeys(t for need in needs for t in need.gram_tensors))

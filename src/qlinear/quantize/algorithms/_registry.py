@@ -69,8 +69,8 @@ class Algorithm:
         validate: raises QuantizationError for a value of its options that
             is never valid (run when the options are made).
         calibrates: what it needs calibrated (:class:`Needs`), from the
-            float model and the nodes the widest plan quantizes (stage
-            ``calibration``).
+            float model and the nodes any precision on the target's ladder
+            quantizes (stage ``calibration``).
         rounds: a layer's weight rounded from what it calibrated, as
             ``rounds(fm, node_plan, weight, weight_type, options,
             calibrated)`` gives it: ``(weight as rounded, params, axis,
