@@ -286,3 +286,35 @@ def shared_weight(size: int = 256) -> tuple[onnx.ModelProto, dict[str, np.ndarra
     g.initializer("W", w)
     g.output(g.op("MatMul", [g.op("MatMul", [x, "W"], name="mm1"), "W"], name="mm2", output_names=["y"]))
     return g.to_model(), {"x": rng.standard_normal((64, size)).astype(np.float32)}
+
+
+# How the input of depthwise_block's depthwise Conv is computed.
+DEPTHWISE_PRODUCERS = ("conv", "affine", "hardswish")
+
+
+def depthwise_block(producer: str = "conv") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A 1x1 Conv whose 16 output channels span ranges about 1 to 10 apart, a 3x3 depthwise Conv
+    that brings them back to one range, a Relu, a 1x1 Conv.
+
+    ``producer`` (one of :data:`DEPTHWISE_PRODUCERS`) computes the depthwise
+    Conv's input from the first Conv: ``conv`` is the Conv itself,
+    ``affine`` a HardSwish then a Mul and an Add by scalar constants (as
+    PP-LCNet's learnable affine blocks are written), ``hardswish`` the
+    HardSwish alone.
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph(f"depthwise_{producer}", opset=17)
+    x = g.input("x", "float", ("N", 8, 12, 12))
+    spread = np.geomspace(1.0, 8.0, 16)[rng.permutation(16)].astype(np.float32)
+    h = g.op("Conv", [x, _w(rng, 16, 8, 1, 1) * spread[:, None, None, None], _w(rng, 16) * spread], name="pointwise0")
+    if producer != "conv":
+        h = g.op("HardSwish", [h], name="hardswish")
+    if producer == "affine":
+        h = g.op("Add", [g.op("Mul", [h, np.float32(0.8)], name="affine_mul"), np.float32(0.1)], name="affine_add")
+    # The depthwise filters bring the channels back to one range, as a trained layer's normalization does.
+    filters = _w(rng, 16, 1, 3, 3) / spread[:, None, None, None]
+    h = g.op("Conv", [h, filters, _w(rng, 16)], name="depthwise", group=16, pads=[1, 1, 1, 1])
+    g.output(
+        g.op("Conv", [g.op("Relu", [h], name="relu"), _w(rng, 12, 16, 1, 1), _w(rng, 12)], name="pointwise1", output_names=["y"])
+    )
+    return g.to_model(), {"x": rng.standard_normal((96, 8, 12, 12)).astype(np.float32)}

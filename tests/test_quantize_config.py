@@ -115,7 +115,10 @@ def test_keywords_are_set_over_given_options_and_unknown_ones_named():
 def test_every_algorithm_is_registered_with_its_options_and_flags():
     names = [a.name for a in ALGORITHMS]
     # The order they run in.
-    assert names == ["equalize", "awq", "smoothquant", "bias_correction", "gptq", "empirical_bias_correction", "finetune"]
+    assert names == [
+        "equalize", "equalize_depthwise", "awq", "smoothquant", "bias_correction", "gptq", "empirical_bias_correction",
+        "finetune",
+    ]  # fmt: skip
     fields = {f.name for f in dataclasses.fields(qq.QuantizeOptions)}
     help_text = _help()
     for a in ALGORITHMS:
@@ -124,7 +127,7 @@ def test_every_algorithm_is_registered_with_its_options_and_flags():
             assert (f.metadata["option"].flag or "--" + name.replace("_", "-")) in help_text
         assert (a.apply is not None) == (a.stage != "calibration") and (a.calibrates is not None) == (a.stage == "calibration")
     on = resolve(qq.QuantizeOptions(equalize=True, finetune=3, empirical_bias_correction=True), DATA)
-    assert [a.name for a in at_stage("float", on)] == ["equalize", "smoothquant"]
+    assert [a.name for a in at_stage("float", on)] == ["equalize", "equalize_depthwise", "smoothquant"]
     assert [a.name for a in at_stage("refine", on)] == ["empirical_bias_correction", "finetune"]
 
 

@@ -148,6 +148,20 @@ class Dataset:
             first.labels, last.labels = self.labels[: n - k], self.labels[n - k :]
         return first, last
 
+    def head(self, samples: int) -> Dataset:
+        """The first ``samples`` samples (all there are, where fewer; a stream of batches as it is)."""
+        n = self.samples
+        if n is None or n <= samples:
+            return self
+        part = Dataset(
+            {name: _take(a, self.axes[name], slice(None, samples)) for name, a in self.arrays.items()},
+            None, f"{self.source} samples 0-{samples - 1}", self.axes,
+        )  # fmt: skip
+        part.random = self.random
+        if self.labels is not None:
+            part.labels = self.labels[:samples]
+        return part
+
     def replayable(self, batch_size: int) -> Dataset:
         """This dataset, walkable more than once: a stream of batches is read into memory (arrays are kept as they are)."""
         if self.arrays is not None:

@@ -13,6 +13,7 @@ from qlinear.quantize.algorithms._registry import ALGORITHMS, STAGES, Algorithm,
 # the order each stage runs them in. A new algorithm is its module and one line here.
 # isort: off
 from qlinear.quantize.algorithms import equalize  # noqa: F401
+from qlinear.quantize.algorithms import depthwise  # noqa: F401
 from qlinear.quantize.algorithms import awq  # noqa: F401
 from qlinear.quantize.algorithms import smoothquant  # noqa: F401
 from qlinear.quantize.algorithms import bias_correction  # noqa: F401

@@ -25,7 +25,7 @@ from qlinear.quantize._session import run_batch, with_outputs
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
-__all__ = ["ScaledActivation", "observe", "rewrite", "rows_first", "sites"]
+__all__ = ["ScaledActivation", "fold_into_producer", "observe", "rewrite", "rows_first", "sites"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,13 @@ def sites(fm: FloatModel, excluded: set[str]) -> dict[str, list[onnx.NodeProto]]
     return found
 
 
-def observe(fm: FloatModel, tensors: list[str], data: Dataset, batch_size: int, sample_rows: int, runtime: Target):
+def observe(
+    fm: FloatModel, tensors: list[str], data: Dataset, batch_size: int, sample_rows: int, runtime: Target, *, axis: int = -1
+):
     """``(max |x|, mean |x|, sample)`` of each tensor over the data, run on ``runtime``.
 
-    Per channel (its last axis), and its first ``sample_rows`` rows.
+    Per channel (along ``axis``: the last, or 1 for a Conv's channels), and
+    its first ``sample_rows`` rows (the channels last).
     """
     sess = runtime.session(with_outputs(fm.model, tensors), arena=False)
     absmax: dict[str, np.ndarray] = {}
@@ -71,13 +74,14 @@ def observe(fm: FloatModel, tensors: list[str], data: Dataset, batch_size: int, 
     kept = dict.fromkeys(tensors, 0)
     for k, feeds in enumerate(data.batches(batch_size)):
         for t, v in zip(tensors, run_batch(sess, tensors, feeds, f"smoothing batch {k}"), strict=True):
-            flat = np.abs(np.asarray(v, np.float32).reshape(-1, np.shape(v)[-1]))
+            v = np.moveaxis(np.asarray(v, np.float32), axis, -1)
+            flat = np.abs(v.reshape(-1, v.shape[-1]))
             m, total = flat.max(axis=0), flat.sum(axis=0, dtype=np.float64)
             absmax[t] = np.maximum(absmax[t], m) if t in absmax else m
             abssum[t] = abssum[t] + total if t in abssum else total
             count[t] += flat.shape[0]
             if kept[t] < sample_rows:
-                rows[t].append(np.asarray(v, np.float32).reshape(-1, np.shape(v)[-1])[: sample_rows - kept[t]])
+                rows[t].append(v.reshape(-1, v.shape[-1])[: sample_rows - kept[t]])
                 kept[t] += rows[t][-1].shape[0]
     means = {t: abssum[t] / count[t] for t in abssum if count[t]}
     return absmax, means, {t: np.concatenate(r) for t, r in rows.items() if r}
@@ -95,7 +99,7 @@ def rewrite(
     """``tensor * (1 / s)`` into the layers, their weights' rows times ``s``; ``label`` names the Mul (its method).
 
     The division goes into the nodes computing ``tensor`` where a positive
-    channel scale passes through them (:func:`_fold_into_producer`), and
+    channel scale passes through them (:func:`fold_into_producer`), and
     only elsewhere into a Mul of its own: a float Mul between two quantized
     layers is one more pass over the activation, and one that keeps a pool
     before it from fusing.
@@ -104,7 +108,7 @@ def rewrite(
         w = fm.constant(node.input[1])
         rows_scale = s[None, :] if node.op_type == "Gemm" and attribute(node, "transB", 0) else s[:, None]
         fm.set_constant(node.input[1], (w.astype(np.float64) * rows_scale).astype(w.dtype))
-    if fm.elem_types.get(tensor) == onnx.TensorProto.FLOAT and _fold_into_producer(
+    if fm.elem_types.get(tensor) == onnx.TensorProto.FLOAT and fold_into_producer(
         fm, tensor, nodes, 1.0 / s.astype(np.float64), into_weights=into_weights
     ):
         return
@@ -124,10 +128,10 @@ def rewrite(
 _SCALE_COMMUTING = frozenset({"Relu", "LeakyRelu", "MaxPool", "AveragePool", "GlobalAveragePool"})
 
 
-def _fold_into_producer(
-    fm: FloatModel, tensor: str, nodes: list[onnx.NodeProto], inverse: np.ndarray, *, into_weights: bool
+def fold_into_producer(
+    fm: FloatModel, tensor: str, nodes: list[onnx.NodeProto], inverse: np.ndarray, *, into_weights: bool, axis: int = -1
 ) -> bool:
-    """Put ``tensor * inverse`` (one positive value a channel, its last axis) into the nodes computing ``tensor``.
+    """Put ``tensor * inverse`` (one positive value a channel, along ``axis``: -1 or 1) into the nodes computing ``tensor``.
 
     Walks back through nodes that a positive channel scale passes through
     (Relu, pools, a Flatten or Reshape that keeps the channels, an Add of a
@@ -144,7 +148,7 @@ def _fold_into_producer(
     if {n.name for n in fm.consumers.get(tensor, [])} != {n.name for n in nodes} or tensor in kept:
         return False
     edits: list[tuple[str, np.ndarray]] = []  # (constant, its new value), made only once the walk succeeds
-    t, axis = tensor, -1  # the channel axis of t: -1 (last) or 1 (channels first)
+    t = tensor  # axis: the channel axis of t, -1 (last) or 1 (channels first)
     while True:
         node = fm.producer.get(t)
         shape = fm.shapes.get(t)
