@@ -134,7 +134,7 @@ def test_a_4_bit_run_stores_its_tables_at_8_bits_and_gathers_them():
     assert _table_reads(r.model) == ["Gather"] and r.report.fusion.unfused == []
     out = io.StringIO()
     print_report(r.report, Console(file=out, width=200, color_system=None))
-    assert "tables widened   embed int4 -> int8" in out.getvalue()
+    assert "weights widened  embed int4 -> int8" in out.getvalue()
 
 
 def test_a_table_whose_output_is_a_quantized_activation_gets_its_quantizelinear_after_the_rows():

@@ -69,7 +69,7 @@ def test_page_lists_the_nodes_left_float_and_why():
 def test_page_names_the_tables_stored_wider_than_asked():
     model, data = layernorm_attention()
     page = render_html(qq.quantize_model(model, None, data, weights="int4", promote=False).report)
-    assert "<tr><th>tables widened</th><td>embed int4 → int8 (ONNX Runtime gathers 8-bit codes" in page
+    assert "<tr><th>weights widened</th><td>embed int4 → int8 (ONNX Runtime gathers 8-bit codes" in page
 
 
 def test_report_command_renders_a_saved_report(tmp_path, capsys):

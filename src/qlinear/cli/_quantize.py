@@ -32,7 +32,6 @@ from qlinear.quantize._option_fields import add_arguments as add_option_argument
 from qlinear.quantize._option_fields import in_flags, values_from_args
 from qlinear.quantize._report_print import print_profile
 from qlinear.quantize._stream import quantize_weights_streaming
-from qlinear.quantize.targets import target
 
 _DEMO = "digits_cnn.onnx"
 # quantize_model's arguments that are flags of the command (their names in flag form) but not options.
@@ -211,7 +210,6 @@ def _stream(args: argparse.Namespace) -> int:
         weight_clip=args.weight_clip, promote=False, target=args.target,
     )  # fmt: skip
     r = quantize_weights_streaming(args.model, args.output, options)
-    widened = target(options.target).placement.widened_table
     summary = {
         "model": {"input": args.model, "output": str(r.path)},
         "streamed": True,
@@ -219,7 +217,7 @@ def _stream(args: argparse.Namespace) -> int:
         "weight_bytes": {"before": r.bytes_before, "after": r.bytes_after},
         "seconds": r.seconds,
         "peak_rss_bytes": r.peak_rss_bytes,
-        "widened": [{"table": name, "asked": args.weights, "reason": widened} for name in r.widened],
+        "widened": [{"weight": name, "asked": args.weights, "stored": stored, "reason": why} for name, stored, why in r.widened],
     }
     if args.json or args.json_file:
         write_json(json.dumps(summary, indent=2), args)
@@ -228,7 +226,13 @@ def _stream(args: argparse.Namespace) -> int:
             f"qlinear quantize: {r.weights} weights, {r.bytes_before / 2**20:.1f} MiB -> {r.bytes_after / 2**20:.1f} MiB, "
             f"one at a time, in {r.seconds:.1f} s, peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB -> {r.path} "
             "(no calibration or evaluation: run the model on your runtime to check it)"
-            + (f"; tables at 8 bits: {', '.join(r.widened)} ({widened})" if r.widened else ""),
+            + (
+                "; stored wider than asked: "
+                + ", ".join(f"{name} at {stored}" for name, stored, _ in r.widened)
+                + f" ({'; '.join(dict.fromkeys(why for _, _, why in r.widened))})"
+                if r.widened
+                else ""
+            ),
             highlight=False,
             soft_wrap=True,
         )

@@ -184,7 +184,7 @@ def _summary(report: Report) -> str:
         rows.append(("target", f"{_e(target)}: {state}, {len(promotions.steps)} promotion(s)"))
     if report.widened:
         tables = ", ".join(f"{n.name} {n.asked} → {n.stored}" for n in report.widened)
-        rows.append(("tables widened", f"{tables} ({report.widened[0].reason})"))
+        rows.append(("weights widened", f"{tables} ({'; '.join(dict.fromkeys(n.reason for n in report.widened))})"))
     tuned = report.finetune
     if tuned:
         state = "kept" if tuned.kept else f"not kept: {tuned.note}"

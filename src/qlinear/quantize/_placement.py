@@ -86,8 +86,8 @@ class Plan:
             quantizable type left in float.
         activation_types: each calibrated tensor's type, the widest its
             nodes ask for.
-        widened: ``(node name, type asked for, type stored)`` for the
-            embedding tables stored wider than asked (the target's ``placement.widened_table``).
+        widened: ``(node name, type asked for, type stored, why)`` for the
+            weights stored wider than asked (the target's ``placement.stored_type``).
     """
 
     nodes: list[NodePlan] = field(default_factory=list)
@@ -96,7 +96,7 @@ class Plan:
     all_consumers_dequantize: set[str] = field(default_factory=set)
     left_float: list[tuple[str, str, str]] = field(default_factory=list)
     activation_types: dict[str, str] = field(default_factory=dict)
-    widened: list[tuple[str, str, str]] = field(default_factory=list)
+    widened: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     def activation_type(self, tensor: str) -> str:
         """The type ``tensor`` is quantized to (a shared tensor's is its root's)."""
@@ -163,9 +163,13 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             result.left_float.append((node.name, node.op_type, planned))
             continue
         weight_type = p.weights if planned.weight is not None else None
-        if node.op_type == "Gather" and weight_type in placement.table_types:
-            result.widened.append((node.name, weight_type, placement.table_types[weight_type]))
-            weight_type = placement.table_types[weight_type]
+        if weight_type is not None:
+            shape = fm.shapes.get(planned.weight.tensor)
+            columns = shape[planned.weight.channel_axis] if shape else None
+            stored, why = placement.stored_type(node.op_type, weight_type, columns if isinstance(columns, int) else None)
+            if why is not None:
+                result.widened.append((node.name, weight_type, stored, why))
+                weight_type = stored
         planned = replace(
             planned,
             weight_type=weight_type,

@@ -268,9 +268,7 @@ def build_report(r: ReportInputs) -> Report:
         awq=list(r.awq),
         equalized=list(r.equalized),
         left_float=[LeftFloat(n, op, why) for n, op, why in r.plan.left_float],
-        widened=[
-            Widened(n, asked, stored, target(options.target).placement.widened_table) for n, asked, stored in r.plan.widened
-        ],
+        widened=[Widened(n, asked, stored, why) for n, asked, stored, why in r.plan.widened],
         finetune=r.finetuned,
         algorithms=algorithm_results(r.algorithms),
         warnings=_warnings(r, nodes, by_design),

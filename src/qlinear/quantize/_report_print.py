@@ -158,7 +158,7 @@ def print_report(report: Report, console: Console, *, analysis: bool = False) ->
     widened = report.widened
     if widened:
         shown = listed([f"{n.name} {n.asked} -> {n.stored}" for n in widened], _LEFT_FLOAT_SHOWN)
-        summary.add_row("tables widened", f"{shown} ({widened[0].reason})")
+        summary.add_row("weights widened", f"{shown} ({'; '.join(dict.fromkeys(n.reason for n in widened))})")
     promotions = report.promotions
     if promotions:
         metric = promotions.target.metric

@@ -66,7 +66,8 @@ class StreamResult:
     bytes_after: int
     seconds: float
     peak_rss_bytes: int
-    widened: list[str] = field(default_factory=list)  # tables stored wider than asked (the target's placement.widened_table)
+    # Weights stored wider than asked, (name, type stored, why): the target's placement.stored_type.
+    widened: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def quantize_weights_streaming(
@@ -93,11 +94,10 @@ def quantize_weights_streaming(
         raise QuantizationError(f"quantize: {src} is not a readable ONNX model: {str(e).splitlines()[0]}") from None
     base = src.resolve().parent
     opset = _opset_for(model, options)
-    t = element_type(options.weights)
-    tables = target(options.target).placement.table_types  # a Gather's table in the widths the runtime gathers
+    placement = target(options.target).placement  # the types the runtime runs each weight in
     done: dict[str, ir.Value] = {}  # weight name -> its DequantizeLinear's output
     centred: dict[str, bool] = {}  # weight name -> whether some zero point is not 0
-    widened: list[str] = []
+    widened: list[tuple[str, str, str]] = []
     spill = Path(tempfile.mkdtemp(prefix=".qlinear-scales-", dir=out.resolve().parent if out.resolve().parent.is_dir() else None))
     try:
         before = after = 0
@@ -119,10 +119,11 @@ def quantize_weights_streaming(
                 array = _read(weight.const_value, base)
                 if array.ndim < 2 and node.op_type != "MatMul":
                     continue
-                # A table in the type the plan stores it in: the runtime gathers no narrower codes.
-                wt = element_type(tables.get(options.weights, options.weights)) if node.op_type == "Gather" else t
-                if wt is not t:
-                    widened.append(weight.name)
+                # The type the plan stores it in (a table the runtime gathers as 8-bit codes, say).
+                stored, why = placement.stored_type(node.op_type, options.weights, array.shape[channel_axis % array.ndim])
+                wt = element_type(stored)
+                if why is not None:
+                    widened.append((weight.name, stored, why))
                 params, axis, block = weight_params(
                     array.astype(np.float32), wt, granularity=options.granularity, channel_axis=channel_axis % array.ndim,
                     reduction_axis=reduction_axis % array.ndim, block_size=options.block_size, clip=options.weight_clip,

@@ -57,6 +57,10 @@ class Placement:
             types it has no such kernel for: a model with one does not load,
             so a run asking for them is refused before any work.
         unloadable_why: why, as the refusal says it.
+        column_multiples: weight types whose MatMul and Gemm kernel needs
+            the layer's output columns to be a multiple of a number: type ->
+            (that number, the type stored where they are not).
+        column_multiple_why: why, as the report says it.
     """
 
     integer_weight_types: frozenset[str]
@@ -68,6 +72,21 @@ class Placement:
     blocked_float_ops: Mapping[str, frozenset[str] | None]
     unloadable_activations: Mapping[str, frozenset[str]]
     unloadable_why: str
+    column_multiples: Mapping[str, tuple[int, str]]
+    column_multiple_why: str
+
+    def stored_type(self, op_type: str, weight_type: str, columns: int | None) -> tuple[str, str | None]:
+        """The type a weight of ``op_type`` asked as ``weight_type`` is stored in, and why where it is not that one.
+
+        ``columns``: the layer's output columns (a MatMul's or Gemm's N; None where unknown).
+        """
+        if op_type == "Gather" and weight_type in self.table_types:
+            return self.table_types[weight_type], self.widened_table
+        if op_type in ("MatMul", "Gemm") and weight_type in self.column_multiples and columns is not None:
+            multiple, wider = self.column_multiples[weight_type]
+            if columns % multiple:
+                return wider, self.column_multiple_why
+        return weight_type, None
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,12 @@ ORT_CPU = Target(
         unloadable_activations=dict.fromkeys(("Conv", "MatMul", "Gemm"), _FLOAT8),
         unloadable_why="its optimizer fuses their Q/DQ into QLinearConv, QLinearMatMul or QGemm, which have no float8 "
         "kernels, and the model does not load",
+        # Its optimizer fuses a 2-bit DequantizeLinear -> MatMul or Gemm into MatMulNBits (bits=2), which returns
+        # wrong values, different in each session, for a layer of 1-3, 5-7, 33, ... output columns: measured on
+        # ONNX Runtime 1.31.1 (4, 8, 12, ..., 64 columns and every 4-bit layer are right).
+        column_multiples={"int2": (4, "int4"), "uint2": (4, "uint4")},
+        column_multiple_why="ONNX Runtime's 2-bit MatMulNBits, which it fuses these layers into, computes a layer of "
+        "output columns not a multiple of 4 wrongly",
     ),
     run_notes=_run_notes,
 )
