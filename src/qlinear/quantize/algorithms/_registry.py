@@ -14,7 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ALGORITHMS", "STAGES", "Algorithm", "Calibrated", "Facts", "Needs", "register"]
+from qlinear._errors import QuantizationError
+
+__all__ = ["ALGORITHMS", "STAGES", "Algorithm", "Calibrated", "Facts", "Needs", "check_data_read_twice", "register"]
 
 # When an algorithm runs, in the pipeline's order:
 #   float:       rewrites the float model before calibration (apply(fm, options, data, bars) -> its report entries)
@@ -32,6 +34,14 @@ class Facts:
     calibration_given: bool  # calibration data was given (arrays, an .npz or a stream of batches)
     has_inputs: bool  # calibration inputs are at hand (given or random samples), not saved statistics alone
     arrays: bool  # the calibration data are arrays, which a pass may read before the calibration reads them again
+
+
+def check_data_read_twice(name: str, facts: Facts) -> None:
+    """Refuse ``name``, an algorithm that reads the calibration data before the calibration reads it, without such data."""
+    if not facts.has_inputs:
+        raise QuantizationError(f"quantize: {name} needs calibration data (not saved statistics)")
+    if not facts.arrays and facts.calibration_given:
+        raise QuantizationError(f"quantize: {name} reads the calibration data twice; give arrays or an .npz, not a stream")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from qlinear.quantize._exclusion import excluded_nodes
 from qlinear.quantize._model import FloatModel, attribute, index
 from qlinear.quantize._option_fields import option
 from qlinear.quantize.algorithms._channel_scaling import fold_into_producer, observe
-from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
+from qlinear.quantize.algorithms._registry import Algorithm, Facts, check_data_read_twice, register
 from qlinear.quantize.targets import Target, target
 
 __all__ = ["MOST_GAIN", "EqualizedInput", "DepthwiseEqualized", "equalize_depthwise"]
@@ -132,12 +132,7 @@ def _check(options, facts: Facts) -> None:
             f"quantize: equalize_depthwise scales weights channel by channel; it needs --granularity per-channel, "
             f"got {options.granularity}"
         )
-    if not facts.has_inputs:
-        raise QuantizationError("quantize: equalize_depthwise needs calibration data (not saved statistics)")
-    if not facts.arrays and facts.calibration_given:
-        raise QuantizationError(
-            "quantize: equalize_depthwise reads the calibration data twice; give arrays or an .npz, not a stream"
-        )
+    check_data_read_twice("equalize_depthwise", facts)
 
 
 def _apply(fm: FloatModel, options, data: Dataset, bars) -> DepthwiseEqualized:

@@ -32,7 +32,7 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._option_fields import option
 from qlinear.quantize.algorithms._channel_scaling import ScaledActivation, observe, rewrite, rows_first, sites
-from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
+from qlinear.quantize.algorithms._registry import Algorithm, Facts, check_data_read_twice, register
 from qlinear.quantize.targets import Target, target
 
 __all__ = ["ALPHAS", "smooth"]
@@ -142,10 +142,7 @@ def _default(options, facts: Facts) -> bool:
 def _check(options, facts: Facts) -> None:
     if options.activations is None:
         raise QuantizationError("quantize: smoothquant moves activation outliers into weights; it needs quantized activations")
-    if not facts.has_inputs:
-        raise QuantizationError("quantize: smoothquant needs calibration data (not saved statistics)")
-    if not facts.arrays and facts.calibration_given:
-        raise QuantizationError("quantize: smoothquant reads the calibration data twice; give arrays or an .npz, not a stream")
+    check_data_read_twice("smoothquant", facts)
 
 
 def _apply(fm: FloatModel, options, data: Dataset, bars) -> list[ScaledActivation]:
