@@ -174,5 +174,28 @@ def test_ort_pairs_time_qlinear_against_onnx_runtime(tmp_path, capsys):
     path = tmp_path / "pairs.json"
     args = ["bench", "--ort-pairs", "--size", "4096", "--threads", "1", "--repeats", "2", "--types", "int8"]
     assert main([*args, "--granularities", "per-tensor", "--json", str(path)]) == 0
-    assert "qlinear/ORT" in capsys.readouterr().out
-    assert [r["op"] for r in json.loads(path.read_text())["rows"]] == ["Q", "DQ"]
+    printed = capsys.readouterr().out
+    assert "qlinear/ORT" in printed
+    written = json.loads(path.read_text())
+    assert [r["op"] for r in written["rows"]] == ["Q", "DQ"]
+    # The table and the JSON name the processor that gave the figures.
+    assert printed.startswith("CPU: ") and written["machine"]["cpu"] in printed.splitlines()[0]
+
+
+def test_the_machine_is_described_by_its_name_and_the_vector_features_llvm_targets(monkeypatch):
+    from llvmlite import binding
+
+    from qlinear.bench._machine import VECTOR_FEATURES, machine, machine_line
+
+    host = binding.get_host_cpu_features()
+    described = machine()
+    assert described["llvm_cpu"] == binding.get_host_cpu_name()
+    assert described["vector_features"] == [name for name in VECTOR_FEATURES if host.get(name, False)]
+    assert described["logical_cpus"] >= 1 and described["cpu"]
+    line = machine_line(described)
+    assert line.startswith(f"CPU: {described['cpu']} (") and described["llvm_cpu"] in line
+    assert all(name in line for name in described["vector_features"])
+    # A numba told to compile for other features says so beside them.
+    monkeypatch.setattr("numba.core.config.CPU_FEATURES", "-avx512f")
+    assert machine()["numba_features_override"] == "-avx512f"
+    assert line != machine_line() and machine_line().endswith("NUMBA_CPU_FEATURES=-avx512f)")

@@ -40,6 +40,7 @@ from qlinear.bench import (
     run_store_pairs,
     startup_table,
 )
+from qlinear.bench._machine import machine, machine_line
 from qlinear.bench._measure import SETTLE_S
 from qlinear.cli._args import add_json, cpu_count, int_in, json_on_stdout, name_in, write_json
 
@@ -127,6 +128,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def _write_json(report: dict, args: argparse.Namespace) -> None:
     if args.json or args.json_file:
+        report = {"machine": machine(), **report}
         write_json(json.dumps(report, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v), args)
 
 
@@ -257,10 +259,12 @@ def _run_after_ort(args: argparse.Namespace, console: Console) -> int:
 def run(args: argparse.Namespace) -> int:
     # The table is wide; a narrower terminal wraps lines rather than cells. With --json, tables go to stderr.
     console = Console(width=150, stderr=json_on_stdout(args))
+    if args.load is not None and args.load < 0:
+        Console(stderr=True).print(f"qlinear bench: --load must be >= 0, got {args.load}", highlight=False)
+        return 2
+    # Figures from different processors differ by more than most changes: every table says which it came from.
+    console.print(machine_line(), highlight=False)
     if args.load is not None:
-        if args.load < 0:
-            Console(stderr=True).print(f"qlinear bench: --load must be >= 0, got {args.load}", highlight=False)
-            return 2
         return _run_load(args, console)
     if args.after_ort:
         return _run_after_ort(args, console)

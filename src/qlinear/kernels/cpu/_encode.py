@@ -59,6 +59,8 @@ __all__ = [
     "add_zero_point",
     "float_code",
     "float_code_constants",
+    "integer_code",
+    "integer_zero_point",
 ]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
@@ -187,3 +189,29 @@ def float_code(q, z, has_zp, nan_to_zp, cap, k):
     code = code if code < nan else nan
     signed = (_f32_bits(v) < 0) & (code > above) & (code < below)
     return np.int32(code + (neg if signed else pos))
+
+
+@_jit
+def integer_code(q, z, qmin, qmax, mask):
+    """``clip(rint(q) + z, qmin, qmax)``, NaN -> z, as a masked integer code.
+
+    Clamped before it is rounded, to ``[qmin - z, qmax - z]`` (integers, so
+    rounding commutes with the clamp), then rounded and converted at once:
+    LLVM makes ``int32(rint(c))`` one vector conversion in the current
+    rounding mode, where rounding first took a round and a truncating
+    conversion (one core of an Intel Xeon, Emerald Rapids, 16M elements
+    to uint8 in cache: 5.2-5.4 ms against 5.6-6.1). The zero point is an
+    integer code below 2**16, exact in float32 and in int32.
+    """
+    low, high = qmin - z, qmax - z
+    c = q if q > low else low
+    c = c if c < high else high
+    zi = np.int32(z)
+    return (np.int32(np.rint(c)) + zi if q == q else zi) & mask
+
+
+@_jit
+def integer_zero_point(code, sign):
+    """The value of an integer zero point's code (masked to its width), ``sign`` its sign bit or 0."""
+    v = np.float32(code)
+    return v - (sign + sign if v >= sign else np.float32(0))

@@ -61,6 +61,7 @@ __all__ = [
     "line_scales",
     "line_span",
     "period_scale",
+    "quantize_cached_line",
     "quantize_float_line",
     "quantize_line",
     "store_fence",
@@ -156,11 +157,16 @@ def _three_splat(builder, values, splits, vector_type):
     return _lane_select(builder, split1, v0, _lane_select(builder, split2, v1, v2))
 
 
-def _store_line(builder, value, array_data, index):
-    """Store the vector ``value`` at element ``index`` of an array's data, aligned and non-temporal."""
+def _store_line(builder, value, array_data, index, nontemporal=True):
+    """Store the vector ``value`` at element ``index`` of an array's data: aligned and non-temporal, or an ordinary store.
+
+    Ordinary stores claim no alignment: an ``out=`` view at an odd byte
+    offset has no element on a line boundary (it never streams).
+    """
     pointer = builder.bitcast(builder.gep(array_data, [index]), value.type.as_pointer())
-    store = builder.store(value, pointer, align=LINE)
-    store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+    store = builder.store(value, pointer, align=LINE if nontemporal else 1)
+    if nontemporal:
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
 
 
 def _load(builder, array_data, index, vector_type):
@@ -196,11 +202,15 @@ def _integer_codes(builder, v, s, z, lo, hi, mask):
     """int32 lanes of :func:`._quantize_runs.integer_code` (``v / s`` with zero points ``z``, float32 vectors)."""
     f32 = v.type
     lanes = f32.count
-    r = _rint(builder, builder.fdiv(v, s))
-    r = builder.select(builder.fcmp_unordered("uno", r, r), ir.Constant(f32, [0.0] * lanes), r)  # NaN -> 0
-    v = _clamp(builder, builder.fadd(r, z), _splat(builder, lo, f32), _splat(builder, hi, f32))
     i32 = ir.VectorType(ir.IntType(32), lanes)
-    return builder.and_(builder.fptosi(v, i32), _splat(builder, mask, i32))
+    q = builder.fdiv(v, s)
+    # Clamped to [qmin - z, qmax - z], then rounded and converted in one
+    # instruction, NaN lanes given the zero point: integer_code's steps.
+    c = _clamp(builder, q, builder.fsub(_splat(builder, lo, f32), z), builder.fsub(_splat(builder, hi, f32), z))
+    zi = builder.fptosi(z, i32)
+    codes = builder.add(builder.fptosi(_rint(builder, c), i32), zi)
+    codes = builder.select(builder.fcmp_ordered("ord", q, q), codes, zi)
+    return builder.and_(codes, _splat(builder, mask, i32))
 
 
 def _float_quotient_codes(builder, x_data, xj, lanes, x_is_int, s, z, float_args):
@@ -322,6 +332,16 @@ def quantize_line(typingctx, x, xj, dst, dj, s, z, splits, qmin, qmax, mask):
     ``splits`` (:data:`_THREE`). ``dst + dj`` must be 64-byte aligned. ``x``
     is float32 or int32 (converted to float32 first, as ``np.float32`` does).
     """
+    return _quantize_line(x, dst, True)
+
+
+@intrinsic
+def quantize_cached_line(typingctx, x, xj, dst, dj, s, z, splits, qmin, qmax, mask):
+    """:func:`quantize_line` by an ordinary store, for outputs that stay in cache."""
+    return _quantize_line(x, dst, False)
+
+
+def _quantize_line(x, dst, nontemporal):
     if not (isinstance(x, types.Array) and isinstance(dst, types.Array)) or dst.dtype.bitwidth not in (8, 16):
         return None
     lanes = LINE * 8 // dst.dtype.bitwidth
@@ -335,7 +355,7 @@ def quantize_line(typingctx, x, xj, dst, dj, s, z, splits, qmin, qmax, mask):
         s, z = _three_splat(builder, s_, splits_, f32), _three_splat(builder, z_, splits_, f32)
         codes = _integer_codes(builder, v, s, z, lo, hi, mask_)
         out = builder.trunc(codes, ir.VectorType(ir.IntType(dst.dtype.bitwidth), lanes))
-        _store_line(builder, out, _data(context, builder, signature.args[2], ds), dj_)
+        _store_line(builder, out, _data(context, builder, signature.args[2], ds), dj_, nontemporal)
         return context.get_dummy_value()
 
     return sig, codegen

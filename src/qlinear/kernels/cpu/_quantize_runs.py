@@ -41,18 +41,20 @@ from __future__ import annotations
 import numpy as np
 from numba import literally, njit
 
-from qlinear._builtins import max, min
-from qlinear.kernels.cpu._encode import add_zero_point, float_code
+from qlinear._builtins import min
+from qlinear.kernels.cpu._encode import add_zero_point, float_code, integer_code, integer_zero_point
 from qlinear.kernels.cpu._lines import (
     LINE,
     STREAM_MIN_RUN,
     line_scales,
     line_span,
     period_scale,
+    quantize_cached_line,
     quantize_float_line,
     quantize_line,
 )
 from qlinear.kernels.cpu._params import L_B, L_D, L_I, L_SB, L_SI, L_SO
+from qlinear.kernels.cpu._reciprocal_lines import quantize_reciprocal_line, reciprocal_line_args
 from qlinear.kernels.cpu._tiles import (
     bfloat_value,
     half_value_by_bits,
@@ -62,31 +64,10 @@ from qlinear.kernels.cpu._tiles import (
     round_half_by_bits,
 )
 
-__all__ = ["float_runs", "integer_runs", "integer_period_lines", "integer_zero_point"]
+__all__ = ["float_runs", "integer_code", "integer_runs", "integer_period_lines", "integer_zero_point"]
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _U = np.uint64
-
-
-@_jit
-def integer_code(q, z, qmin, qmax, mask):
-    """``clip(rint(q) + z, qmin, qmax)``, NaN -> z, as a masked integer code.
-
-    float32 is enough: a rounded quotient and a zero point below 2**16 add
-    exactly unless the sum is far outside every integer range, where the
-    clamp gives the same answer either way. ``min``/``max`` and int32
-    arithmetic keep the loops that call this in full-width vectors.
-    """
-    r = np.rint(q)
-    v = (np.float32(0) if r != r else r) + z
-    return np.int32(min(max(v, qmin), qmax)) & mask
-
-
-@_jit
-def integer_zero_point(code, sign):
-    """The value of an integer zero point's code (masked to its width), ``sign`` its sign bit or 0."""
-    v = np.float32(code)
-    return v - (sign + sign if v >= sign else np.float32(0))
 
 
 @_jit
@@ -129,8 +110,11 @@ def next_batch(j, end, lay, state):
 
 
 @_jit
-def _integer_lines(x, j, dst, w, n, s, z, qmin, qmax, mask):
-    """One long run of integer codes, whole 64-byte lines of ``dst`` by streaming stores.
+def _integer_lines(x, j, dst, w, n, s, z, qmin, qmax, mask, stream):
+    """One long run of integer codes of one scale, whole 64-byte lines of ``dst`` at a time (streamed with ``stream``).
+
+    8-bit codes multiply by the scale's reciprocal where that is exact
+    (:mod:`._reciprocal_lines`).
 
     A function of its own, called once a run, so the vector code of the
     lines stays out of :func:`integer_runs`' loops (inlined there, it made
@@ -141,8 +125,21 @@ def _integer_lines(x, j, dst, w, n, s, z, qmin, qmax, mask):
     lo, hi = line_span(dst, w, n)
     for q in range(lo):
         dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
-    for q in range(lo, hi, lanes):
-        quantize_line(x, j + q, dst, w + q, (s, s, s), (z, z, z), (lanes, lanes), qmin, qmax, mask)
+    fits, r, limit = reciprocal_line_args(s, z, qmin, qmax)
+    # Sub-byte codes computed a byte each (to be packed) keep the masked lines.
+    fits = fits and mask == (1 << (8 * dst.itemsize)) - 1
+    if fits and stream:
+        for q in range(lo, hi, lanes):
+            quantize_reciprocal_line(x, j + q, dst, w + q, s, r, z, limit, qmin, qmax, True)
+    elif fits:
+        for q in range(lo, hi, lanes):
+            quantize_reciprocal_line(x, j + q, dst, w + q, s, r, z, limit, qmin, qmax, False)
+    elif stream:
+        for q in range(lo, hi, lanes):
+            quantize_line(x, j + q, dst, w + q, (s, s, s), (z, z, z), (lanes, lanes), qmin, qmax, mask)
+    else:
+        for q in range(lo, hi, lanes):
+            quantize_cached_line(x, j + q, dst, w + q, (s, s, s), (z, z, z), (lanes, lanes), qmin, qmax, mask)
     for q in range(hi, n):
         dst[_U(w + q)] = integer_code(np.float32(x[_U(j + q)]) / s, z, qmin, qmax, mask)
 
@@ -278,8 +275,8 @@ def integer_runs(x, start, end, scale, zp, dst, d0, lay, qmin, qmax, mask, sign,
                     dst[_U(w + q)] = integer_code(v, zvalues[_U(zi + q)], qmin, qmax, mask)
             else:
                 s, z = scale[sr], integer_zero_point(zp[sr], sign)
-                if stream and n >= STREAM_MIN_RUN:
-                    _integer_lines(x, jr, dst, w, n, s, z, qmin, qmax, mask)
+                if n >= STREAM_MIN_RUN:
+                    _integer_lines(x, jr, dst, w, n, s, z, qmin, qmax, mask, stream)
                 else:
                     for q in range(n):
                         dst[_U(w + q)] = integer_code(np.float32(x[_U(jr + q)]) / s, z, qmin, qmax, mask)
