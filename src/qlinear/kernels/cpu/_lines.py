@@ -47,10 +47,10 @@ import os
 
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from qlinear._builtins import max
+from qlinear.kernels.cpu._llvm import call_intrinsic, host_has
 
 __all__ = [
     "LINE",
@@ -109,18 +109,8 @@ def last_level_cache_bytes() -> int:
 
 
 def table_lookup() -> bool:
-    """Whether line functions may look 4-bit codes up in a register of 16 values (an AVX-512 permute).
-
-    numba compiles for the host processor unless told otherwise
-    (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``); told otherwise, the line
-    functions keep to portable vector code.
-    """
-    from llvmlite import binding
-    from numba.core import config
-
-    if config.CPU_NAME or config.CPU_FEATURES:
-        return False
-    return bool(binding.get_host_cpu_features().get("avx512f", False))
+    """Whether line functions may look 4-bit codes up in a register of 16 values (an AVX-512 permute)."""
+    return host_has("avx512f")
 
 
 def _data(context, builder, array_type, value):
@@ -192,10 +182,7 @@ def _keep_first_nan(builder, first, result):
 
 
 def _rint(builder, v):
-    lanes = v.type.count
-    f32 = v.type
-    rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), f"llvm.rint.v{lanes}f32")
-    return builder.call(rint, [v])
+    return call_intrinsic(builder, f"llvm.rint.v{v.type.count}f32", v.type, [v])
 
 
 def _integer_codes(builder, v, s, z, lo, hi, mask):

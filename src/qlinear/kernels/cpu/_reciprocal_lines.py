@@ -40,11 +40,19 @@ import functools
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from qlinear._builtins import max
-from qlinear.kernels.cpu._lines import LINE, _data, _integer_codes, _load_values, _rint, _splat, _store_line
+from qlinear.kernels.cpu._lines import (
+    LINE,
+    _data,
+    _integer_codes,
+    _load_values,
+    _rint,
+    _splat,
+    _store_line,
+)
+from qlinear.kernels.cpu._llvm import call_intrinsic, host_has
 
 __all__ = ["NEAR_HALF", "avx512_bw_dq", "quantize_reciprocal_line", "reciprocal_line_args"]
 
@@ -75,25 +83,8 @@ def reciprocal_line_args(s, z, qmin, qmax):
 
 @functools.cache
 def avx512_bw_dq() -> bool:
-    """Whether the lines may use AVX-512BW's packs and AVX-512DQ's VREDUCEPS, decided once a process.
-
-    numba compiles for the host processor unless told otherwise
-    (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``); told otherwise, the lines
-    keep to portable vector code, which LLVM lowers for any processor.
-    """
-    from llvmlite import binding
-    from numba.core import config
-
-    if config.CPU_NAME or config.CPU_FEATURES:
-        return False
-    features = binding.get_host_cpu_features()
-    return bool(features.get("avx512bw", False) and features.get("avx512dq", False))
-
-
-def _x86_call(builder, name, result_type, args):
-    argument_types = [a.type for a in args]
-    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(result_type, argument_types), name)
-    return builder.call(function, args)
+    """Whether the lines may use AVX-512BW's packs and AVX-512DQ's VREDUCEPS, decided once a process (:func:`._lines.host_has`)."""
+    return host_has("avx512bw", "avx512dq")
 
 
 def _quarters(builder, v):
@@ -111,16 +102,14 @@ def _whole(builder, quarters):
     return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), 64), list(range(64))))
 
 
-def _fraction(builder, c, avx512):
-    """``c - rint(c)`` for the float32 lanes ``c`` (exact): one VREDUCEPS a register with AVX-512DQ."""
+def _fraction(builder, c, whole, avx512):
+    """``c - rint(c)`` for the float32 lanes ``c`` (exact), ``whole`` their int32 ``rint``: one VREDUCEPS a register with AVX-512DQ."""
     if not avx512:
-        return builder.fsub(
-            c, builder.sitofp(builder.fptosi(_rint(builder, c), ir.VectorType(ir.IntType(32), c.type.count)), c.type)
-        )
+        return builder.fsub(c, builder.sitofp(whole, c.type))
     v16 = ir.VectorType(ir.FloatType(), 16)
     # imm 8: keep no fraction bits, round to nearest even, no precision exception; 4: the current rounding (no SAE).
     reduced = [
-        _x86_call(
+        call_intrinsic(
             builder,
             "llvm.x86.avx512.mask.reduce.ps.512",
             v16,
@@ -143,9 +132,9 @@ def _signed_bytes(builder, codes, avx512):
         return builder.trunc(codes, ir.VectorType(ir.IntType(8), 64))
     v16i32, v32i16, v64i8 = (ir.VectorType(ir.IntType(w), n) for w, n in ((32, 16), (16, 32), (8, 64)))
     a, b, c, d = _quarters(builder, codes)
-    ab = _x86_call(builder, "llvm.x86.avx512.packssdw.512", v32i16, [a, b])
-    cd = _x86_call(builder, "llvm.x86.avx512.packssdw.512", v32i16, [c, d])
-    packed = builder.bitcast(_x86_call(builder, "llvm.x86.avx512.packsswb.512", v64i8, [ab, cd]), v16i32)
+    ab = call_intrinsic(builder, "llvm.x86.avx512.packssdw.512", v32i16, [a, b])
+    cd = call_intrinsic(builder, "llvm.x86.avx512.packssdw.512", v32i16, [c, d])
+    packed = builder.bitcast(call_intrinsic(builder, "llvm.x86.avx512.packsswb.512", v64i8, [ab, cd]), v16i32)
     # Packs work within 128-bit lanes: dword 4k + m holds codes 4k..4k+3 of
     # source m (a, b, c, d); in order, source m's codes 4k.. go to dword 4m + k.
     order = ir.Constant(ir.VectorType(ir.IntType(32), 16), [4 * (p % 4) + p // 4 for p in range(16)])
@@ -154,11 +143,7 @@ def _signed_bytes(builder, codes, avx512):
 
 def _reduce_or(builder, bits):
     """True when any lane of the i1 vector ``bits`` is."""
-    vector = bits.type
-    reduce = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.IntType(1), [vector]), f"llvm.vector.reduce.or.v{vector.count}i1"
-    )
-    return builder.call(reduce, [bits])
+    return call_intrinsic(builder, f"llvm.vector.reduce.or.v{bits.type.count}i1", ir.IntType(1), [bits])
 
 
 @intrinsic
@@ -197,9 +182,9 @@ def quantize_reciprocal_line(typingctx, x, xj, dst, dj, s, r, z, limit, qmin, qm
         c = builder.select(builder.fcmp_ordered(">", c, high), high, c)
         whole = builder.fptosi(_rint(builder, c), i32)
         # c - rint(c) is exact (c and its integer are within a factor of two, or the integer is 0).
-        away = _fraction(builder, c, avx512 and lanes == 64)  # 16-bit lines (32 lanes) never take the product
-        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), f"llvm.fabs.v{lanes}f32")
-        near = builder.fcmp_unordered(">=", builder.call(fabs, [away]), _splat(builder, limit_, f32))
+        away = _fraction(builder, c, whole, avx512 and lanes == 64)  # 16-bit lines (32 lanes) never take the product
+        distance = call_intrinsic(builder, f"llvm.fabs.v{lanes}f32", f32, [away])
+        near = builder.fcmp_unordered(">=", distance, _splat(builder, limit_, f32))
         with builder.if_else(_reduce_or(builder, near), likely=False) as (divide, multiplied):
             with divide:
                 exact = _integer_codes(
