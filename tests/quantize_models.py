@@ -216,6 +216,41 @@ def gated_convs(gate: str, *, dtype: type = np.float32) -> tuple[onnx.ModelProto
     return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(dtype)}
 
 
+def learnable_affine_blocks(*, per_channel: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """PP-OCRv4's learnable affine blocks: each Conv followed by ``* a + b``, a written-out HardSwish, then ``* c + d``.
+
+    conv0 (3x3, padded) -> affine -> HardSwish -> affine -> conv1 (1x1, pads
+    nothing) -> affine -> HardSwish -> affine -> conv2 (3x3 depthwise,
+    padded) -> affine -> HardSwish -> pool -> Gemm. The maps' constants are
+    scalars, as paddle2onnx writes them, or one a channel (``per_channel``).
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("learnable_affine", opset=17)
+    h = g.input("x", "float32", ("N", 3, 16, 16))
+
+    def affine(x, name, channels):
+        shape = (1, channels, 1, 1) if per_channel else ()
+        scale = rng.uniform(0.6, 1.4, shape).astype(np.float32)
+        shift = rng.uniform(-0.5, 0.5, shape).astype(np.float32)
+        return g.op("Add", [g.op("Mul", [scale, x], name=f"{name}_mul"), shift], name=f"{name}_add")
+
+    def hard_swish(x, name):
+        clipped = g.op(
+            "Clip", [g.op("Add", [x, np.float32(3)], name=f"{name}_add"), np.float32(0), np.float32(6)], name=f"{name}_clip"
+        )
+        return g.op("Div", [g.op("Mul", [x, clipped], name=f"{name}_mul"), np.float32(6)], name=name)
+
+    layers = (("conv0", 16, 3, 3, 1, [1, 1, 1, 1]), ("conv1", 24, 16, 1, 1, [0, 0, 0, 0]), ("conv2", 24, 1, 3, 24, [1, 1, 1, 1]))
+    for i, (name, co, ci, k, group, pads) in enumerate(layers):
+        x = g.op("Conv", [h, _w(rng, co, ci, k, k, scale=0.5), _w(rng, co)], name=name, pads=pads, group=group)
+        h = hard_swish(affine(x, f"lab{i}a", co), f"gate{i}")
+        if i < 2:
+            h = affine(h, f"lab{i}b", co)
+    h = g.op("ReduceMean", [h], name="gap", axes=[2, 3], keepdims=0)
+    g.output(g.op("Gemm", [h, _w(rng, 10, 24), _w(rng, 10)], name="fc", transB=1, output_names=["logits"]))
+    return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(np.float32)}
+
+
 def squeeze_excite(*, paddle: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A Conv -> HardSwish layer, a squeeze-and-excitation block on it, a second Conv, a pool and a Gemm.
 
@@ -298,9 +333,9 @@ def depthwise_block(producer: str = "conv") -> tuple[onnx.ModelProto, dict[str, 
 
     ``producer`` (one of :data:`DEPTHWISE_PRODUCERS`) computes the depthwise
     Conv's input from the first Conv: ``conv`` is the Conv itself,
-    ``affine`` a HardSwish then a Mul and an Add by scalar constants (as
-    PP-LCNet's learnable affine blocks are written), ``hardswish`` the
-    HardSwish alone.
+    ``affine`` a HardSwish then a Mul and an Add by one constant a channel
+    (a map no fold takes into the depthwise Conv, which pads: the value it
+    sends to 0 differs by channel), ``hardswish`` the HardSwish alone.
     """
     rng = np.random.default_rng(RNG_SEED)
     g = qo.Graph(f"depthwise_{producer}", opset=17)
@@ -310,7 +345,9 @@ def depthwise_block(producer: str = "conv") -> tuple[onnx.ModelProto, dict[str, 
     if producer != "conv":
         h = g.op("HardSwish", [h], name="hardswish")
     if producer == "affine":
-        h = g.op("Add", [g.op("Mul", [h, np.float32(0.8)], name="affine_mul"), np.float32(0.1)], name="affine_add")
+        scale = np.linspace(0.7, 0.9, 16, dtype=np.float32).reshape(1, 16, 1, 1)
+        shift = np.linspace(0.05, 0.15, 16, dtype=np.float32).reshape(1, 16, 1, 1)
+        h = g.op("Add", [g.op("Mul", [h, scale], name="affine_mul"), shift], name="affine_add")
     # The depthwise filters bring the channels back to one range, as a trained layer's normalization does.
     filters = _w(rng, 16, 1, 3, 3) / spread[:, None, None, None]
     h = g.op("Conv", [h, filters, _w(rng, 16)], name="depthwise", group=16, pads=[1, 1, 1, 1])

@@ -25,9 +25,11 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
   float, the pool made a float copy of its whole input; and an input that
   also feeds a gate (``a * HardSigmoid(b)``) had no Q, so the gate ran in
   float.
-- Data movement (Reshape, Transpose, MaxPool, ...) on a quantized tensor:
-  its output shares the input's scale and zero point, so the pair around it
-  is exact and the runtime drops it; no requantization appears.
+- Data movement (Reshape, Transpose, MaxPool, Pad, ...) on a quantized
+  tensor: its output shares the input's scale and zero point, so the pair
+  around it is exact and the runtime drops it; no requantization appears.
+  A constant Pad's value is rounded to that grid (and saturates at its
+  ends) as the QuantizeLinear after it rounds it.
 - A compute node whose output reaches a Log without passing another
   compute node (through element-wise arithmetic, data movement, joins and
   sums, however many), and a front-end node (one reading a graph input
@@ -65,8 +67,9 @@ __all__ = [
 # Ops whose output values are a subset or rearrangement of the input's: they
 # can run on quantized values with the input's parameters, exactly.
 DATA_MOVEMENT_OPS = frozenset(
-    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice", "Split", "DepthToSpace", "SpaceToDepth"}
-)
+    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice", "Split", "DepthToSpace", "SpaceToDepth",
+     "Pad"}
+)  # fmt: skip
 # The reason given for a node the promotion search put back in float (the report shows those apart).
 PROMOTED_TO_FLOAT = "promoted to float"
 
@@ -182,6 +185,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             result.all_consumers_dequantize.add(planned.output)
     if calibrated:
         _quantize_pool_inputs(fm, result, calibrated, excluded, graph_outputs, placement.fused_pools)
+        _quantize_pad_inputs(fm, result, calibrated, excluded, graph_outputs)
         _share_through_data_movement(fm, result, calibrated, excluded, graph_outputs)
     result.calibrate = list(calibrated)
     result.activation_types = calibrated
@@ -227,6 +231,28 @@ def _quantize_pool_inputs(
         # The pooled output gets its own range (a mean spans less than its input); data movement after it shares it.
         calibrated.setdefault(y, "uint8")
         calibrated.setdefault(x, "uint8")
+        result.all_consumers_dequantize.add(x)
+
+
+def _quantize_pad_inputs(
+    fm: FloatModel, result: Plan, calibrated: dict[str, str], excluded: set[str], graph_outputs: set[str]
+) -> None:
+    """The input of each Pad whose output is quantized takes the output's parameters (whose range holds the pad value).
+
+    The Pad then reads codes and writes codes of one scale and zero point,
+    which a target can pad as codes, and the node before it (a gate in front
+    of a convolution that pads) has its output quantized, as in front of a
+    convolution that reads it directly.
+    """
+    for node in fm.graph.node:
+        if node.op_type != "Pad" or node.name in excluded or node.op_type in excluded or not node.input:
+            continue
+        x, y = node.input[0], node.output[0]
+        if y not in calibrated or x in calibrated or x in result.shared or not fm.is_float(x):
+            continue
+        if x in graph_outputs or x in fm.read_in_subgraphs or len(fm.consumers.get(x, [])) != 1:
+            continue
+        result.shared[x] = y
         result.all_consumers_dequantize.add(x)
 
 

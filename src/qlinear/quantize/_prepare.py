@@ -37,11 +37,8 @@
 - A ``Reshape``, ``Squeeze`` or ``Unsqueeze`` of constants (paddle2onnx
   writes each bias added after a Conv as ``Reshape(Constant, Constant)``)
   becomes the constant it computes, so the rewrites below see it.
-- ``Add(Conv(x, W, b), c)`` with a constant ``c`` of one value per output
-  channel (or one value) becomes ``Conv(x, W, b + c)``, as ONNX Runtime
-  fuses the float model. Left apart, the Conv takes a Q for QLinearConv,
-  the Add runs in float between a DequantizeLinear and a QuantizeLinear,
-  and a Relu or gate after it no longer sees a quantized Conv output.
+- Constant scales and shifts after a Conv (a bias written as ``Add``) and
+  before one are folded into it: :mod:`._affine_folds`.
 
 The MatMul rewrites keep node names (the Gemm takes the MatMul's name)
 and the values the model computes: the products and sums are the same
@@ -61,7 +58,7 @@ from qlinear.quantize._model import FloatModel, attribute, reserve_name
 from qlinear.quantize._session import optimized_graph
 
 __all__ = [
-    "drop_identities", "fold_batch_norms", "fold_constant_reshapes", "fold_conv_bias_adds", "matmul_add_to_gemm",
+    "drop_identities", "fold_batch_norms", "fold_constant_reshapes", "matmul_add_to_gemm", "remove_nodes", "store_bias",
     "untranspose_gemm_weights",
 ]  # fmt: skip
 
@@ -191,10 +188,10 @@ def fold_batch_norms(fm: FloatModel) -> bool:
         shape[axis] = channels
         fm.set_constant(w, (weight.astype(np.float64) * k.reshape(shape)).astype(np.float32))
         new_bias = ((old_bias - params[2].astype(np.float64)) * k + params[1].astype(np.float64)).astype(np.float32)
-        _store_bias(fm, layer, bias, new_bias)
+        store_bias(fm, layer, bias, new_bias)
         layer.output[0] = bn.output[0]
         folded.add(bn.name)
-    return _remove_nodes(g, folded)
+    return remove_nodes(g, folded)
 
 
 def drop_identities(fm: FloatModel) -> bool:
@@ -212,7 +209,7 @@ def drop_identities(fm: FloatModel) -> bool:
             while name in renamed:  # an Identity of an Identity
                 name = renamed[name]
             node.input[k] = name
-    return _remove_nodes(g, dropped)
+    return remove_nodes(g, dropped)
 
 
 # Constants a reshape is folded into at most (elements): bias vectors and small tables; a weight reshaped at
@@ -240,7 +237,7 @@ def fold_constant_reshapes(fm: FloatModel) -> bool:
         g.initializer.append(numpy_helper.from_array(value, node.output[0]))
         fm.initializers[node.output[0]] = g.initializer[-1]
         folded.add(node.name)
-    return _remove_nodes(g, folded)
+    return remove_nodes(g, folded)
 
 
 def _reshaped(node: onnx.NodeProto, data: np.ndarray, second: np.ndarray | None) -> np.ndarray | None:
@@ -264,44 +261,7 @@ def _reshaped(node: onnx.NodeProto, data: np.ndarray, second: np.ndarray | None)
         return None  # the model is wrong here; ONNX Runtime says so when it runs it
 
 
-def fold_conv_bias_adds(fm: FloatModel) -> bool:
-    """Fold each constant Add of one value per output channel after a Conv into the Conv's bias."""
-    g = fm.graph
-    outputs = set(fm.output_names)
-    folded: set[str] = set()  # the Adds
-    convs: set[str] = set()  # their Convs, each folded into once
-    for add in g.node:
-        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
-            continue
-        found = [(fm.producer.get(x), c) for x, c in (add.input, add.input[::-1]) if c in fm.initializers]
-        conv, shift_name = found[0] if found else (None, None)
-        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or conv.name in convs:
-            continue
-        x = conv.output[0]
-        if x in outputs or x in fm.read_in_subgraphs or len(fm.consumers.get(x, [])) != 1:
-            continue
-        w = conv.input[1]
-        weight, shift = fm.constant(w), fm.constant(shift_name)
-        if weight is None or fm.elem_types.get(w) != TensorProto.FLOAT or fm.elem_types.get(shift_name) != TensorProto.FLOAT:
-            continue
-        channels = weight.shape[0]
-        # Broadcast against (N, C, spatial...): one value, or one a channel on axis 1 and ones elsewhere.
-        shape = (1,) * (weight.ndim - shift.ndim) + shift.shape
-        if shift.ndim > weight.ndim or shape[0] != 1 or any(d != 1 for d in shape[2:]) or shape[1] not in (1, channels):
-            continue
-        bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
-        old_bias = np.zeros(channels) if bias is None else fm.constant(bias)
-        if old_bias is None or (bias is not None and len(fm.consumers.get(bias, [])) != 1):
-            continue
-        new_bias = old_bias.astype(np.float64) + np.broadcast_to(shift.astype(np.float64).reshape(-1), (channels,))
-        _store_bias(fm, conv, bias, new_bias.astype(np.float32))
-        conv.output[0] = add.output[0]
-        folded.add(add.name)
-        convs.add(conv.name)
-    return _remove_nodes(g, folded)
-
-
-def _store_bias(fm: FloatModel, layer: onnx.NodeProto, bias: str | None, value: np.ndarray) -> None:
+def store_bias(fm: FloatModel, layer: onnx.NodeProto, bias: str | None, value: np.ndarray) -> None:
     """Give ``layer`` the bias ``value``: into ``bias``, its own initializer (which may take the per-channel shape), or a new one.
 
     A new one goes in as input 2, also where the layer holds an empty name there (an omitted optional input).
@@ -318,7 +278,7 @@ def _store_bias(fm: FloatModel, layer: onnx.NodeProto, bias: str | None, value: 
         layer.input.append(bias)
 
 
-def _remove_nodes(g: onnx.GraphProto, names: set[str]) -> bool:
+def remove_nodes(g: onnx.GraphProto, names: set[str]) -> bool:
     """Remove the nodes named ``names`` from ``g``; whether there were any."""
     if not names:
         return False

@@ -12,8 +12,10 @@ depthwise filter of that channel by it leaves the output unchanged, and
 the filter is quantized per channel, so its codes are the same but for
 their scale. The division goes into the nodes that compute the input
 (:func:`~._channel_scaling.fold_into_producer`: a Conv's output channels,
-through a Relu or a pool, or a Mul and Add by constants, as a learnable
-affine after HardSwish is written), whose weights are per channel too: the
+through a Relu or a pool, or a Mul and Add of one constant a channel; a
+map of scalars, as a learnable affine block after HardSwish is written,
+is folded into the depthwise Conv by the target's prepare pass before this
+runs), whose weights are per channel too: the
 rewrite costs no weight precision and adds no node. With ``s_c`` the
 channel's largest magnitude over the calibration data over the largest of
 all channels, every channel spans the same range, and a per-tensor scale

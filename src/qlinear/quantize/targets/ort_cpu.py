@@ -13,9 +13,11 @@ import functools
 from qlinear.dtypes import ELEMENT_TYPES
 from qlinear.onnx._passes import FunctionPass, Sequential
 from qlinear.quantize import _prepare as rewrites
+from qlinear.quantize._affine_folds import fold_affines_into_convs, fold_conv_affines
 from qlinear.quantize._fusion import FusionCheck, check_fusion, float_by_design
 from qlinear.quantize._gathered_table import gather_tables
 from qlinear.quantize._model import FloatModel, index
+from qlinear.quantize._padded_codes import pad_codes
 from qlinear.quantize._precision import FULL_LADDER, Ladder
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, PROVIDERS, session
 from qlinear.quantize._signed_layout import lay_out_signed
@@ -32,14 +34,16 @@ def _float_rewrite(rewrite, name: str | None = None) -> FunctionPass:
 
 def _prepare(weight_only: bool) -> Sequential:
     # In this order: constants are computed first, MatMul + Add becomes a Gemm, so a BatchNormalization after
-    # it folds too, and a constant Add after a Conv folds into the bias the normalization may have given it.
+    # it folds too, and constant scales and shifts after a Conv fold into the weights and bias the normalization may
+    # have given it (before those before a Conv, so a map between two Convs goes into the first).
     to_gemm = functools.partial(rewrites.matmul_add_to_gemm, integer_activations=not weight_only)
     passes = [
         _float_rewrite(rewrites.drop_identities),
         _float_rewrite(rewrites.fold_constant_reshapes),
         _float_rewrite(to_gemm, "matmul_add_to_gemm"),
         _float_rewrite(rewrites.fold_batch_norms),
-        _float_rewrite(rewrites.fold_conv_bias_adds),
+        _float_rewrite(fold_conv_affines),
+        _float_rewrite(fold_affines_into_convs),
     ]
     if weight_only:  # only then does a DequantizeLinear on a Gemm's weight fuse into MatMulNBits
         passes.append(_float_rewrite(rewrites.untranspose_gemm_weights))
@@ -69,6 +73,8 @@ ORT_CPU = Target(
         FunctionPass(lambda model: bool(gather_tables(model)), name="gather_tables"),
         # The same values, int8 activations where ONNX Runtime's x86 kernels take them.
         FunctionPass(lambda model: bool(lay_out_signed(model)), name="lay_out_signed"),
+        # The same values, a Pad of a quantized tensor on its codes (ONNX Runtime drops no Q/DQ pair around a Pad).
+        FunctionPass(lambda model: bool(pad_codes(model)), name="pad_codes"),
     ),
     check_fusion=check_fusion,
     float_by_design=float_by_design,
