@@ -27,7 +27,10 @@ time in those float passes and their Q/DQ than in all its QLinearConvs.
 The folds compute in float64 and round once to float32, so the model's
 values move by float32 rounding, as ONNX Runtime's own folds move them.
 A fold needs each tensor on the way read by the next op alone, and the
-Conv's weights and bias read by it alone.
+Conv's bias read by it alone; its weights too, but for a chain of shifts
+alone after it (those go into the bias). The cost in accuracy: a
+depthwise Conv's input after such a map is the activation itself, which
+depthwise equalization cannot scale, where it scaled the map's constants.
 """
 
 from __future__ import annotations
