@@ -8,6 +8,7 @@ import pytest
 
 import qlinear.onnx as qo
 import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
 from qlinear.quantize._affine_folds import fold_affines_into_convs, fold_conv_affines
 from qlinear.quantize._model import attribute, index, load_float_model
 from qlinear.quantize._session import optimized_graph, session
@@ -141,3 +142,11 @@ def test_a_quantized_model_of_affine_blocks_runs_its_gates_and_convs_on_integer_
     want = _run(model, x).astype(np.float64)
     db = 10 * np.log10((want**2).sum() / ((want - _run(r.model, x)) ** 2).sum())
     assert db > 25
+
+
+def test_an_exclude_pattern_may_name_a_node_the_folds_took_and_a_typo_is_still_refused():
+    model, data = learnable_affine_blocks()
+    r = qq.quantize_model(model, None, data, promote=False, exclude=["lab0a_mul", "lab1b_*", "re:^lab2a_add$"])
+    assert r.report.fusion.integer_gates == ["gate0_mul", "gate1_mul"]  # they were folded: nothing more is float
+    with pytest.raises(QuantizationError, match="'lab9a_mul' name no node"):
+        qq.quantize_model(model, None, data, promote=False, exclude=["lab9a_mul"])

@@ -83,7 +83,7 @@ def fold_conv_affines(fm: FloatModel) -> bool:
         store_bias(fm, conv, bias, (old * scale + shift).astype(np.float32))
         conv.output[0] = x
         folded.update(op.name for op in chain)
-    return remove_nodes(fm.graph, folded)
+    return remove_nodes(fm, folded)
 
 
 def fold_affines_into_convs(fm: FloatModel) -> bool:
@@ -142,7 +142,7 @@ def fold_affines_into_convs(fm: FloatModel) -> bool:
         nodes = [m for n in fm.graph.node for m in ((pads[n.name], n) if n.name in pads else (n,))]
         del fm.graph.node[:]
         fm.graph.node.extend(nodes)
-    return remove_nodes(fm.graph, folded) or bool(pads)
+    return remove_nodes(fm, folded) or bool(pads)
 
 
 def _conv_parts(fm: FloatModel, conv: onnx.NodeProto) -> tuple[np.ndarray, str | None] | None:

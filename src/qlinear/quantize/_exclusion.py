@@ -41,9 +41,20 @@ def unmatched(fm: FloatModel, patterns: Iterable[str]) -> list[str]:
     """The patterns that name no node of ``fm`` (a typo, or a model other than the one meant).
 
     An ONNX op type the model does not hold is no typo: one exclusion list
-    (``Gemm Conv``) is commonly given to models of every kind.
+    (``Gemm Conv``) is commonly given to models of every kind; nor is the
+    name of a node the target's prepare passes folded into another (a
+    BatchNormalization into its Conv, a constant Mul into the Conv beside
+    it), which is float wherever that node is.
     """
-    return [p for p in patterns if not _matches(fm, p) and not onnx.defs.has(p)]
+    return [p for p in patterns if not _matches(fm, p) and not onnx.defs.has(p) and not _names_folded(fm, p)]
+
+
+def _names_folded(fm: FloatModel, pattern: str) -> bool:
+    if pattern.startswith("re:") or ".." in pattern:
+        return pattern.startswith("re:") and any(re.search(pattern[3:], name) for name in fm.folded)
+    if _GLOB & set(pattern):
+        return any(fnmatch.fnmatchcase(name, pattern) for name in fm.folded)
+    return pattern in fm.folded
 
 
 def _matches(fm: FloatModel, pattern: str) -> set[str]:

@@ -54,6 +54,9 @@ class FloatModel:
     nodes: dict[str, onnx.NodeProto] = field(default_factory=dict)  # by name
     # Tensors of the graph that a subgraph (an If branch, a Loop body) reads by name: readers no QDQ layout reaches.
     read_in_subgraphs: set[str] = field(default_factory=set)
+    # The nodes of the model as given that the target's prepare passes folded into others (a BatchNormalization into
+    # its Conv): an exclude pattern may name them, and they are float where their node is.
+    folded: set[str] = field(default_factory=set)
 
     @property
     def graph(self) -> onnx.GraphProto:

@@ -191,7 +191,7 @@ def fold_batch_norms(fm: FloatModel) -> bool:
         store_bias(fm, layer, bias, new_bias)
         layer.output[0] = bn.output[0]
         folded.add(bn.name)
-    return remove_nodes(g, folded)
+    return remove_nodes(fm, folded)
 
 
 def drop_identities(fm: FloatModel) -> bool:
@@ -209,7 +209,7 @@ def drop_identities(fm: FloatModel) -> bool:
             while name in renamed:  # an Identity of an Identity
                 name = renamed[name]
             node.input[k] = name
-    return remove_nodes(g, dropped)
+    return remove_nodes(fm, dropped)
 
 
 # Constants a reshape is folded into at most (elements): bias vectors and small tables; a weight reshaped at
@@ -237,7 +237,7 @@ def fold_constant_reshapes(fm: FloatModel) -> bool:
         g.initializer.append(numpy_helper.from_array(value, node.output[0]))
         fm.initializers[node.output[0]] = g.initializer[-1]
         folded.add(node.name)
-    return remove_nodes(g, folded)
+    return remove_nodes(fm, folded)
 
 
 def _reshaped(node: onnx.NodeProto, data: np.ndarray, second: np.ndarray | None) -> np.ndarray | None:
@@ -278,13 +278,14 @@ def store_bias(fm: FloatModel, layer: onnx.NodeProto, bias: str | None, value: n
         layer.input.append(bias)
 
 
-def remove_nodes(g: onnx.GraphProto, names: set[str]) -> bool:
-    """Remove the nodes named ``names`` from ``g``; whether there were any."""
+def remove_nodes(fm: FloatModel, names: set[str]) -> bool:
+    """Remove the nodes named ``names`` from ``fm``'s graph, folded into others (``fm.folded`` keeps their names); whether there were any."""
     if not names:
         return False
-    kept = [n for n in g.node if n.name not in names]
-    del g.node[:]
-    g.node.extend(kept)
+    kept = [n for n in fm.graph.node if n.name not in names]
+    del fm.graph.node[:]
+    fm.graph.node.extend(kept)
+    fm.folded |= names
     return True
 
 
