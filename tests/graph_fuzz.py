@@ -90,6 +90,13 @@ class _Builder:
             return self.node("Mul", [self.node("Mul", [x, half]), self.node("Add", [erf, one])])
         return self.node(kind, [x])
 
+    def affine(self, x: str, channels: int) -> str:
+        """``x * a + c`` on a 2-D feature map: scalars, as paddle2onnx writes a learnable affine block, or one a channel."""
+        shape = () if self.rng.random() < 0.5 else (1, channels, 1, 1)
+        scale = self.const(self.rng.uniform(0.5, 1.5, shape).astype(self.np_float), "affine_scale")
+        shift = self.const(self.rng.uniform(-0.5, 0.5, shape).astype(self.np_float), "affine_shift")
+        return self.node("Add", [self.node("Mul", [scale, x]), shift])
+
     def activations(self) -> tuple[str, ...]:
         """The activations this grammar version draws from (3 added Gelu)."""
         return (*ACTIVATIONS, "Gelu") if self.grammar >= 3 else ACTIVATIONS
@@ -144,9 +151,15 @@ def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int
             params = [b.const(p.astype(b.np_float), "bn") for p in (stats[0], stats[1], stats[2], np.abs(stats[0]))]
             y = b.node("BatchNormalization", [y, *params])
             desc.append("batchnorm")
+        if b.grammar >= 8 and rng.random() < 0.25:  # a learnable affine block after the Conv (PP-LCNetV3's)
+            y = b.affine(y, out)
+            desc.append("affine")
         kind = str(rng.choice(b.activations()))
         y = b.activation(y, kind)
         desc.append(f"conv{out}+{kind}")
+        if b.grammar >= 8 and rng.random() < 0.25:  # and one after the activation, before the next Conv or the pool
+            y = b.affine(y, out)
+            desc.append("affine after")
         if out == channels and rng.random() < 0.4:
             y = b.node("Add", [y, x])
             desc.append("residual")
@@ -292,9 +305,10 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
 # The grammar's versions: 2 added Split (a C2f block's) and Slice to the convolutional models, 3 ConvTranspose and
 # Gelu (the op, or written out with Erf before opset 20), 4 opsets 11, 12 and 23, 5 an If whose sides read weights
 # of the outer graph, 6 a rank-5 input through 3-D convolutions and a scalar (rank-0) input, 7 exclusions in every
-# form of pattern. A case is its seed and the version it was drawn with: a regression test names both, so that a
+# form of pattern, 8 learnable affine blocks (a Mul and an Add by scalars or by one constant a channel) after a Conv
+# and after its activation. A case is its seed and the version it was drawn with: a regression test names both, so that a
 # grammar grown later keeps its case.
-GRAMMAR = 7
+GRAMMAR = 8
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
