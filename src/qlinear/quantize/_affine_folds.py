@@ -40,7 +40,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.quantize._model import FloatModel, attribute, reserve_name
-from qlinear.quantize._prepare import remove_nodes, store_bias
+from qlinear.quantize._prepare import remove_nodes, set_attribute, store_bias
 
 __all__ = ["fold_affines_into_convs", "fold_conv_affines"]
 
@@ -126,7 +126,7 @@ def fold_affines_into_convs(fm: FloatModel) -> bool:
                 continue
             pads[conv.name] = _pad(x, padding, float(fill[0]), conv.name, taken, fm)
             x = pads[conv.name].output[0]
-            _set_pads(conv, [0] * len(padding))
+            set_attribute(conv, "pads", [0] * len(padding))
         # Output channel o of group g reads input channels g * per_group ... (g + 1) * per_group - 1.
         per_group = weight.shape[1]
         rows = (np.arange(weight.shape[0]) // (weight.shape[0] // group))[:, None] * per_group + np.arange(per_group)
@@ -193,12 +193,6 @@ def _padding(conv: onnx.NodeProto, axes: int) -> list[int] | None:
     if auto_pad != "NOTSET":
         return None
     return [int(p) for p in attribute(conv, "pads", [0] * (2 * axes))]
-
-
-def _set_pads(conv: onnx.NodeProto, pads: list[int]) -> None:
-    kept = [a for a in conv.attribute if a.name != "pads"]
-    del conv.attribute[:]
-    conv.attribute.extend([*kept, helper.make_attribute("pads", pads)])
 
 
 def _pad(x: str, padding: list[int], fill: float, conv: str, taken: set[str], fm: FloatModel) -> onnx.NodeProto:

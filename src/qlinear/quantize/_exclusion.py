@@ -50,27 +50,30 @@ def unmatched(fm: FloatModel, patterns: Iterable[str]) -> list[str]:
 
 
 def _names_folded(fm: FloatModel, pattern: str) -> bool:
-    if pattern.startswith("re:") or ".." in pattern:
-        return pattern.startswith("re:") and any(re.search(pattern[3:], name) for name in fm.folded)
-    if _GLOB & set(pattern):
-        return any(fnmatch.fnmatchcase(name, pattern) for name in fm.folded)
-    return pattern in fm.folded
+    return ".." not in pattern and bool(_named(sorted(fm.folded), pattern))
 
 
 def _matches(fm: FloatModel, pattern: str) -> set[str]:
-    nodes = fm.graph.node
+    if ".." in pattern:
+        start, _, end = pattern.partition("..")
+        return _region(fm, pattern, start, end)
+    found = _named([n.name for n in fm.graph.node], pattern)
+    if not (pattern.startswith("re:") or _GLOB & set(pattern)):
+        found |= {n.name for n in fm.graph.node if n.op_type == pattern}
+    return found
+
+
+def _named(names: list[str], pattern: str) -> set[str]:
+    """The ``names`` a name pattern (an expression, a glob or a name) names."""
     if pattern.startswith("re:"):
         try:
             expression = re.compile(pattern[3:])
         except re.error as e:
             raise QuantizationError(f"quantize: exclude pattern {pattern!r} is not a regular expression: {e}") from None
-        return {n.name for n in nodes if expression.search(n.name)}
-    if ".." in pattern:
-        start, _, end = pattern.partition("..")
-        return _region(fm, pattern, start, end)
+        return {n for n in names if expression.search(n)}
     if _GLOB & set(pattern):
-        return {n.name for n in nodes if fnmatch.fnmatchcase(n.name, pattern)}
-    return {n.name for n in nodes if pattern in (n.name, n.op_type)}
+        return {n for n in names if fnmatch.fnmatchcase(n, pattern)}
+    return {n for n in names if n == pattern}
 
 
 def _region(fm: FloatModel, pattern: str, start: str, end: str) -> set[str]:

@@ -40,6 +40,7 @@ def pad_codes(model: onnx.ModelProto) -> list[str]:
     inits = {t.name: t for t in g.initializer}
     made, read = producers(g), readers(g)
     taken = set(inits) | {n for node in g.node for n in (*node.input, *node.output, node.name)}
+    graph_outputs = {o.name for o in g.output}
     replaced: dict[str, onnx.NodeProto] = {}  # the QuantizeLinear's name -> the Pad of codes taking its place
     dropped: set[str] = set()
     for pad in g.node:
@@ -53,24 +54,22 @@ def pad_codes(model: onnx.ModelProto) -> list[str]:
         if params is None or any(i and i not in inits for i in pad.input[1:]):
             continue
         scale, zero_point = params
-        inputs = [dq.input[0], pad.input[1]]
+        # The codes, the pads, the pad value's code (constant mode; none for the others) and the axes (opset 18).
+        inputs = [dq.input[0], pad.input[1], "", *pad.input[3:]]
         mode = attribute(pad, "mode", b"constant")
         mode = mode.decode() if isinstance(mode, bytes) else mode
         if mode == "constant":
             value = numpy_helper.to_array(inits[pad.input[2]]) if len(pad.input) > 2 and pad.input[2] else np.float32(0)
             code = qlinear.quantize_linear(np.asarray(value, scale.dtype).reshape(()), scale, zero_point)
-            name = reserve_name(f"{pad.name}_code", taken)
-            g.initializer.append(numpy_helper.from_array(np.asarray(code, zero_point.dtype).reshape(()), name))
-            inputs.append(name)
-        elif len(pad.input) > 3:
-            inputs.append("")
-        if len(pad.input) > 3:  # axes (opset 18)
-            inputs.append(pad.input[3])
+            inputs[2] = reserve_name(f"{pad.name}_code", taken)
+            g.initializer.append(numpy_helper.from_array(np.asarray(code, zero_point.dtype).reshape(()), inputs[2]))
+        while not inputs[-1]:  # no empty optional input at the end
+            inputs.pop()
         replaced[q.name] = helper.make_node(
             "Pad", inputs, [q.output[0]], name=reserve_name(f"{pad.name}_codes", taken), mode=mode
         )
         dropped.add(pad.name)
-        if len(read.get(dq.output[0], [])) == 1 and dq.output[0] not in {o.name for o in g.output}:
+        if len(read.get(dq.output[0], [])) == 1 and dq.output[0] not in graph_outputs:
             dropped.add(dq.name)
     if not replaced:
         return []

@@ -58,7 +58,7 @@ from qlinear.quantize._model import FloatModel, attribute, reserve_name
 from qlinear.quantize._session import optimized_graph
 
 __all__ = [
-    "drop_identities", "fold_batch_norms", "fold_constant_reshapes", "matmul_add_to_gemm", "remove_nodes", "store_bias",
+    "drop_identities", "fold_batch_norms", "fold_constant_reshapes", "matmul_add_to_gemm", "remove_nodes", "set_attribute", "store_bias",
     "untranspose_gemm_weights",
 ]  # fmt: skip
 
@@ -141,7 +141,7 @@ def untranspose_gemm_weights(fm: FloatModel) -> bool:
         if b not in fm.initializers or len(fm.consumers.get(b, [])) != 1 or len(fm.shapes.get(b, ())) != 2:
             continue
         fm.set_constant(b, np.ascontiguousarray(fm.constant(b).T))
-        _set_attribute(node, "transB", 0)
+        set_attribute(node, "transB", 0)
         changed = True
     return changed
 
@@ -183,7 +183,7 @@ def fold_batch_norms(fm: FloatModel) -> bool:
             if old_bias.size not in (1, channels) or old_bias.shape not in ((), (1,), (channels,), (1, channels)):
                 continue
             old_bias = np.broadcast_to(old_bias.reshape(-1), (channels,)) * attribute(layer, "beta", 1.0)
-            _set_attribute(layer, "beta", 1.0)
+            set_attribute(layer, "beta", 1.0)
         shape = [1] * weight.ndim
         shape[axis] = channels
         fm.set_constant(w, (weight.astype(np.float64) * k.reshape(shape)).astype(np.float32))
@@ -289,7 +289,7 @@ def remove_nodes(fm: FloatModel, names: set[str]) -> bool:
     return True
 
 
-def _set_attribute(node: onnx.NodeProto, name: str, value: int | float) -> None:
+def set_attribute(node: onnx.NodeProto, name: str, value: int | float) -> None:
     """Give ``node`` attribute ``name`` = ``value`` (its type from the value's), replacing any it has."""
     kept = [a for a in node.attribute if a.name != name]
     del node.attribute[:]
