@@ -20,7 +20,7 @@ import qlinear.quantize._latency as latency_module
 from qlinear._errors import QuantizationError
 from qlinear.cli import main
 from qlinear.quantize._data import Dataset
-from qlinear.quantize._latency import Latency, PairTimer, batch_feeds, user_batches
+from qlinear.quantize._latency import Latency, PairTimer, UserBatchTimer, batch_feeds, user_batches, worst_ratio
 from qlinear.quantize._precision import FULL_LADDER, NodePrecision
 from qlinear.quantize._promotion import AccuracyTarget, Promotion, search_within
 from qlinear.quantize.targets import ORT_CPU, target
@@ -70,6 +70,17 @@ def test_the_timer_gives_both_medians_and_the_median_ratio():
     got = timer.time(model)
     assert got.batch == 2 and got.before > 0 and got.after > 0 and 0.2 < got.ratio < 5
     assert 5 <= timer.pairs <= 25
+    # Neither side's idle threads spin: they would take the cores from the other side's turn.
+    for session in (timer._float, ORT_CPU.session(model, spinning=False)):
+        assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_the_users_batches_are_each_timed():
+    model, data = conv_batchnorm()
+    dataset = Dataset({"x": data["x"]}, None, "eval", {"x": 0})
+    got = UserBatchTimer(model, dataset, (1, 4), ORT_CPU).time(model)
+    assert [t.batch for t in got] == [1, 4] and all(0.2 < t.ratio < 5 for t in got)
+    assert worst_ratio([Latency(1, 1.0, 0.9, 0.9), Latency(16, 1.0, 1.2, 1.2)]) == 1.2
 
 
 def test_onnx_runtimes_ladder_offers_no_dominated_step():
@@ -118,7 +129,7 @@ def test_latency_budget_gives_the_most_accurate_model_within_it(float_costs):
     assert not r.target_met and report.decision.target_met is False  # 200 dB was asked for beside the budget
     assert "the most accurate model within 0.75x" in report.decision.line
     written = [c for c in report.tradeoff if c.chosen]
-    assert len(written) == 1 and written[0].latency.ratio == pytest.approx(0.7)
+    assert len(written) == 1 and [t.ratio for t in written[0].latency] == pytest.approx([0.7, 0.7])  # at 1 and 16
     # Without a target beside it, the budget alone decides, and the run succeeds.
     alone = qq.quantize_model(MODEL, None, CALIBRATION, max_float=1.0, latency_budget=0.75)
     assert alone.target_met and len(alone.report.promotions.steps) <= 2
@@ -136,8 +147,8 @@ def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monk
     ratio = 0.8 + 0.15 * floats
     assert report.decision.line.startswith(f"SLOWER than the float model: {ratio:.2f}x at a batch of 1")
     rows = report.tradeoff
-    assert rows[0].promotions == 0 and rows[0].flags == "--no-promote" and rows[0].latency.ratio == pytest.approx(0.8)
-    assert rows[-1].chosen and rows[-1].latency.ratio == pytest.approx(ratio)
+    assert rows[0].promotions == 0 and rows[0].flags == "--no-promote" and worst_ratio(rows[0].latency) == pytest.approx(0.8)
+    assert rows[-1].chosen and worst_ratio(rows[-1].latency) == pytest.approx(ratio)
     # Each row between: a prefix the search evaluated, its figure, and the budget that writes it.
     for row in rows[1:-1]:
         assert row.figure is not None and row.flags == f"--latency-budget {0.8 + 0.15 * row.promotions:.2f}"

@@ -441,13 +441,13 @@ def test_initializers_read_only_inside_a_subgraph_are_kept():
 
 
 def test_a_quantized_model_slower_than_the_float_one_is_a_warning_with_the_causes_the_run_knows(monkeypatch):
-    import qlinear.quantize._stages as stages
+    import qlinear.quantize._latency as latency_module
 
     model, data = layernorm_attention()
     texts, decisions = {}, {}
     for timing in ((1.0, 2.0), (1.0, 1.1)):  # the timing's noise is about 0.1: a 10% slower model is not warned of
         timed = [Latency(1, timing[0], timing[1], timing[1] / timing[0]), Latency(16, 10.0, 9.0, 0.9)]
-        monkeypatch.setattr(stages, "latencies", lambda *a, timed=timed, **k: timed)
+        monkeypatch.setattr(latency_module.UserBatchTimer, "time", lambda self, model, timed=timed: tuple(timed))
         r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
         texts[timing] = [w for w in r.warnings if w.startswith("the quantized model is slower")]
         decisions[timing] = r.decision

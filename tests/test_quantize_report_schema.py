@@ -96,6 +96,16 @@ def test_an_infinite_sqnr_is_null_in_the_json_and_the_dict_keeps_it():
     assert json.loads(report.to_json())["output"]["sqnr_db"] is None
 
 
+def test_a_report_that_timed_its_tradeoff_at_one_batch_reads_back():
+    report = qq.quantize_model(MODEL, None, CALIBRATION, target_sqnr_db=45).report
+    data = json.loads(report.to_json())
+    assert data["tradeoff"] and all(len(row["latency"]) == 2 for row in data["tradeoff"])  # batches 1 and 16
+    for row in data["tradeoff"]:  # as a report written before each batch was timed: one object
+        row["latency"] = row["latency"][0]
+    back = qq.Report.from_dict(data)
+    assert [row.latency for row in back.tradeoff] == [row.latency[:1] for row in report.tradeoff]
+
+
 def test_reading_a_report_as_a_dict_warns_and_gives_the_json_part():
     report = qq.quantize_model(MODEL, None, CALIBRATION, promote=False).report
     with pytest.warns(DeprecationWarning, match=r"report\['output'\] is deprecated: the report is typed, read report.output"):

@@ -23,7 +23,7 @@ from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
 from qlinear.quantize._records import plain
 from qlinear.quantize._report_schema import NodeAnalysis, NodeRow, Report
-from qlinear.quantize._tradeoff import Candidate
+from qlinear.quantize._tradeoff import latency_text
 
 __all__ = ["render_html"]
 
@@ -226,18 +226,15 @@ def _tradeoff(report: Report) -> str:
         return ""
     metric = "sqnr" if report.promotions is None else report.promotions.target.metric
 
-    def latency(c: Candidate) -> str:
-        return "-" if c.latency is None else f"{c.latency.ratio:.2f}x at {c.latency.batch}"
-
     body = "".join(
         f"<tr><td>{c.promotions}{' (written)' if c.chosen else ''}</td>"
-        f'<td class="num">{_figure(c.figure, metric)}</td><td class="num">{latency(c)}</td>'
+        f'<td class="num">{_figure(c.figure, metric)}</td><td class="num">{latency_text(c.latency)}</td>'
         f'<td class="num">{_bytes(c.size_bytes)}</td><td><code>{_e(c.flags)}</code></td></tr>'
         for c in report.tradeoff
     )
     return (
         "<h2>The trade-off measured</h2><p>Models the search built, timed against the float model in alternating pairs "
-        "at the batch the users run (latency over the float model's, below 1 is faster).</p>"
+        "at each batch the users run (latency over the float model's, below 1 is faster).</p>"
         "<table><thead><tr><th>promotions</th><th>accuracy</th><th>latency</th><th>size</th><th>flags</th></tr></thead>"
         f"<tbody>{body}</tbody></table>"
     )

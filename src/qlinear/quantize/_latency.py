@@ -12,9 +12,10 @@ slows both sides of the pairs it falls in.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from qlinear.quantize._data import Dataset, _take, samples_in
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
-__all__ = ["Latency", "PairTimer", "batch_feeds", "latencies", "user_batches"]
+__all__ = ["Latency", "PairTimer", "UserBatchTimer", "batch_feeds", "mean_ratio", "user_batches", "worst_ratio"]
 
 # Each side's runs a timing takes at most, and about how long it may take (seconds, both sides together).
 _MOST_PAIRS = 25
@@ -69,7 +70,8 @@ class PairTimer:
         self.feeds = dict(feeds)
         self.batch = samples_in(feeds)
         self.runtime = runtime
-        self._float = runtime.session(float_model)
+        # Neither side's idle threads spin: they would take the cores from the other side's turn.
+        self._float = runtime.session(float_model, spinning=False)
         start = time.perf_counter()
         self._float.run(None, self.feeds)  # warm-up: the first run allocates and picks kernels
         self._float.run(None, self.feeds)
@@ -79,7 +81,7 @@ class PairTimer:
     def time(self, model: onnx.ModelProto) -> Latency | None:
         """``model``'s latency beside the float model's; None where the runtime cannot load it."""
         try:
-            candidate = self.runtime.session(model)
+            candidate = self.runtime.session(model, spinning=False)
         except QuantizationError:  # no kernels for its types on this runtime: no latency to give
             return None
         candidate.run(None, self.feeds)
@@ -93,10 +95,35 @@ class PairTimer:
         return Latency(self.batch, 1e3 * statistics.median(before), 1e3 * statistics.median(after), ratio)
 
 
-def latencies(
-    float_model: onnx.ModelProto, model: onnx.ModelProto, data: Dataset, batches: tuple[int, ...], first: PairTimer
-) -> list[Latency]:
-    """``model``'s latency at each of ``batches`` (``first`` times the first); none where the runtime cannot load it."""
-    timers = [first, *(PairTimer(float_model, batch_feeds(data, b), first.runtime) for b in batches[1:])]
-    found = [t.time(model) for t in timers]
-    return [f for f in found if f is not None]
+class UserBatchTimer:
+    """Times models against the float model at each batch its users run (one :class:`PairTimer` a batch).
+
+    A kind of node can be faster in float at one batch and not at another
+    (ONNX Runtime's int8 5x5 depthwise convolution: on par at one sample,
+    several times its float kernel's time at 16), so what the quantizer
+    decides on speed it decides on every batch the users run.
+    """
+
+    def __init__(self, float_model: onnx.ModelProto, data: Dataset, batches: tuple[int, ...], runtime: Target) -> None:
+        self.batches = batches
+        self._timers = [PairTimer(float_model, batch_feeds(data, b), runtime) for b in batches]
+
+    def time(self, model: onnx.ModelProto) -> tuple[Latency, ...] | None:
+        """``model``'s latency beside the float model's at each batch; None where the runtime cannot load it."""
+        found = []
+        for timer in self._timers:
+            latency = timer.time(model)
+            if latency is None:
+                return None
+            found.append(latency)
+        return tuple(found)
+
+
+def worst_ratio(latencies: Sequence[Latency]) -> float:
+    """The largest latency ratio over the batches timed: what a latency budget bounds, at every batch."""
+    return max(t.ratio for t in latencies)
+
+
+def mean_ratio(latencies: Sequence[Latency]) -> float:
+    """The geometric mean of the latency ratios over the batches timed: each batch's share of time saved counts alike."""
+    return math.exp(statistics.fmean(math.log(t.ratio) for t in latencies))

@@ -182,8 +182,8 @@ _CORE_FIELDS = (
             type=float,
             metavar="RATIO",
             group=_TARGET,
-            help="the most accurate model whose latency is at most RATIO times the float model's at the batch its users "
-            "run, e.g. 0.8 (a target given beside it must be met too)",
+            help="the most accurate model whose latency is at most RATIO times the float model's at each batch its "
+            "users run, e.g. 0.8 (a target given beside it must be met too)",
         ),
     ),
     (
@@ -194,8 +194,8 @@ _CORE_FIELDS = (
             form="negated",
             flag="--no-float-where-faster",
             group=_TARGET,
-            help="keep quantized the kinds of node the runtime runs faster in float at the users' batch (timed after "
-            "the promotions; the default leaves them float, trading their weights' size for speed)",
+            help="keep quantized the kinds of node the runtime runs faster in float at the users' batches (timed "
+            "after the promotions; the default leaves them float, trading their weights' size for speed)",
         ),
     ),
     (

@@ -20,7 +20,7 @@ from qlinear.quantize import _stages as stage
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Evaluation, Reference
 from qlinear.quantize._execution import Bars, Execution, checked_output, write_atomically
-from qlinear.quantize._latency import PairTimer, batch_feeds, user_batches
+from qlinear.quantize._latency import UserBatchTimer, user_batches
 from qlinear.quantize._model import FloatModel, load_float_model
 from qlinear.quantize._option_fields import data_words
 from qlinear.quantize._options import QuantizeOptions, given, resolve
@@ -131,7 +131,7 @@ def quantize_model(
         builder, requested = stage.build(fm, options, run, bars)
     with bars.stage("float reference"):  # the float model's outputs on the eval data, and its latency
         reference = Reference(fm.model, eval_data, batch_size=options.batch_size, runtime=runtime)
-        timer = PairTimer(fm.model, batch_feeds(eval_data, batches[0]), runtime)
+        timer = UserBatchTimer(fm.model, eval_data, batches, runtime)
     with bars.stage("meet the target"):
         met = stage.meet_target(builder, requested, reference, options, runtime, timer, bars)
     with bars.stage("refine"):
@@ -141,7 +141,7 @@ def quantize_model(
         fusion = runtime.check_fusion(qmodel, [p.name for p in met.built.plan.nodes])
         unloadable = load_error(qmodel, runtime) if fusion is None else None  # the fusion check loads it as written
     with bars.stage("evaluate"):
-        evaluation, latency, measures = stage.evaluation(fm, qmodel, met, eval_data, reference, options, batches, timer, bars)
+        evaluation, latency, measures = stage.evaluation(fm, qmodel, met, eval_data, reference, options, timer, bars)
     with bars.stage("report"):
         report = build_report(
             ReportInputs.of(

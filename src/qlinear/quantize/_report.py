@@ -15,7 +15,7 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Evaluation
 from qlinear.quantize._fusion import MODEL_OUTPUT_CONV, FusionCheck, float_by_design
 from qlinear.quantize._interval import wilson_interval
-from qlinear.quantize._latency import Latency
+from qlinear.quantize._latency import Latency, worst_ratio
 from qlinear.quantize._placement import Plan, listed
 from qlinear.quantize._promotion import Search
 from qlinear.quantize._report_schema import (
@@ -176,7 +176,11 @@ def _decision(r: ReportInputs) -> Decision:
     advice = ""
     if faster is False or (search is not None and not search.met):
         chosen = next((c for c in r.tradeoff if c.chosen and c.latency is not None), None)
-        faster_ones = [c for c in r.tradeoff if chosen and not c.chosen and c.latency and c.latency.ratio < chosen.latency.ratio]
+        faster_ones = [
+            c
+            for c in r.tradeoff
+            if chosen and not c.chosen and c.latency and worst_ratio(c.latency) < worst_ratio(chosen.latency)
+        ]
         if faster_ones:
             advice = "; the trade-off table gives the faster models measured and the flags that write them"
         elif faster is False:

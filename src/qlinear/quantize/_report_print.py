@@ -11,6 +11,7 @@ from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
 from qlinear.quantize._report_schema import Report
 from qlinear.quantize._report_text import db_text, figure_text, share_text
+from qlinear.quantize._tradeoff import latency_text
 
 __all__ = ["MOST_DEGRADED", "print_profile", "print_report"]
 
@@ -51,10 +52,9 @@ def _print_tradeoff(report: Report, console: Console) -> None:
     metric = _metric(report)
     table = Table(title="the trade-off measured (latency over the float model's, in pairs)")
     for col in ("promotions", "accuracy", "latency", "size", "flags"):
-        table.add_column(col, no_wrap=col != "flags")
+        table.add_column(col, no_wrap=col not in ("latency", "flags"))
     for row in rows:
-        lat = row.latency
-        latency = "-" if lat is None else f"{lat.ratio:.2f}x at {lat.batch}"
+        latency = latency_text(row.latency)
         mark = " (written)" if row.chosen else ""
         table.add_row(f"{row.promotions}{mark}", figure_text(row.figure, metric), latency, _bytes(row.size_bytes), row.flags)
     console.print(table)

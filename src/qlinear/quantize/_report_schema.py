@@ -291,6 +291,8 @@ class Report:
             data["latency_ms"] = [{**one, "ratio": one["after"] / one["before"]}]
         for key in ("latency_ms", "tradeoff", "float_where_faster"):
             data[key] = data.get(key) or []
+        # Saved when the trade-off was timed at one batch: each row's latency an object, not a list of them.
+        data["tradeoff"] = [_batches_listed(row) for row in data["tradeoff"]]
         try:
             extra = {name: from_plain(record, data[name]) for name, record in _RESULTS.items() if data.get(name) is not None}
             return dataclasses.replace(from_plain(cls, data), algorithms=extra)
@@ -322,6 +324,13 @@ _RESULTS = {
 def algorithm_results(done: dict[str, Any]) -> dict[str, Any]:
     """Of what each algorithm that ran gave, by name, the results ``Report.algorithms`` holds."""
     return {name: result for name, result in done.items() if name in _RESULTS}
+
+
+def _batches_listed(row: Any) -> Any:
+    """A trade-off row with its latency as a list over batches (an older report's one batch wrapped)."""
+    if isinstance(row, dict) and isinstance(row.get("latency"), dict):
+        return {**row, "latency": [row["latency"]]}
+    return row
 
 
 def _strict(value: Any) -> Any:

@@ -7,9 +7,13 @@ convolutions and thin Gemms lose the same way. Such a node quantized is
 dominated: slower, and less accurate. So after the accuracy search, each
 kind of quantized node (op, depthwise or grouped, kernel size) is timed
 in float against the model as it stands, in alternating pairs with the
-float model, and kept float where the model runs faster by more than the
+float model at each batch the users run, and kept float where the model
+runs faster (the geometric mean of the batches' ratios: a share of time
+saved at one batch counts as much as at another) by more than the
 timing's noise and by a larger share than the file grows (its float
-weights), confirmed by a second timing. The kinds are few (a model's
+weights), confirmed by a second timing. The batches can disagree: ONNX
+Runtime's int8 5x5 depthwise convolution is on par with its float one at
+one sample and several times slower at 16. The kinds are few (a model's
 hundreds of nodes are a handful of kinds), so this costs a few timings.
 
 It trades size for speed: a node kept float keeps its float weights. So
@@ -20,11 +24,11 @@ activations; a weight-only node is quantized for its size. Off
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from qlinear.dtypes import element_type
-from qlinear.quantize._latency import Latency
+from qlinear.quantize._latency import Latency, mean_ratio
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._precision import NodePrecision
 
@@ -37,7 +41,10 @@ MARGIN = 0.03
 
 @dataclass(frozen=True)
 class Floated:
-    """One kind of node tried in float: its nodes, the model's latency ratio before and with them float, and whether kept."""
+    """One kind of node tried in float: its nodes, the model's latency ratio before and with them float, and whether kept.
+
+    The ratios are the geometric means over the batches the users run.
+    """
 
     kind: str
     nodes: tuple[str, ...]
@@ -62,7 +69,7 @@ def float_where_faster(
     fm: FloatModel,
     quantized: dict[str, NodePrecision],
     precision: dict[str, NodePrecision],
-    timed: Callable[[dict[str, NodePrecision]], tuple[Latency | None, int]],
+    timed: Callable[[dict[str, NodePrecision]], tuple[Sequence[Latency] | None, int]],
 ) -> tuple[dict[str, NodePrecision], list[Floated]]:
     """``precision`` with every kind of node in ``quantized`` that runs faster in float set float, and each kind's trial.
 
@@ -70,7 +77,8 @@ def float_where_faster(
     activations are tried, the ones quantized for speed (a weight-only
     node is quantized for its size, which float would give back).
     ``timed``: a precision assignment's latency as the runtime runs it,
-    beside the float model's, and its size in bytes.
+    beside the float model's at each batch the users run, and its size
+    in bytes.
     """
     kinds: dict[str, list[str]] = {}
     for name, asked in quantized.items():
@@ -81,19 +89,25 @@ def float_where_faster(
     start, size = timed(current)
     if start is None:  # the runtime cannot load the model: nothing to time
         return current, []
-    ratio, trials = start.ratio, []
+    ratio, trials = mean_ratio(start), []
     for kind, names in sorted(kinds.items(), key=lambda item: -len(item[1])):
         trial = {**current, **dict.fromkeys(names, FASTER_IN_FLOAT)}
-        first, trial_size = timed(trial)
+        first, trial_size = _mean_timed(timed, trial)
         # The share of latency saved must pass the noise, and the share of size given back.
         needed = max(MARGIN, (trial_size - size) / size)
-        faster = first is not None and first.ratio < ratio * (1 - needed)
+        faster = first is not None and first < ratio * (1 - needed)
         if faster:  # confirmed by a second timing, and the current model timed again beside it
-            again, now = timed(trial)[0], timed(current)[0]
-            faster = again is not None and now is not None and again.ratio < now.ratio * (1 - needed)
-            ratio = now.ratio if now is not None else ratio
-        after = first.ratio if first is not None else float("nan")
-        trials.append(Floated(kind, tuple(names), ratio, after, faster))
+            again, now = _mean_timed(timed, trial)[0], _mean_timed(timed, current)[0]
+            faster = again is not None and now is not None and again < now * (1 - needed)
+            ratio = now if now is not None else ratio
+        trials.append(Floated(kind, tuple(names), ratio, float("nan") if first is None else first, faster))
         if faster:
-            current, ratio, size = trial, again.ratio, trial_size
+            current, ratio, size = trial, again, trial_size
     return current, trials
+
+
+def _mean_timed(timed: Callable[[dict[str, NodePrecision]], tuple[Sequence[Latency] | None, int]],
+                precision: dict[str, NodePrecision]) -> tuple[float | None, int]:  # fmt: skip
+    """A precision assignment's latency ratio (the geometric mean over the batches timed) and its size in bytes."""
+    latencies, size = timed(precision)
+    return (None if latencies is None else mean_ratio(latencies)), size

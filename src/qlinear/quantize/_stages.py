@@ -24,7 +24,7 @@ from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_da
 from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
 from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, metric_figure, output_figures
 from qlinear.quantize._execution import Bars, Execution
-from qlinear.quantize._latency import Latency, PairTimer, latencies
+from qlinear.quantize._latency import Latency, UserBatchTimer, worst_ratio
 from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
@@ -167,12 +167,12 @@ def build(fm: FloatModel, options: QuantizeOptions, run: CalibrationRun | None, 
 
 
 def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, options: QuantizeOptions, runtime: Runtime,
-                timer: PairTimer, bars: Bars) -> TargetResult:  # fmt: skip
+                timer: UserBatchTimer, bars: Bars) -> TargetResult:  # fmt: skip
     """Each node's sensitivity, then the most sensitive nodes promoted up the ``runtime``'s ladder until the target holds.
 
     With a latency budget, the most accurate model within it instead
-    (``timer`` times each candidate against the float model at the batch
-    the users run). The models built on the way are the trade-off the
+    (``timer`` times each candidate against the float model at the batches
+    the users run; the budget holds at each). The models built on the way are the trade-off the
     report shows.
     """
     goal = _goal(options, reference, builder.fm.model)  # a target the outputs cannot meet is refused before any work
@@ -201,7 +201,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
 
     start_figure = start[pick] if goal.metric in ("sqnr", "agreement") else figure_of(requested.model)
 
-    def timed(precision: dict[str, NodePrecision]) -> tuple[Latency | None, int]:
+    def timed(precision: dict[str, NodePrecision]) -> tuple[tuple[Latency, ...] | None, int]:
         model = onnx.ModelProto()
         model.CopyFrom(builder.build(precision).model)
         runtime.finalize(model)  # timed as it will be written
@@ -216,7 +216,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         def ratio(precision):
             step(1)
             latency = timed(precision)[0]
-            return None if latency is None else latency.ratio
+            return None if latency is None else worst_ratio(latency)
 
         if options.latency_budget is None:
             found = search(steps, start_figure, goal, measure)
@@ -250,7 +250,7 @@ def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Re
 
 
 def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, eval_data: Dataset, reference: Reference,
-               options: QuantizeOptions, batches: tuple[int, ...], timer: PairTimer,
+               options: QuantizeOptions, timer: UserBatchTimer,
                bars: Bars) -> tuple[Evaluation, list[Latency], dict[str, Any]]:  # fmt: skip
     """The written model against the float one: its figures on the eval data, its latency at each batch, its measures."""
     quantized = [p.name for p in met.built.plan.nodes]
@@ -259,7 +259,7 @@ def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, eval_
             fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, eval_data,
             batch_size=options.batch_size, runtime=reference.runtime, progress=step, known=reference,
         )  # fmt: skip
-    return found, latencies(fm.model, qmodel, eval_data, batches, timer), measures(fm, qmodel, reference, options)
+    return found, list(timer.time(qmodel) or ()), measures(fm, qmodel, reference, options)
 
 
 def measures(fm: FloatModel, qmodel: onnx.ModelProto, reference: Reference, options: QuantizeOptions) -> dict[str, Any]:

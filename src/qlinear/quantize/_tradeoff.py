@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from qlinear.quantize._latency import Latency
+from qlinear.quantize._latency import Latency, worst_ratio
 from qlinear.quantize._precision import NodePrecision
 from qlinear.quantize._promotion import Search
 
-__all__ = ["Candidate", "tradeoff"]
+__all__ = ["Candidate", "latency_text", "tradeoff"]
 
 # Rows between the types asked for and the result, at most (each costs a build and a timing).
 _BETWEEN = 3
@@ -31,7 +31,7 @@ class Candidate:
 
     promotions: int
     figure: float | None
-    latency: Latency | None
+    latency: tuple[Latency, ...] | None  # at each batch the users run; None where the runtime cannot load it
     size_bytes: int
     flags: str
     chosen: bool = False
@@ -40,13 +40,14 @@ class Candidate:
 def tradeoff(
     search: Search,
     steps: list[Any],
-    time: Callable[[dict[str, NodePrecision]], tuple[Latency | None, int]],
+    time: Callable[[dict[str, NodePrecision]], tuple[tuple[Latency, ...] | None, int]],
     chosen: dict[str, NodePrecision],
 ) -> list[Candidate]:
     """The types asked for, the evaluated prefixes between (at most a few) and the model written, by their promotions.
 
     ``steps``: the search's promotion list; ``time``: a precision
-    assignment's latency and size, as the target runtime runs it;
+    assignment's latency at each batch the users run and its size, as
+    the target runtime runs it;
     ``chosen``: the model written (the search's, with any nodes kept float for speed).
     """
     result_is_a_prefix = _same_prefix(search, steps)
@@ -69,10 +70,15 @@ def _same_prefix(search: Search, steps: list[Any]) -> bool:
     return [(p.node, p.after) for p in search.promotions] == [(s.node, s.after) for s in steps[:n]]
 
 
-def _flags(k: int, latency: Latency | None) -> str:
-    """The flags that write a model like the ``k``-step one: no promotion, or its latency as the budget."""
+def _flags(k: int, latency: tuple[Latency, ...] | None) -> str:
+    """The flags that write a model like the ``k``-step one: no promotion, or its slowest batch's latency as the budget."""
     if k == 0:
         return "--no-promote"
-    if latency is None:
+    if not latency:
         return "-"
-    return f"--latency-budget {math.ceil(100 * latency.ratio - 1e-9) / 100:.2f}"  # up to the next hundredth
+    return f"--latency-budget {math.ceil(100 * worst_ratio(latency) - 1e-9) / 100:.2f}"  # up to the next hundredth
+
+
+def latency_text(latency: tuple[Latency, ...] | None) -> str:
+    """A candidate's latency as the reports show it: its ratio at each batch (``0.93x at 1, 1.17x at 16``)."""
+    return ", ".join(f"{t.ratio:.2f}x at {t.batch}" for t in latency) if latency else "-"

@@ -98,11 +98,13 @@ class Target:
         runtime: the runtime's name, as messages and the report say it.
         providers: the execution providers its sessions run on.
         session: the runtime opened on a model, as
-            ``session(model, *, threads=0, path=None, arena=True)``
+            ``session(model, *, threads=0, path=None, arena=True, spinning=True)``
             (``path``: the model's file instead, its external data beside
             it; ``threads``: 0 for the runtime's own choice; ``arena``:
             whether the session may keep its largest run's memory, off
-            where runs return many tensors). The object it returns runs a
+            where runs return many tensors; ``spinning``: whether its idle
+            threads may spin-wait, off where sessions take turns on the
+            same cores to be timed). The object it returns runs a
             batch as ``run(output_names, feeds)`` (the outputs' arrays in
             that order); it raises ``QuantizationError`` (one line) where
             the runtime cannot load the model.
