@@ -283,6 +283,37 @@ def squeeze_excite(*, paddle: bool = False) -> tuple[onnx.ModelProto, dict[str, 
     return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(np.float32)}
 
 
+def feature_pyramid(*, resize_mode: str = "nearest") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A text detector's neck in small: two levels, each a Conv with a residual squeeze-and-excitation gate, the coarse one
+    upsampled and added to the fine one, the levels concatenated, then a Conv and a Sigmoid head.
+
+    Level ``k``: ``f = conv_k(x)``, ``r = f + f * HardSigmoid(se_k(f))`` (Add ``res_k``, Mul ``gate_k``); then
+    ``top = Resize(r1) + r0`` (``sum``), ``Concat(Resize(r1), top)`` (``levels``) -> ``head`` -> Sigmoid. A side
+    branch ``side = r0 + top`` (``side_sum``) feeds only the float ReduceMean of a second output.
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("feature_pyramid", opset=17)
+    x = g.input("x", "float", ("N", 3, 16, 16))
+    stem = g.op("Relu", [g.op("Conv", [x, _w(rng, 8, 3, 3, 3, scale=0.5), _w(rng, 8)], name="stem", pads=[1, 1, 1, 1])])
+    levels = []
+    for k, stride in enumerate((1, 2)):
+        f = g.op("Conv", [stem, _w(rng, 8, 8, 3, 3, scale=0.3), _w(rng, 8)], name=f"conv{k}", pads=[1, 1, 1, 1],
+                 strides=[stride, stride])  # fmt: skip
+        se = g.op("Conv", [g.op("GlobalAveragePool", [f], name=f"pool{k}"), _w(rng, 8, 8, 1, 1, scale=0.5), _w(rng, 8)],
+                  name=f"se{k}")  # fmt: skip
+        gated = g.op("Mul", [f, g.op("HardSigmoid", [se], name=f"hsig{k}")], name=f"gate{k}")
+        levels.append(g.op("Add", [f, gated], name=f"res{k}"))
+    scales = np.array([1, 1, 2, 2], np.float32)
+    up = g.op("Resize", [levels[1], np.array([], np.float32), scales], name="up", mode=resize_mode)
+    top = g.op("Add", [up, levels[0]], name="sum")
+    joined = g.op("Concat", [up, top], name="levels", axis=1)
+    head = g.op("Conv", [joined, _w(rng, 1, 16, 3, 3, scale=0.3), _w(rng, 1)], name="head", pads=[1, 1, 1, 1])
+    g.output(g.op("Sigmoid", [head], name="prob", output_names=["prob"]))
+    side = g.op("Add", [levels[0], top], name="side_sum")
+    g.output(g.op("ReduceMean", [side], name="side_mean", keepdims=0, output_names=["side"]))
+    return g.to_model(), {"x": rng.standard_normal((48, 3, 16, 16)).astype(np.float32)}
+
+
 def dense_on_sequences(shape=(4, 12, 32), opset=17) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """Two MatMul + bias layers and a MatMul head on a 3-D input of ``shape`` (48 x 12 x 32 samples).
 

@@ -25,9 +25,15 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
   float, the pool made a float copy of its whole input; and an input that
   also feeds a gate (``a * HardSigmoid(b)``) had no Q, so the gate ran in
   float.
-- Data movement (Reshape, Transpose, MaxPool, Pad, ...) on a quantized
-  tensor: its output shares the input's scale and zero point, so the pair
-  around it is exact and the runtime drops it; no requantization appears.
+- Data movement (Reshape, Transpose, MaxPool, Pad, a nearest Resize, ...)
+  on a quantized tensor: its output shares the input's scale and zero
+  point, so the pair around it is exact and the runtime drops it; no
+  requantization appears.
+- The joins of quantized tensors the target runs on integer kernels (on
+  ONNX Runtime: Add, Mul, Concat), a squeeze-and-excitation gate's Mul
+  included, where their output reaches a quantized reader: the output is
+  quantized too, so a feature pyramid runs integer from one convolution to
+  the next: see :mod:`._joins`.
   A constant Pad's value is rounded to that grid (and saturates at its
   ends) as the QuantizeLinear after it rounds it.
 - A compute node whose output reaches a Log without passing another
@@ -35,8 +41,8 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
   sums, however many), and a front-end node (one reading a graph input
   that way) whose output reaches a Sqrt or a fractional Pow, stays float,
   weight and activations: see :mod:`._float_regions`.
-- Everything else stays float: element-wise arithmetic (a LayerNorm written
-  as ReduceMean/Sub/Mul, an attention mask of -3.4e38 added to scores),
+- Everything else stays float: other element-wise arithmetic (a LayerNorm
+  written as ReduceMean/Sub/Mul, an attention mask of -3.4e38 added to scores),
   normalizations, Softmax, reductions, Concat; graph outputs are never
   quantized (a Concat of box coordinates and class scores keeps both).
 """
@@ -47,11 +53,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
+import onnx
 
 from qlinear.dtypes import element_type
 from qlinear.quantize._exclusion import excluded_nodes
 from qlinear.quantize._float_regions import float_regions
-from qlinear.quantize._model import FloatModel
+from qlinear.quantize._joins import quantize_joins
+from qlinear.quantize._model import FloatModel, attribute
 from qlinear.quantize._node_placement import COMPUTE_OPS, NodePlan, node_plan
 from qlinear.quantize._precision import NodePrecision, wider_activation
 from qlinear.quantize.targets import target
@@ -61,7 +69,7 @@ if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithm
 
 
 __all__ = [
-    "COMPUTE_OPS", "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "Plan", "left_float_text", "listed", "plan",
+    "COMPUTE_OPS", "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "Plan", "left_float_text", "listed", "moves_data", "plan",
 ]  # fmt: skip
 
 # Ops whose output values are a subset or rearrangement of the input's: they
@@ -70,6 +78,15 @@ DATA_MOVEMENT_OPS = frozenset(
     {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice", "Split", "DepthToSpace", "SpaceToDepth",
      "Pad"}
 )  # fmt: skip
+
+
+def moves_data(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` only moves its input's values: a data-movement op, or a Resize that picks the nearest value."""
+    if node.op_type == "Resize":
+        return attribute(node, "mode", b"nearest") == b"nearest"
+    return node.op_type in DATA_MOVEMENT_OPS
+
+
 # The reason given for a node the promotion search put back in float (the report shows those apart).
 PROMOTED_TO_FLOAT = "promoted to float"
 
@@ -186,6 +203,10 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
     if calibrated:
         _quantize_pool_inputs(fm, result, calibrated, excluded, graph_outputs, placement.fused_pools)
         _quantize_pad_inputs(fm, result, calibrated, excluded, graph_outputs)
+        quantize_joins(
+            fm, calibrated, result.all_consumers_dequantize, lambda n: n.name in excluded or n.op_type in excluded,
+            placement.integer_joins, moves_data,
+        )  # fmt: skip
         _share_through_data_movement(fm, result, calibrated, excluded, graph_outputs)
     result.calibrate = list(calibrated)
     result.activation_types = calibrated
@@ -225,7 +246,7 @@ def _quantize_pool_inputs(
         if not fm.is_float(x) or {x, y} & (graph_outputs | fm.read_in_subgraphs) or calibrated.get(x, "uint8") != "uint8":
             continue
         readers = fm.consumers.get(y, [])
-        moved = readers[0].output[0] if len(readers) == 1 and readers[0].op_type in DATA_MOVEMENT_OPS else None
+        moved = readers[0].output[0] if len(readers) == 1 and moves_data(readers[0]) else None
         if calibrated.get(y, calibrated.get(moved)) != "uint8" or (y not in calibrated and moved in graph_outputs):
             continue
         # The pooled output gets its own range (a mean spans less than its input); data movement after it shares it.
@@ -262,7 +283,7 @@ def _share_through_data_movement(
     """Data-movement nodes on a quantized tensor pass its parameters to their outputs."""
     quantized = set(calibrated)
     for node in fm.graph.node:
-        if node.op_type not in DATA_MOVEMENT_OPS or node.name in excluded or node.op_type in excluded:
+        if not moves_data(node) or node.name in excluded or node.op_type in excluded:
             continue
         source = node.input[0] if node.input else ""
         if source not in quantized or not fm.is_float(source):

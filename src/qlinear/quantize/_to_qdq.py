@@ -29,7 +29,7 @@ from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._model import FloatModel, reserve_name
 from qlinear.quantize._node_placement import NodePlan
 from qlinear.quantize._opset import at_opset
-from qlinear.quantize._placement import DATA_MOVEMENT_OPS, Plan
+from qlinear.quantize._placement import Plan, moves_data
 from qlinear.quantize.algorithms._registry import Algorithm, Calibrated
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
@@ -172,7 +172,7 @@ def _quantized_reads(plan: Plan, g: onnx.GraphProto) -> set[tuple[str, str]]:
     """``(node, tensor)`` pairs where the node reads the tensor quantized: compute nodes and data movement."""
     reads = {(p.name, t) for p in plan.nodes for t in p.activations}
     for node in g.node:
-        if node.op_type in DATA_MOVEMENT_OPS and node.output and node.output[0] in plan.shared:
+        if moves_data(node) and node.output and node.output[0] in plan.shared:
             reads.add((node.name, plan.shared[node.output[0]]))
     return reads
 

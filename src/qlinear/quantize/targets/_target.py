@@ -44,6 +44,9 @@ class Placement:
             behind a DequantizeLinear (listed as left float, with what they hold).
         fused_pools: pools it runs on quantized values between a uint8
             DequantizeLinear and QuantizeLinear (their inputs are quantized).
+        integer_joins: the joins of activations it runs on integer kernels
+            between DequantizeLinear inputs and a QuantizeLinear output
+            (their outputs are quantized where their inputs are).
         clamps_folded: activations right after a Conv that a QuantizeLinear
             after them absorbs (its range clamps as they do).
         blocked_float_ops: ops whose blocked weights go with float
@@ -68,6 +71,7 @@ class Placement:
     widened_table: str
     unfused_weight_ops: tuple[str, ...]
     fused_pools: frozenset[str]
+    integer_joins: frozenset[str]
     clamps_folded: frozenset[str]
     blocked_float_ops: Mapping[str, frozenset[str] | None]
     unloadable_activations: Mapping[str, frozenset[str]]

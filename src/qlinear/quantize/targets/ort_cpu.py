@@ -91,6 +91,7 @@ ORT_CPU = Target(
         # Its quantize_dynamic rewrites LSTM into a com.microsoft op instead.
         unfused_weight_ops=("LSTM", "GRU", "RNN", "Einsum"),
         fused_pools=frozenset({"GlobalAveragePool", "AveragePool"}),  # QLinearGlobalAveragePool, QLinearAveragePool
+        integer_joins=frozenset({"Add", "Mul", "Concat"}),  # QLinearAdd, QLinearMul, QLinearConcat
         clamps_folded=frozenset({"Relu", "Clip"}),  # its redundant-clip rule
         # MatMul and Gemm run blocked weights of every type as MatMulNBits; a blocked 8-bit Conv weight it fuses
         # into QLinearConv, which takes no blocked filter scale (4-bit ones it leaves a float Conv).
