@@ -135,6 +135,14 @@ def test_latency_budget_gives_the_most_accurate_model_within_it(float_costs):
     assert alone.target_met and len(alone.report.promotions.steps) <= 2
 
 
+def test_a_model_that_meets_its_target_faster_than_float_times_no_other_row(float_costs):
+    # 0.5 + 0.1 a float compute node: the target met with promotions, every model faster than float.
+    r = qq.quantize_model(MODEL, None, CALIBRATION, target_sqnr_db=45, max_float=1.0)
+    assert r.target_met and r.report.promotions.steps and r.report.decision.faster
+    (row,) = r.report.tradeoff  # nothing to trade: only the model written is timed
+    assert row.chosen and row.promotions == len(r.report.promotions.steps)
+
+
 def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monkeypatch, tmp_path, capsys):
     # Each compute node float costs 0.15 over 0.8: a target that needs several gives a model slower than float.
     _costs(monkeypatch, 0.8, 0.15)

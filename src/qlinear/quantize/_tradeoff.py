@@ -4,8 +4,9 @@ The search evaluates a few prefixes of its promotion list on the way to
 the target. Where the result runs slower than the float model, or misses
 the target, a user needs to see what else was on offer: the types asked
 for (the fastest), the result, and the prefixes between, each timed
-against the float model in pairs at the batch the users run, with the
-command-line flags that write it.
+against the float model in pairs at each batch the users run, with the
+command-line flags that write it. Where the result meets its target
+faster than float, only the result is timed.
 """
 
 from __future__ import annotations
@@ -47,9 +48,16 @@ def tradeoff(
 
     ``steps``: the search's promotion list; ``time``: a precision
     assignment's latency at each batch the users run and its size, as
-    the target runtime runs it;
-    ``chosen``: the model written (the search's, with any nodes kept float for speed).
+    the target runtime runs it; ``chosen``: the model written (the
+    search's, with any nodes kept float for speed). Where the model
+    written meets its target and runs faster than float at every batch,
+    there is nothing to trade and no other row is timed (each costs a
+    build and a timing): the model written alone.
     """
+    latency, size = time(chosen)
+    written = Candidate(len(search.promotions), search.figure, latency, size, "(this run's)", chosen=True)
+    if search.met and latency and worst_ratio(latency) <= 1.0:
+        return [written]
     result_is_a_prefix = _same_prefix(search, steps)
     between = sorted(k for k in search.tried if k > 0 and not (result_is_a_prefix and k == len(search.promotions)))
     if len(between) > _BETWEEN:
@@ -59,9 +67,7 @@ def tradeoff(
         precision = {s.node: s.after for s in steps[:k]}
         latency, size = time(precision)
         rows.append(Candidate(k, search.tried.get(k), latency, size, _flags(k, latency)))
-    latency, size = time(chosen)
-    rows.append(Candidate(len(search.promotions), search.figure, latency, size, "(this run's)", chosen=True))
-    return rows
+    return [*rows, written]
 
 
 def _same_prefix(search: Search, steps: list[Any]) -> bool:
