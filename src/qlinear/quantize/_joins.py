@@ -12,7 +12,7 @@ DequantizeLinear nodes, most of them in the neck, took 120 ms of the
 quantized model's 274 (ONNX Runtime's profile).
 
 This step quantizes the output of each join whose inputs are all
-quantized (in graph order, so a chain of joins is quantized from its first
+quantized at uint8 (in graph order, so a chain of joins is quantized from its first
 one), or are a gate's value computed from a quantized tensor (which
 :mod:`._integer_gates` writes as integer), where the output reaches a
 quantized reader (a convolution, a pool, another such join, through data
@@ -21,7 +21,7 @@ save nothing. Every reader of the inputs and of the output then reads them
 dequantized, the groups the runtime fuses (on ONNX Runtime: QLinearAdd,
 QLinearMul, QLinearConcat, and a nearest Resize on the codes).
 
-Each join adds one rounding of its output, at the 8-bit type of its
+Each join adds one rounding of its output, at uint8 like its
 inputs; the accuracy search sees it in every model it builds.
 """
 
@@ -35,8 +35,10 @@ from qlinear.quantize._model import FloatModel
 
 __all__ = ["quantize_joins"]
 
-# The activation types whose joins run on integer kernels (QLinearAdd and its kind take 8-bit codes only).
-_INTEGER_TYPES = frozenset({"uint8", "int8"})
+# The activation types whose joins run on integer kernels. QLinearAdd and its kind take 8-bit codes only; and int8
+# is left as the gates leave it: ONNX Runtime's x86 kernels take an int8 pair only where its QuantizeLinear has one
+# reader (see _signed_layout), and a join reads a convolution's output beside the convolution after it.
+_INTEGER_TYPES = frozenset({"uint8"})
 # The gate values a Mul may take from a quantized tensor: the gates pass writes them as integer.
 _GATE_VALUES = frozenset({"Sigmoid", "HardSigmoid"})
 

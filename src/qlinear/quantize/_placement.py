@@ -29,7 +29,7 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
   on a quantized tensor: its output shares the input's scale and zero
   point, so the pair around it is exact and the runtime drops it; no
   requantization appears.
-- The joins of quantized tensors the target runs on integer kernels (on
+- The joins of uint8 tensors the target runs on integer kernels (on
   ONNX Runtime: Add, Mul, Concat), a squeeze-and-excitation gate's Mul
   included, where their output reaches a quantized reader: the output is
   quantized too, so a feature pyramid runs integer from one convolution to
