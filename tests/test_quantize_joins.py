@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
+import qlinear.onnx as qo
 import qlinear.quantize as qq
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._options import QuantizeOptions
@@ -85,3 +86,28 @@ def test_joins_of_other_activation_types_than_uint8_stay_float(activations):
     planned = plan(load_float_model(model), QuantizeOptions(activations=activations, weights=weights))
     out = {n.name: n.output[0] for n in model.graph.node}
     assert not {out[n] for n in ("gate0", "res0", "sum")} & set(planned.calibrate)  # the Concat feeds a Conv: its own
+
+
+def test_a_join_whose_output_a_pad_shares_is_not_calibrated_again():
+    # Found by the graph fuzzer (case 336 hung): a Concat before a Pad before a Conv. The Pad's input takes the
+    # Pad output's parameters; the join calibrated it as well, and the data-movement pass then made each tensor
+    # share the other's, a cycle the plan walked forever.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("concat_pad", opset=17)
+    x = g.input("x", "float", ("N", 3, 8, 8))
+    branches = [
+        g.op("Conv", [x, (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)], name=f"conv{k}", pads=[1] * 4)
+        for k in range(2)
+    ]
+    joined = g.op("Concat", branches, name="join", axis=1)
+    padded = g.op("Pad", [joined, np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)], name="pad")
+    head = g.op("Conv", [padded, (rng.standard_normal((2, 8, 3, 3)) * 0.3).astype(np.float32)], name="head")
+    g.output(g.op("ReduceMean", [g.op("Relu", [head], name="relu")], name="mean", keepdims=0, output_names=["y"]))
+    model = g.to_model()
+    data = {"x": rng.standard_normal((32, 3, 8, 8)).astype(np.float32)}
+    planned = plan(load_float_model(model), QuantizeOptions())
+    joined_name = next(n.output[0] for n in model.graph.node if n.name == "join")
+    assert joined_name in planned.shared and joined_name not in planned.calibrate
+    r = qq.quantize_model(model, None, data, promote=False)
+    ops = [n.op_type for n in optimized_graph(r.model).graph.node]
+    assert "QLinearConcat" in ops and ops.count("QLinearConv") == 3 and r.report.fusion.unfused == []

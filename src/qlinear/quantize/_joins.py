@@ -46,6 +46,7 @@ _GATE_VALUES = frozenset({"Sigmoid", "HardSigmoid"})
 def quantize_joins(
     fm: FloatModel,
     calibrated: dict[str, str],
+    shared: dict[str, str],
     dequantized: set[str],
     skipped: Callable[[onnx.NodeProto], bool],
     joins: frozenset[str],
@@ -54,7 +55,9 @@ def quantize_joins(
     """Quantize the outputs of the joins of quantized tensors that reach a quantized reader (in place).
 
     ``calibrated``: tensor -> activation type, the plan's so far (the join
-    outputs are added); ``dequantized``: the tensors every reader reads
+    outputs are added); ``shared``: tensors quantized with another's
+    parameters (a Pad's input takes its output's; a join writing one is
+    quantized already, and is not calibrated again); ``dequantized``: the tensors every reader reads
     dequantized (the joins' inputs and outputs are added); ``skipped``: a
     node excluded or otherwise left as it is; ``joins``: the ops the
     target runs on quantized inputs and output; ``moves_data``: whether a
@@ -64,6 +67,12 @@ def quantize_joins(
     if not joins:
         return
     quantized = dict(calibrated)  # tensor -> type, with what data movement passes on
+    for t in shared:
+        root = t
+        while root in shared:
+            root = shared[root]
+        if root in calibrated:
+            quantized[t] = calibrated[root]
     found: dict[str, tuple[str, list[str]]] = {}  # join node -> (its output, the inputs it reads dequantized)
     for node in fm.graph.node:
         if node.domain not in ("", "ai.onnx") or skipped(node) or not node.input or not node.output:
@@ -79,15 +88,16 @@ def quantize_joins(
         y = node.output[0]
         if reads is None or not fm.is_float(y) or y in fm.output_names or y in fm.read_in_subgraphs:
             continue
-        types = {quantized[t] for t in reads}
+        types = {quantized[t] for t in reads} | ({quantized[y]} if y in shared and y in quantized else set())
         if len(types) != 1 or not types <= _INTEGER_TYPES:
             continue
         quantized[y] = types.pop()
         found[node.name] = (y, reads)
-    kept = _reaching_quantized_readers(fm, found, calibrated, moves_data)
+    kept = _reaching_quantized_readers(fm, found, quantized.keys() & (calibrated.keys() | shared.keys()), moves_data)
     for name in kept:
         y, reads = found[name]
-        calibrated.setdefault(y, quantized[y])
+        if y not in shared:
+            calibrated.setdefault(y, quantized[y])
         dequantized.update((y, *reads))
 
 
@@ -114,17 +124,16 @@ def _quantized_reads(fm: FloatModel, node: onnx.NodeProto, quantized: dict[str, 
 
 
 def _reaching_quantized_readers(
-    fm: FloatModel, found: dict[str, tuple[str, list[str]]], calibrated: dict[str, str],
-    moves_data: Callable[[onnx.NodeProto], bool],
-) -> set[str]:  # fmt: skip
-    """Of the joins ``found``, those whose output reaches a tensor already quantized, or a kept join, through data movement."""
+    fm: FloatModel, found: dict[str, tuple[str, list[str]]], already: set[str], moves_data: Callable[[onnx.NodeProto], bool]
+) -> set[str]:
+    """Of the joins ``found``, those whose output reaches a tensor ``already`` quantized, or a kept join, through data movement."""
     kept: set[str] = set()
     # A tensor's answer is final once computed: the joins reading it come after it, so they were judged before.
     known: dict[str, bool] = {}
 
     def reaches(tensor: str) -> bool:
         if tensor not in known:
-            known[tensor] = tensor in calibrated or any(
+            known[tensor] = tensor in already or any(
                 reader.name in kept or (moves_data(reader) and any(reaches(o) for o in reader.output if o))
                 for reader in fm.consumers.get(tensor, [])
             )
