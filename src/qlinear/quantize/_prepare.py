@@ -147,7 +147,13 @@ def untranspose_gemm_weights(fm: FloatModel) -> bool:
 
 
 def fold_batch_norms(fm: FloatModel) -> bool:
-    """Fold each inference BatchNormalization into the Conv or Gemm before it, where that node's output and weights are its alone."""
+    """Fold each inference BatchNormalization into the Conv, ConvTranspose or Gemm before it, where that node's output and
+    weights are its alone.
+
+    ONNX Runtime folds one after a Conv when it loads the float model, not one
+    after a ConvTranspose (a text detector's upsampling head), which it then
+    runs as its own pass in the float model and in the quantized one.
+    """
     g = fm.graph
     outputs = set(fm.output_names)
     folded: set[str] = set()
@@ -158,7 +164,7 @@ def fold_batch_norms(fm: FloatModel) -> bool:
             continue
         x, scale, shift, mean, var = bn.input
         layer = fm.producer.get(x)
-        if layer is None or layer.op_type not in ("Conv", "Gemm") or layer.domain not in ("", "ai.onnx"):
+        if layer is None or layer.op_type not in ("Conv", "ConvTranspose", "Gemm") or layer.domain not in ("", "ai.onnx"):
             continue
         if x in outputs or len(fm.consumers.get(x, [])) != 1:
             continue
@@ -171,9 +177,11 @@ def fold_batch_norms(fm: FloatModel) -> bool:
         old_bias = None if bias is None else fm.constant(bias)
         if len(fm.consumers.get(w, [])) != 1 or (bias is not None and (old_bias is None or len(fm.consumers[bias]) != 1)):
             continue
-        # The weight's output-channel axis: a Conv's first; a Gemm's columns of B, or its rows where transB.
+        # The weight's output-channel axis: a Conv's first; a ConvTranspose's second (a group's channels: its output's
+        # are the groups' in turn); a Gemm's columns of B, or its rows where transB.
         axis = 0 if layer.op_type == "Conv" or attribute(layer, "transB", 0) else 1
-        channels = weight.shape[axis]
+        groups = attribute(layer, "group", 1) if layer.op_type == "ConvTranspose" else 1
+        channels = weight.shape[axis] * groups
         k = params[0].astype(np.float64) / np.sqrt(params[3].astype(np.float64) + attribute(bn, "epsilon", 1e-5))
         if k.shape != (channels,) or not np.all(np.isfinite(k)):
             continue
@@ -184,9 +192,14 @@ def fold_batch_norms(fm: FloatModel) -> bool:
                 continue
             old_bias = np.broadcast_to(old_bias.reshape(-1), (channels,)) * attribute(layer, "beta", 1.0)
             set_attribute(layer, "beta", 1.0)
-        shape = [1] * weight.ndim
-        shape[axis] = channels
-        fm.set_constant(w, (weight.astype(np.float64) * k.reshape(shape)).astype(np.float32))
+        if groups == 1:
+            shape = [1] * weight.ndim
+            shape[axis] = channels
+            scaled = weight.astype(np.float64) * k.reshape(shape)
+        else:  # [C_in, C_out / groups, ...]: group g's input rows write output channels g * C_out / groups onwards
+            per_group = weight.reshape(groups, weight.shape[0] // groups, *weight.shape[1:]).astype(np.float64)
+            scaled = (per_group * k.reshape(groups, 1, -1, *[1] * (weight.ndim - 2))).reshape(weight.shape)
+        fm.set_constant(w, scaled.astype(np.float32))
         new_bias = ((old_bias - params[2].astype(np.float64)) * k + params[1].astype(np.float64)).astype(np.float32)
         store_bias(fm, layer, bias, new_bias)
         layer.output[0] = bn.output[0]
