@@ -163,6 +163,17 @@ def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int
         if out == channels and rng.random() < 0.4:
             y = b.node("Add", [y, x])
             desc.append("residual")
+        if b.grammar >= 9 and rng.random() < 0.2:  # a squeeze-and-excitation gate on the block's output
+            squeezed = b.node("Conv", [b.node("GlobalAveragePool", [y]), b.weight(out, out, 1, 1)])
+            gate = b.node("HardSigmoid", [squeezed]) if rng.random() < 0.5 else b.node("Sigmoid", [squeezed])
+            y = b.node("Mul", [y, gate])
+            desc.append("SE gate")
+        if b.grammar >= 9 and size >= 4 and size % 2 == 0 and rng.random() < 0.2:  # a pyramid's coarser level joined
+            coarse = b.node("Conv", [b.node("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2]), b.weight(out, out, 1, 1)])
+            roi = "" if b.opset >= 13 else b.const(np.array([], np.float32), "roi")
+            up = b.node("Resize", [coarse, roi, b.const(np.array([1, 1, 2, 2], np.float32), "scales")], mode="nearest")
+            y = b.node("Add", [y, up])
+            desc.append("pyramid")
         if size >= 4 and rng.random() < 0.4:
             pool = str(rng.choice(["MaxPool", "AveragePool"]))
             y = b.node(pool, [y], kernel_shape=[2, 2], strides=[2, 2])
@@ -306,9 +317,10 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
 # Gelu (the op, or written out with Erf before opset 20), 4 opsets 11, 12 and 23, 5 an If whose sides read weights
 # of the outer graph, 6 a rank-5 input through 3-D convolutions and a scalar (rank-0) input, 7 exclusions in every
 # form of pattern, 8 learnable affine blocks (a Mul and an Add by scalars or by one constant a channel) after a Conv
-# and after its activation. A case is its seed and the version it was drawn with: a regression test names both, so that a
+# and after its activation, 9 squeeze-and-excitation gates and a pyramid's coarser level upsampled (nearest Resize)
+# and added back. A case is its seed and the version it was drawn with: a regression test names both, so that a
 # grammar grown later keeps its case.
-GRAMMAR = 8
+GRAMMAR = 9
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
