@@ -75,6 +75,26 @@ def test_a_per_channel_constant_after_a_conv_folds_into_it(op, shape):
     np.testing.assert_allclose(_run(folded, x), _run(model, x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_bias_add_and_a_normalization_after_a_conv_transpose_fold_into_it(group):
+    # paddle2onnx writes an upsampling head's bias as an Add after the ConvTranspose, then a BatchNormalization;
+    # ONNX Runtime folds neither there, so both ran in float (PP-OCRv4's text detector).
+    rng = np.random.default_rng(0)
+    g = qo.Graph("upsample_head", opset=17)
+    x = g.input("x", "float", ("N", 4, 6, 6))
+    w = (rng.standard_normal((4, 6 // group, 2, 2)) * 0.3).astype(np.float32)
+    up = g.op("ConvTranspose", [x, w], name="up", strides=[2, 2], group=group)
+    biased = g.op("Add", [up, rng.standard_normal((1, 6, 1, 1)).astype(np.float32)], name="bias")
+    stats = [rng.uniform(0.5, 1.5, 6), rng.uniform(-0.2, 0.2, 6), rng.uniform(-0.5, 0.5, 6), rng.uniform(0.5, 2, 6)]
+    bn = g.op("BatchNormalization", [biased, *(t.astype(np.float32) for t in stats)], name="bn")
+    g.output(g.op("Relu", [bn], name="relu", output_names=["y"]))
+    model = g.to_model()
+    folded = _folded(model, fold_conv_affines)
+    assert _ops(folded) == ["ConvTranspose", "Relu"]
+    x = rng.standard_normal((3, 4, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(_run(folded, x), _run(model, x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "model",
     [

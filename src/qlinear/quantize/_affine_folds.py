@@ -10,10 +10,13 @@ QuantizeLinear, and the gate or the convolution after it no longer reads
 a quantized tensor. PP-OCRv4's text detector at a batch of 16 spent more
 time in those float passes and their Q/DQ than in all its QLinearConvs.
 
-- **After a Conv** (:func:`fold_conv_affines`): a chain of ``Mul``,
-  ``Add``, ``Sub`` and ``Div`` by constants of one value per output
-  channel (or one value) becomes the Conv's weights and bias:
-  ``Conv(x, W, b) * a + c`` is ``Conv(x, W * a, b * a + c)``.
+- **After a Conv or a ConvTranspose** (:func:`fold_conv_affines`): a chain
+  of ``Mul``, ``Add``, ``Sub`` and ``Div`` by constants of one value per
+  output channel (or one value), and inference BatchNormalizations,
+  becomes the layer's weights and bias: ``Conv(x, W, b) * a + c`` is
+  ``Conv(x, W * a, b * a + c)``. ONNX Runtime folds none after a
+  ConvTranspose (paddle2onnx writes its bias as an ``Add``, then a
+  BatchNormalization: PP-OCRv4's detector head ran both in float).
 - **Before a Conv** (:func:`fold_affines_into_convs`): ``Conv(h * a + c)``
   is ``Conv'(h)`` with each input channel's filters times ``a`` and ``c``
   times their sums added to the bias. Where the Conv pads and ``c`` is not
@@ -40,7 +43,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.quantize._model import FloatModel, attribute, reserve_name
-from qlinear.quantize._prepare import remove_nodes, set_attribute, store_bias
+from qlinear.quantize._prepare import output_channels, remove_nodes, scale_output_channels, set_attribute, store_bias
 
 __all__ = ["fold_affines_into_convs", "fold_conv_affines"]
 
@@ -53,16 +56,23 @@ def fold_conv_affines(fm: FloatModel) -> bool:
     outputs = set(fm.output_names)
     folded: set[str] = set()
     for conv in fm.graph.node:
-        parts = _conv_parts(fm, conv)
+        parts = _conv_parts(fm, conv, ("Conv", "ConvTranspose"))
         if parts is None:
             continue
         weight, bias = parts
-        channels = weight.shape[0]
+        channels = output_channels(conv, weight)
         shared = len(fm.consumers.get(conv.input[1], [])) != 1  # its weights cannot scale; a shift goes into the bias
         scale, shift = np.ones(channels), np.zeros(channels)
         chain, x = [], conv.output[0]
         while x not in outputs and x not in fm.read_in_subgraphs and len(fm.consumers.get(x, [])) == 1:
             op = fm.consumers[x][0]
+            normalization = _normalization(fm, op, channels)
+            if normalization is not None and not shared:  # an inference BatchNormalization: x * k + (beta - mean * k)
+                k, offset = normalization
+                scale, shift = scale * k, shift * k + offset
+                chain.append(op)
+                x = op.output[0]
+                continue
             value = _channel_constant(fm, op, x, channels, weight.ndim)
             if value is None or (shared and op.op_type in ("Mul", "Div")):
                 break
@@ -76,9 +86,7 @@ def fold_conv_affines(fm: FloatModel) -> bool:
         if not chain:
             continue
         if np.any(scale != 1.0):  # a bias-only chain leaves the weights' bytes as they were
-            fm.set_constant(
-                conv.input[1], (weight.astype(np.float64) * scale.reshape((-1,) + (1,) * (weight.ndim - 1))).astype(np.float32)
-            )
+            fm.set_constant(conv.input[1], scale_output_channels(conv, weight, scale).astype(np.float32))
         old = np.zeros(channels) if bias is None else fm.constant(bias).astype(np.float64)
         store_bias(fm, conv, bias, (old * scale + shift).astype(np.float32))
         conv.output[0] = x
@@ -145,9 +153,9 @@ def fold_affines_into_convs(fm: FloatModel) -> bool:
     return remove_nodes(fm, folded) or bool(pads)
 
 
-def _conv_parts(fm: FloatModel, conv: onnx.NodeProto) -> tuple[np.ndarray, str | None] | None:
-    """A Conv's float constant weight and the name of its bias, a constant it reads alone (or None); else None."""
-    if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.input) < 2:
+def _conv_parts(fm: FloatModel, conv: onnx.NodeProto, ops: tuple[str, ...] = ("Conv",)) -> tuple[np.ndarray, str | None] | None:
+    """An ``ops`` node's float constant weight and the name of its bias, a constant it reads alone (or None); else None."""
+    if conv.op_type not in ops or conv.domain not in ("", "ai.onnx") or len(conv.input) < 2:
         return None
     w = conv.input[1]
     weight = fm.constant(w)
@@ -157,6 +165,20 @@ def _conv_parts(fm: FloatModel, conv: onnx.NodeProto) -> tuple[np.ndarray, str |
     if bias is not None and (fm.constant(bias) is None or len(fm.consumers.get(bias, [])) != 1):
         return None
     return weight, bias
+
+
+def _normalization(fm: FloatModel, op: onnx.NodeProto, channels: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(k, offset)`` (float64, one a channel) where ``op`` is an inference BatchNormalization of constants, else None."""
+    if op.op_type != "BatchNormalization" or op.domain not in ("", "ai.onnx") or attribute(op, "training_mode", 0):
+        return None
+    if len(op.input) != 5 or len([o for o in op.output if o]) != 1:
+        return None
+    params = [fm.constant(n) for n in op.input[1:]]
+    if any(p is None or p.shape != (channels,) for p in params):
+        return None
+    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
+    k = gamma / np.sqrt(var + attribute(op, "epsilon", 1e-5))
+    return (k, beta - mean * k) if np.all(np.isfinite(k)) else None
 
 
 def _channel_constant(fm: FloatModel, op: onnx.NodeProto, x: str, channels: int, rank: int) -> np.ndarray | None:

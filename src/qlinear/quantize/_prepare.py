@@ -146,6 +146,31 @@ def untranspose_gemm_weights(fm: FloatModel) -> bool:
     return changed
 
 
+def output_channels(layer: onnx.NodeProto, weight: np.ndarray) -> int:
+    """The output channels of a Conv, ConvTranspose or Gemm with weight ``weight``."""
+    if layer.op_type == "ConvTranspose":  # [C_in, C_out / group, ...]
+        return weight.shape[1] * int(attribute(layer, "group", 1))
+    return weight.shape[0 if layer.op_type == "Conv" or attribute(layer, "transB", 0) else 1]
+
+
+def scale_output_channels(layer: onnx.NodeProto, weight: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``weight`` (float64) times ``k``, one factor an output channel of ``layer`` (a Conv, ConvTranspose or Gemm).
+
+    The output-channel axis: a Conv's first; a Gemm's columns of B, or its
+    rows where transB; a ConvTranspose's second, within each group (group
+    g's rows of input channels write output channels ``g * C_out / group``
+    onwards).
+    """
+    w = weight.astype(np.float64)
+    if layer.op_type == "ConvTranspose":
+        groups = int(attribute(layer, "group", 1))
+        per_group = w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
+        return (per_group * k.reshape(groups, 1, -1, *[1] * (w.ndim - 2))).reshape(w.shape)
+    shape = [1] * w.ndim
+    shape[0 if layer.op_type == "Conv" or attribute(layer, "transB", 0) else 1] = k.size
+    return w * k.reshape(shape)
+
+
 def fold_batch_norms(fm: FloatModel) -> bool:
     """Fold each inference BatchNormalization into the Conv, ConvTranspose or Gemm before it, where that node's output and
     weights are its alone.
@@ -177,11 +202,7 @@ def fold_batch_norms(fm: FloatModel) -> bool:
         old_bias = None if bias is None else fm.constant(bias)
         if len(fm.consumers.get(w, [])) != 1 or (bias is not None and (old_bias is None or len(fm.consumers[bias]) != 1)):
             continue
-        # The weight's output-channel axis: a Conv's first; a ConvTranspose's second (a group's channels: its output's
-        # are the groups' in turn); a Gemm's columns of B, or its rows where transB.
-        axis = 0 if layer.op_type == "Conv" or attribute(layer, "transB", 0) else 1
-        groups = attribute(layer, "group", 1) if layer.op_type == "ConvTranspose" else 1
-        channels = weight.shape[axis] * groups
+        channels = output_channels(layer, weight)
         k = params[0].astype(np.float64) / np.sqrt(params[3].astype(np.float64) + attribute(bn, "epsilon", 1e-5))
         if k.shape != (channels,) or not np.all(np.isfinite(k)):
             continue
@@ -192,14 +213,7 @@ def fold_batch_norms(fm: FloatModel) -> bool:
                 continue
             old_bias = np.broadcast_to(old_bias.reshape(-1), (channels,)) * attribute(layer, "beta", 1.0)
             set_attribute(layer, "beta", 1.0)
-        if groups == 1:
-            shape = [1] * weight.ndim
-            shape[axis] = channels
-            scaled = weight.astype(np.float64) * k.reshape(shape)
-        else:  # [C_in, C_out / groups, ...]: group g's input rows write output channels g * C_out / groups onwards
-            per_group = weight.reshape(groups, weight.shape[0] // groups, *weight.shape[1:]).astype(np.float64)
-            scaled = (per_group * k.reshape(groups, 1, -1, *[1] * (weight.ndim - 2))).reshape(weight.shape)
-        fm.set_constant(w, scaled.astype(np.float32))
+        fm.set_constant(w, scale_output_channels(layer, weight, k).astype(np.float32))
         new_bias = ((old_bias - params[2].astype(np.float64)) * k + params[1].astype(np.float64)).astype(np.float32)
         store_bias(fm, layer, bias, new_bias)
         layer.output[0] = bn.output[0]
