@@ -132,26 +132,6 @@ def test_prepare_folds_batch_normalization_into_the_conv_before_it():
     assert [n.output for n in p.nodes if n.op_type == "Conv"] == [fm.producer_output("relu0"), fm.producer_output("relu1")]
 
 
-@pytest.mark.parametrize("group", [1, 2])
-def test_prepare_folds_batch_normalization_into_the_conv_transpose_before_it(group):
-    # ONNX Runtime folds none after a ConvTranspose (a text detector's upsampling head): it ran as its own pass.
-    rng = np.random.default_rng(0)
-    g = qo.Graph("upsample_bn", opset=17)
-    x = g.input("x", "float", ("N", 4, 6, 6))
-    w = (rng.standard_normal((4, 6 // group, 2, 2)) * 0.3).astype(np.float32)
-    up = g.op("ConvTranspose", [x, w, rng.standard_normal(6).astype(np.float32)], name="up", strides=[2, 2], group=group)
-    stats = [rng.uniform(0.5, 1.5, 6), rng.uniform(-0.2, 0.2, 6), rng.uniform(-0.5, 0.5, 6), rng.uniform(0.5, 2, 6)]
-    bn = g.op("BatchNormalization", [up, *(t.astype(np.float32) for t in stats)], name="bn")
-    g.output(g.op("Relu", [bn], name="relu", output_names=["y"]))
-    model = g.to_model()
-    fm, _ = _plan(model)
-    assert [n.op_type for n in fm.graph.node] == ["ConvTranspose", "Relu"] and "bn" in fm.folded
-    feeds = {"x": rng.standard_normal((3, 4, 6, 6)).astype(np.float32)}
-    ref = qo.run(model, feeds, backend="onnxruntime")["y"]
-    got = qo.run(fm.model, feeds, backend="onnxruntime")["y"]
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
-
-
 def test_prepare_keeps_a_normalization_whose_conv_output_is_read_elsewhere():
     model, _ = conv_batchnorm(branch=True)
     fm, _ = _plan(model)
