@@ -57,12 +57,12 @@ def quantize_joins(
     ``calibrated``: tensor -> activation type, the plan's so far (the join
     outputs are added); ``shared``: tensors quantized with another's
     parameters (a Pad's input takes its output's; a join writing one is
-    quantized already, and is not calibrated again); ``dequantized``: the tensors every reader reads
-    dequantized (the joins' inputs and outputs are added); ``skipped``: a
-    node excluded or otherwise left as it is; ``joins``: the ops the
-    target runs on quantized inputs and output; ``moves_data``: whether a
-    node only moves its input's values (its output shares the input's
-    quantization).
+    quantized already, and is not calibrated again); ``dequantized``: the
+    tensors every reader reads dequantized (the joins' inputs and outputs
+    are added); ``skipped``: a node excluded or otherwise left as it is;
+    ``joins``: the ops the target runs on quantized inputs and output;
+    ``moves_data``: whether a node only moves its input's values (its
+    output shares the input's quantization).
     """
     if not joins:
         return
