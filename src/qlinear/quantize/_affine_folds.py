@@ -43,7 +43,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.quantize._model import FloatModel, attribute, reserve_name
-from qlinear.quantize._prepare import output_channels, remove_nodes, scale_output_channels, set_attribute, store_bias
+from qlinear.quantize._prepare import (
+    normalization,
+    output_channels,
+    remove_nodes,
+    scale_output_channels,
+    set_attribute,
+    store_bias,
+)
 
 __all__ = ["fold_affines_into_convs", "fold_conv_affines"]
 
@@ -66,10 +73,10 @@ def fold_conv_affines(fm: FloatModel) -> bool:
         chain, x = [], conv.output[0]
         while x not in outputs and x not in fm.read_in_subgraphs and len(fm.consumers.get(x, [])) == 1:
             op = fm.consumers[x][0]
-            normalization = _normalization(fm, op, channels)
-            if normalization is not None and not shared:  # an inference BatchNormalization: x * k + (beta - mean * k)
-                k, offset = normalization
-                scale, shift = scale * k, shift * k + offset
+            found = normalization(fm, op, channels)
+            if found is not None and not shared:  # an inference BatchNormalization: (x - mean) * k + its shift
+                k, mean, offset = found
+                scale, shift = scale * k, (shift - mean) * k + offset
                 chain.append(op)
                 x = op.output[0]
                 continue
@@ -165,20 +172,6 @@ def _conv_parts(fm: FloatModel, conv: onnx.NodeProto, ops: tuple[str, ...] = ("C
     if bias is not None and (fm.constant(bias) is None or len(fm.consumers.get(bias, [])) != 1):
         return None
     return weight, bias
-
-
-def _normalization(fm: FloatModel, op: onnx.NodeProto, channels: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(k, offset)`` (float64, one a channel) where ``op`` is an inference BatchNormalization of constants, else None."""
-    if op.op_type != "BatchNormalization" or op.domain not in ("", "ai.onnx") or attribute(op, "training_mode", 0):
-        return None
-    if len(op.input) != 5 or len([o for o in op.output if o]) != 1:
-        return None
-    params = [fm.constant(n) for n in op.input[1:]]
-    if any(p is None or p.shape != (channels,) for p in params):
-        return None
-    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
-    k = gamma / np.sqrt(var + attribute(op, "epsilon", 1e-5))
-    return (k, beta - mean * k) if np.all(np.isfinite(k)) else None
 
 
 def _channel_constant(fm: FloatModel, op: onnx.NodeProto, x: str, channels: int, rank: int) -> np.ndarray | None:

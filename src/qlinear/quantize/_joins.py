@@ -47,6 +47,7 @@ def quantize_joins(
     fm: FloatModel,
     calibrated: dict[str, str],
     shared: dict[str, str],
+    root: Callable[[str], str],
     dequantized: set[str],
     skipped: Callable[[onnx.NodeProto], bool],
     joins: frozenset[str],
@@ -57,7 +58,8 @@ def quantize_joins(
     ``calibrated``: tensor -> activation type, the plan's so far (the join
     outputs are added); ``shared``: tensors quantized with another's
     parameters (a Pad's input takes its output's; a join writing one is
-    quantized already, and is not calibrated again); ``dequantized``: the
+    quantized already, and is not calibrated again); ``root``: the tensor
+    whose parameters a shared one takes; ``dequantized``: the
     tensors every reader reads dequantized (the joins' inputs and outputs
     are added); ``skipped``: a node excluded or otherwise left as it is;
     ``joins``: the ops the target runs on quantized inputs and output;
@@ -67,12 +69,8 @@ def quantize_joins(
     if not joins:
         return
     quantized = dict(calibrated)  # tensor -> type, with what data movement passes on
-    for t in shared:
-        root = t
-        while root in shared:
-            root = shared[root]
-        if root in calibrated:
-            quantized[t] = calibrated[root]
+    quantized.update({t: calibrated[root(t)] for t in shared if root(t) in calibrated})
+    already = set(quantized)  # quantized before any join: the readers a join's output must reach
     found: dict[str, tuple[str, list[str]]] = {}  # join node -> (its output, the inputs it reads dequantized)
     for node in fm.graph.node:
         if node.domain not in ("", "ai.onnx") or skipped(node) or not node.input or not node.output:
@@ -93,7 +91,7 @@ def quantize_joins(
             continue
         quantized[y] = types.pop()
         found[node.name] = (y, reads)
-    kept = _reaching_quantized_readers(fm, found, quantized.keys() & (calibrated.keys() | shared.keys()), moves_data)
+    kept = _reaching_quantized_readers(fm, found, already, moves_data)
     for name in kept:
         y, reads = found[name]
         if y not in shared:

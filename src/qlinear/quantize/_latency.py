@@ -105,7 +105,6 @@ class UserBatchTimer:
     """
 
     def __init__(self, float_model: onnx.ModelProto, data: Dataset, batches: tuple[int, ...], runtime: Target) -> None:
-        self.batches = batches
         self._timers = [PairTimer(float_model, batch_feeds(data, b), runtime) for b in batches]
 
     def time(self, model: onnx.ModelProto) -> tuple[Latency, ...] | None:

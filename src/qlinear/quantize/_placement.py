@@ -204,7 +204,7 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
         _quantize_pool_inputs(fm, result, calibrated, excluded, graph_outputs, placement.fused_pools)
         _quantize_pad_inputs(fm, result, calibrated, excluded, graph_outputs)
         quantize_joins(
-            fm, calibrated, result.shared, result.all_consumers_dequantize,
+            fm, calibrated, result.shared, result.root, result.all_consumers_dequantize,
             lambda n: n.name in excluded or n.op_type in excluded,
             placement.integer_joins, moves_data,
         )  # fmt: skip

@@ -58,8 +58,8 @@ from qlinear.quantize._model import FloatModel, attribute, reserve_name
 from qlinear.quantize._session import optimized_graph
 
 __all__ = [
-    "drop_identities", "fold_batch_norms", "fold_constant_reshapes", "matmul_add_to_gemm", "remove_nodes", "set_attribute", "store_bias",
-    "untranspose_gemm_weights",
+    "drop_identities", "fold_batch_norms", "fold_constant_reshapes", "matmul_add_to_gemm", "normalization", "output_channels",
+    "remove_nodes", "scale_output_channels", "set_attribute", "store_bias", "untranspose_gemm_weights",
 ]  # fmt: skip
 
 
@@ -171,6 +171,23 @@ def scale_output_channels(layer: onnx.NodeProto, weight: np.ndarray, k: np.ndarr
     return w * k.reshape(shape)
 
 
+def normalization(fm: FloatModel, bn: onnx.NodeProto, channels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(k, mean, shift)`` (float64, one a channel) of an inference BatchNormalization of constants, else None.
+
+    It computes ``(x - mean) * k + shift`` with ``k = scale / sqrt(var + epsilon)``.
+    """
+    if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or attribute(bn, "training_mode", 0):
+        return None
+    if len(bn.input) != 5 or len([o for o in bn.output if o]) != 1:
+        return None
+    params = [fm.constant(n) for n in bn.input[1:]]
+    if any(p is None or p.shape != (channels,) for p in params):
+        return None
+    scale, shift, mean, var = (p.astype(np.float64) for p in params)
+    k = scale / np.sqrt(var + attribute(bn, "epsilon", 1e-5))
+    return (k, mean, shift) if np.all(np.isfinite(k)) else None
+
+
 def fold_batch_norms(fm: FloatModel) -> bool:
     """Fold each inference BatchNormalization into the Conv, ConvTranspose or Gemm before it, where that node's output and
     weights are its alone.
@@ -183,11 +200,9 @@ def fold_batch_norms(fm: FloatModel) -> bool:
     outputs = set(fm.output_names)
     folded: set[str] = set()
     for bn in g.node:
-        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or attribute(bn, "training_mode", 0):
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
             continue
-        if len(bn.input) != 5 or len([o for o in bn.output if o]) != 1:
-            continue
-        x, scale, shift, mean, var = bn.input
+        x = bn.input[0]
         layer = fm.producer.get(x)
         if layer is None or layer.op_type not in ("Conv", "ConvTranspose", "Gemm") or layer.domain not in ("", "ai.onnx"):
             continue
@@ -195,17 +210,17 @@ def fold_batch_norms(fm: FloatModel) -> bool:
             continue
         w = layer.input[1]
         bias = layer.input[2] if len(layer.input) > 2 and layer.input[2] else None
-        params = [fm.constant(n) for n in (scale, shift, mean, var)]
         weight = fm.constant(w)
-        if weight is None or any(p is None for p in params) or fm.elem_types.get(w) != TensorProto.FLOAT:
+        if weight is None or fm.elem_types.get(w) != TensorProto.FLOAT:
             continue
         old_bias = None if bias is None else fm.constant(bias)
         if len(fm.consumers.get(w, [])) != 1 or (bias is not None and (old_bias is None or len(fm.consumers[bias]) != 1)):
             continue
         channels = output_channels(layer, weight)
-        k = params[0].astype(np.float64) / np.sqrt(params[3].astype(np.float64) + attribute(bn, "epsilon", 1e-5))
-        if k.shape != (channels,) or not np.all(np.isfinite(k)):
+        found = normalization(fm, bn, channels)
+        if found is None:
             continue
+        k, mean, shift = found
         old_bias = np.zeros(channels) if old_bias is None else old_bias.astype(np.float64)
         if layer.op_type == "Gemm":
             # Y = alpha A B + beta C: C must be one value per column to fold into; beta goes into it.
@@ -214,8 +229,7 @@ def fold_batch_norms(fm: FloatModel) -> bool:
             old_bias = np.broadcast_to(old_bias.reshape(-1), (channels,)) * attribute(layer, "beta", 1.0)
             set_attribute(layer, "beta", 1.0)
         fm.set_constant(w, scale_output_channels(layer, weight, k).astype(np.float32))
-        new_bias = ((old_bias - params[2].astype(np.float64)) * k + params[1].astype(np.float64)).astype(np.float32)
-        store_bias(fm, layer, bias, new_bias)
+        store_bias(fm, layer, bias, ((old_bias - mean) * k + shift).astype(np.float32))
         layer.output[0] = bn.output[0]
         folded.add(bn.name)
     return remove_nodes(fm, folded)
