@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import qlinear
 import qlinear.onnx as qo
 import qlinear.quantize as qq
+from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.quantize._choose import weight_params
-from qlinear.quantize.algorithms.gptq import gptq_weight
+from qlinear.quantize.algorithms.gptq import gptq_conv_weight, gptq_weight
 
 RNG = np.random.default_rng(5)
 
@@ -102,3 +104,73 @@ def test_gptq_in_the_quantizer_lowers_the_models_error():
     gptq = qq.quantize_model(g.to_model(), None, data, eval=data, gptq=True, **settings).report
     assert gptq.settings.gptq and gptq.output.sqnr_db > rtn.output.sqnr_db + 1.0
     assert gptq.nodes[0].runs_as == rtn.nodes[0].runs_as  # the same layout, only other codes
+
+
+def _correlated_images(n: int, channels: int, size: int) -> np.ndarray:
+    """Images whose channels mix and whose neighbouring pixels are alike, as a Conv's inputs are."""
+    x = RNG.standard_normal((n, channels, size + 2, size + 2))
+    smooth = (x[:, :, :-2, :-2] + x[:, :, 1:-1, 1:-1] * 2 + x[:, :, 2:, 2:]) / 4
+    mix = RNG.standard_normal((channels, channels)) * 0.5 + np.eye(channels)
+    return np.einsum("nchw,cd->ndhw", smooth, mix).astype(np.float32)
+
+
+@pytest.mark.parametrize("t", ["int8", "int4"])
+@pytest.mark.parametrize("groups", [1, 2, 8])  # 8: depthwise
+def test_gptq_of_a_conv_lowers_its_output_error_and_keeps_its_codes(t, groups):
+    from qlinear.quantize._patches import Patches, patch_gram
+
+    channels, filters = 8, 16
+    x = _correlated_images(64, channels, 10)
+    w = (RNG.standard_normal((filters, channels // groups, 3, 3)) * 0.2).astype(np.float32)
+    gram = patch_gram(x, Patches("x", (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), groups))
+    q, params, axis, block = gptq_conv_weight(w, gram, element_type(t))
+    assert q.shape == w.shape and (axis, block) == (0, 0) and params.scale.shape == (filters,)
+    np.testing.assert_array_equal(_dequantized(q, params, 0, 0, t), q)
+    rtn_params, *_ = weight_params(
+        w, element_type(t), granularity="per-channel", channel_axis=0, reduction_axis=1, block_size=0, clip="minmax"
+    )
+    rtn = _dequantized(w, rtn_params, 0, 0, t)
+
+    def conv(weight):  # torch's convolution: the oracle of what the layer outputs
+        return torch.nn.functional.conv2d(
+            torch.from_numpy(x).double(), torch.from_numpy(weight).double(), padding=1, groups=groups
+        ).numpy()
+
+    ref = conv(w)
+    gain = _sqnr(ref, conv(q)) - _sqnr(ref, conv(rtn))
+    # A depthwise filter has 9 weights to spread its errors over; a dense one 9 x its channels.
+    assert gain > (0.3 if groups == channels else 1.0), gain
+
+
+def test_gptq_of_a_conv_refuses_what_it_does_not_take():
+    w = np.ones((4, 2, 3, 3), np.float32)
+    assert gptq_conv_weight(w, np.eye(9)[None], element_type("int8")) is None  # a Gram matrix of another width
+    assert gptq_conv_weight(w, np.stack([np.eye(18)] * 3), element_type("int8")) is None  # 4 filters in 3 groups
+    assert gptq_conv_weight(w, np.stack([np.eye(18)] * 2), element_type("float8e4m3fn")) is None
+
+
+def _conv_model():
+    g = qo.Graph("gptq_conv", opset=17)
+    x = g.input("x", "float", ("N", 8, 10, 10))
+    h = g.op("Conv", [x, (RNG.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)], name="conv", pads=[1, 1, 1, 1])
+    h = g.op("Conv", [h, (RNG.standard_normal((16, 1, 3, 3)) * 0.3).astype(np.float32)], name="dw", group=16, pads=[1, 1, 1, 1])
+    g.output(g.op("Conv", [h, (RNG.standard_normal((4, 16, 1, 1)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
+    return g.to_model(), {"x": _correlated_images(96, 8, 10)}
+
+
+def test_gptq_in_the_quantizer_rounds_convs_and_its_statistics_are_saved(tmp_path):
+    model, data = _conv_model()
+    settings = dict(weights="int4", activations=None, promote=False, bias_correction=False)
+    rtn = qq.quantize_model(model, None, data, eval=data, gptq=False, **settings).report
+    saved = tmp_path / "stats.npz"
+    direct = qq.quantize_model(model, None, data, eval=data, gptq=True, save_stats_to=saved, **settings)
+    assert direct.report.settings.gptq and direct.report.output.sqnr_db > rtn.output.sqnr_db + 1.0
+    assert [n.runs_as for n in direct.report.nodes] == [n.runs_as for n in rtn.nodes]  # the same layout, only other codes
+    # The patches' Gram matrices travel in the saved statistics: quantizing from them gives the same model.
+    again = qq.quantize_model(model, None, None, eval=data, stats=saved, gptq=True, **settings)
+    assert again.model.SerializeToString(deterministic=True) == direct.model.SerializeToString(deterministic=True)
+    without = tmp_path / "without.npz"
+    # Statistics saved by a run that calibrated only its bias correction's means hold no Gram matrix.
+    qq.quantize_model(model, None, data, eval=data, gptq=False, save_stats_to=without, **{**settings, "bias_correction": True})
+    with pytest.raises(QuantizationError, match="GPTQ needs the Gram matrices"):
+        qq.quantize_model(model, None, None, eval=data, stats=without, gptq=True, **settings)

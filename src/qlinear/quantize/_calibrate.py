@@ -21,6 +21,7 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._memory import peak_rss_bytes
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
+from qlinear.quantize._patches import Patches
 from qlinear.quantize._session import run_batch, with_outputs
 from qlinear.quantize._stats import TensorStats, load_calibration, save_stats
 
@@ -40,7 +41,8 @@ class CalibrationRun:
     seconds: float
     peak_rss_bytes: int
     means: dict[str, np.ndarray] = field(default_factory=dict)  # per-channel means (float64) of the tensors asked for
-    grams: dict[str, np.ndarray] = field(default_factory=dict)  # X^T X (float64) over the last axis (GPTQ)
+    # X^T X (float64) over the last axis, or of a Conv's input patches under Patches.key (GPTQ)
+    grams: dict[str, np.ndarray] = field(default_factory=dict)
     batch_size: int = 0  # the samples a batch it ran (the one asked for, or fewer: HELD_BYTES)
 
 
@@ -76,6 +78,7 @@ def calibrate(
     progress: Callable[[int], None] | None = None,
     channel_axes: dict[str, int] | None = None,
     gram_tensors: list[str] | None = None,
+    gram_patches: list[Patches] | None = None,
     workers: int = 1,
     ray_address: str | None = None,
     state_path: str | None = None,
@@ -95,7 +98,7 @@ def calibrate(
     tensors whose mean along every axis but this one is
     wanted too (bias correction), kept as running sums. ``gram_tensors``:
     tensors whose ``X^T X`` over their last axis is wanted (GPTQ), summed
-    batch by batch. ``workers``: processes that run the batches (each its
+    batch by batch; ``gram_patches``: the same of Convs' input patches. ``workers``: processes that run the batches (each its
     own session of the runtime with its share of the cores); each batch is
     reduced where it ran and added in batch order, so the result is the
     one-process result bit for bit. ``ray_address``: run the batches as
@@ -106,7 +109,7 @@ def calibrate(
     so written, whose batches are skipped and counted as they were.
     """
     start = time.perf_counter()
-    observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []))
+    observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []), tuple(gram_patches or []))
     names = observed.names
     model = with_outputs(fm.model, names)
     sess = runtime.session(model, arena=False) if names else None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from qlinear.quantize._patches import Patches, patch_gram
 from qlinear.quantize._stats import TensorStats
 
 __all__ = ["CalibrationState", "Observed"]
@@ -23,16 +24,24 @@ class Observed:
 
     ``tensors``: histogram statistics; ``channel_axes``: per-channel sums
     (bias correction's means); ``gram_tensors``: ``X^T X`` over the last
-    axis (GPTQ).
+    axis (GPTQ of a MatMul or Gemm); ``gram_patches``: ``X^T X`` of a Conv's
+    input patches (GPTQ of a Conv), kept under :attr:`Patches.key`.
     """
 
     tensors: tuple[str, ...]
     channel_axes: dict[str, int] = field(default_factory=dict)
     gram_tensors: tuple[str, ...] = ()
+    gram_patches: tuple[Patches, ...] = ()
 
     @property
     def names(self) -> list[str]:
-        return list(dict.fromkeys([*self.tensors, *self.channel_axes, *self.gram_tensors]))
+        patched = [p.tensor for p in self.gram_patches]
+        return list(dict.fromkeys([*self.tensors, *self.channel_axes, *self.gram_tensors, *patched]))
+
+    @property
+    def gram_keys(self) -> list[str]:
+        """The names the Gram matrices are kept under: the tensors', then the patches' keys."""
+        return [*self.gram_tensors, *(p.key for p in self.gram_patches)]
 
     def reduce(self, values: list[np.ndarray]) -> dict[str, Any]:
         """One batch's values reduced to what is kept: small, and the same in whichever process it is computed."""
@@ -47,6 +56,10 @@ class Observed:
             if name in self.gram_tensors:
                 rows = np.asarray(v, np.float64).reshape(-1, np.shape(v)[-1])
                 out[f"gram/{name}"] = rows.T @ rows
+        if self.gram_patches:
+            by_name = dict(zip(self.names, values, strict=True))
+            for p in self.gram_patches:
+                out[f"gram/{p.key}"] = patch_gram(by_name[p.tensor], p)
         return out
 
 

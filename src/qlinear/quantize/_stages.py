@@ -143,14 +143,15 @@ def calibration(
     needs = [a.calibrates(fm, nodes) for a in at_stage("calibration", options) if a.calibrates is not None]
     axes = {t: axis for need in needs for t, axis in need.channel_axes.items()}
     grams = list(dict.fromkeys(t for need in needs for t in need.gram_tensors))
-    if not tensors and not axes and not grams:
+    patches = list(dict.fromkeys(p for need in needs for p in need.gram_patches))
+    if not tensors and not axes and not grams and not patches:
         return None
     if execution.stats is not None:
-        return _saved(fm, Observed(tuple(tensors), axes, tuple(grams)), execution)
+        return _saved(fm, Observed(tuple(tensors), axes, tuple(grams), tuple(patches)), execution)
     with bars.task("calibrating (samples)", data.samples) as step:  # batches may be cut (HELD_BYTES)
         return calibrate(
             fm, tensors, data, batch_size=options.batch_size, progress=step, channel_axes=axes, gram_tensors=grams,
-            workers=execution.workers, ray_address=execution.ray, resume=_str(execution.resume),
+            gram_patches=patches, workers=execution.workers, ray_address=execution.ray, resume=_str(execution.resume),
             state_path=_str(execution.save_stats_to), fixed_batch=_fixed_batch(fm)[0] is not None,
             runtime=target(options.target),
         )  # fmt: skip
@@ -311,13 +312,13 @@ def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> Calibrat
             "quantize: bias correction needs the calibration data's input means, which these stats do not hold; "
             "give calibration data, or stats saved with bias correction on"
         )
-    if any(t not in state.grams for t in observed.gram_tensors):
+    if any(t not in state.grams for t in observed.gram_keys):
         raise QuantizationError(
             "quantize: GPTQ needs the Gram matrices of the calibration inputs, which these stats do not hold; "
             "give calibration data, or stats saved with GPTQ on"
         )
     means = {t: state.sums[t] / state.counts[t] for t in observed.channel_axes}
-    run = CalibrationRun(state.stats, 0, 0, 0.0, 0, means, {t: state.grams[t] for t in observed.gram_tensors})
+    run = CalibrationRun(state.stats, 0, 0, 0.0, 0, means, {t: state.grams[t] for t in observed.gram_keys})
     if execution.save_stats_to is not None:
         save_stats(run.stats, str(execution.save_stats_to), model_digest=fm.digest, extras=state.extras())
     return run

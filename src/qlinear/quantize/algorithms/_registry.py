@@ -50,6 +50,7 @@ class Needs:
 
     channel_axes: Mapping[str, int] = field(default_factory=dict)  # tensor -> the axis of its channels, whose means it reads
     gram_tensors: tuple[str, ...] = ()  # tensors whose ``X^T X`` over the last axis it reads
+    gram_patches: tuple[Any, ...] = ()  # Convs' input patches (qlinear.quantize._patches.Patches) whose ``X^T X`` it reads
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Calibrated:
     """What the calibration measured for the stage-``calibration`` algorithms (float64, by tensor)."""
 
     means: Mapping[str, Any] = field(default_factory=dict)  # per-channel means of the tensors some Needs named
-    grams: Mapping[str, Any] = field(default_factory=dict)  # X^T X over the last axis
+    grams: Mapping[str, Any] = field(default_factory=dict)  # X^T X over the last axis, or of patches (by Patches.key)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,13 @@ data falls well below plain rounding's at the same bits (Frantar et al.,
   same codes, so the stored model is written by the same path as every
   other weight.
 
+A Conv is the same layer with its input's patches as rows
+(:mod:`qlinear.quantize._patches`): each group of its filters is rounded
+against the Gram matrix of the patches of its group's channels, per output
+channel (a depthwise Conv's filters one channel at a time). A Conv whose
+group's patches are wider than :data:`MAX_PATCH_COLUMNS` rounds to nearest:
+its Gram matrices would take more memory than its weight saves time.
+
 Integer types only (2, 4 and 8 bits); float weight types keep plain rounding.
 """
 
@@ -34,12 +41,14 @@ from onnx import helper
 from qlinear.dtypes import ElementType
 from qlinear.quantize._choose import QuantParams, clipped_range, scale_and_zero_point, symmetric_weights
 from qlinear.quantize._option_fields import option
+from qlinear.quantize._patches import Patches, patches_of
 from qlinear.quantize.algorithms._registry import Algorithm, Calibrated, Facts, Needs, register
 
-__all__ = ["DAMPING", "gram_inputs", "gptq_weight", "layer_input"]
+__all__ = ["DAMPING", "MAX_PATCH_COLUMNS", "conv_patches", "gptq_conv_weight", "gram_inputs", "gptq_weight", "layer_input"]
 
 DAMPING = 0.01  # share of the mean diagonal added to H, for a stable inverse
 _LAZY_ROWS = 128  # rows whose updates are applied to the rest together
+MAX_PATCH_COLUMNS = 4608  # a group's patch width at most (3 x 3 x 512): its Gram matrix is 170 MB in float64
 
 
 def layer_input(fm, node: onnx.NodeProto) -> str | None:
@@ -53,16 +62,37 @@ def layer_input(fm, node: onnx.NodeProto) -> str | None:
     return node.input[0]
 
 
+def conv_patches(fm, node: onnx.NodeProto) -> Patches | None:
+    """How a Conv with a constant weight reads its input, where GPTQ takes it (not too wide a group), else None."""
+    if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in fm.initializers or node.input[0] in fm.initializers:
+        return None
+    shape = tuple(fm.initializers[node.input[1]].dims)
+    patches = patches_of(node, shape)
+    if patches is None or shape[1] * patches.columns > MAX_PATCH_COLUMNS:
+        return None
+    return patches
+
+
 def gram_inputs(fm, nodes: list[onnx.NodeProto]) -> Needs:
-    """The inputs whose Gram matrices GPTQ needs for ``nodes`` (each once)."""
-    return Needs(gram_tensors=tuple(dict.fromkeys(t for t in (layer_input(fm, n) for n in nodes) if t is not None)))
+    """The inputs (and Convs' input patches) whose Gram matrices GPTQ needs for ``nodes`` (each once)."""
+    return Needs(
+        gram_tensors=tuple(dict.fromkeys(t for t in (layer_input(fm, n) for n in nodes) if t is not None)),
+        gram_patches=tuple(dict.fromkeys(p for p in (conv_patches(fm, n) for n in nodes) if p is not None)),
+    )
 
 
 def _rounds(fm, p, w: np.ndarray, t: ElementType, options, calibrated: Calibrated):
     """GPTQ's rounding of the layer's weight, or None (no Gram matrix, or a layout it does not take)."""
     if p.weight.index != 1 or w.dtype != np.float32:
         return None
-    source = layer_input(fm, fm.node(p.name))
+    node = fm.node(p.name)
+    if node.op_type == "Conv":
+        patches = conv_patches(fm, node)
+        gram = calibrated.grams.get(patches.key) if patches is not None else None
+        if gram is None or options.granularity != "per-channel":
+            return None
+        return gptq_conv_weight(w, gram, t, clip=options.weight_clip, weight_only=p.activation_type is None)
+    source = layer_input(fm, node)
     gram = calibrated.grams.get(source) if source is not None else None
     if gram is None:
         return None
@@ -102,7 +132,7 @@ def gptq_weight(
     weight = weight if reduction_axis == 0 else weight.T
     symmetric = symmetric_weights(t, weight_only=weight_only)
     block = block_size if granularity == "blocked" else 0
-    q, scale, zero = _gptq(weight, np.array(gram, np.float64), t, block, symmetric, clip == "mse")
+    q, scale, zero = (v[0] for v in _gptq(weight[None], np.array(gram, np.float64)[None], t, block, symmetric, clip == "mse"))
     if granularity == "per-channel":
         params = QuantParams(scale[0].astype(np.float32), zero[0].astype(t.dtype))
         axis = channel_axis % 2
@@ -115,56 +145,83 @@ def gptq_weight(
     return np.ascontiguousarray(out, np.float32), params, axis, block
 
 
+def gptq_conv_weight(
+    w: np.ndarray, gram: np.ndarray, t: ElementType, *, clip: str = "minmax", weight_only: bool = False
+) -> tuple[np.ndarray, QuantParams, int, int] | None:
+    """``(dequantized weight, params, 0, 0)`` for a Conv's weight, per output channel, or None where GPTQ does not apply.
+
+    ``w``: ``(C_out, C_in / groups, *kernel)``; ``gram``: ``(groups, K, K)``
+    from :func:`qlinear.quantize._patches.patch_gram`, K = ``C_in / groups``
+    x the kernel's positions.
+    """
+    groups = gram.shape[0]
+    out_channels, k = w.shape[0], int(np.prod(w.shape[1:]))
+    if not t.is_integer or out_channels % groups or gram.shape[1:] != (k, k):
+        return None
+    symmetric = symmetric_weights(t, weight_only=weight_only)
+    # Each group's filters against its channels' patches, all groups at once: (groups, K, filters of a group).
+    layers = np.asarray(w, np.float64).reshape(groups, out_channels // groups, k).transpose(0, 2, 1)
+    q, scale, zero = _gptq(layers, np.array(gram, np.float64), t, 0, symmetric, clip == "mse")
+    params = QuantParams(scale.reshape(out_channels).astype(np.float32), zero.reshape(out_channels).astype(t.dtype))
+    return np.ascontiguousarray(q.transpose(0, 2, 1).reshape(w.shape), np.float32), params, 0, 0
+
+
 def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: bool, clip: bool):
-    """GPTQ on ``w`` (K, N): the dequantized weight and the scales/zero points, one row of them a block (or one row)."""
-    k, n = w.shape
+    """GPTQ on ``w`` (G, K, N): G layers at once, each against its own ``h`` (G, K, K).
+
+    Gives the dequantized weights and the scales/zero points ``(G, blocks, N)``,
+    one row of them a block (or one row).
+    """
+    layers, k, n = w.shape
     w = w.copy()
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
-    w[dead, :] = 0.0
-    h[np.diag_indices(k)] += DAMPING * float(np.mean(np.diag(h)))
+    dead = np.diagonal(h, axis1=1, axis2=2) == 0  # (G, K): inputs that never saw a value
+    diagonal = (slice(None), *np.diag_indices(k))
+    h[diagonal] = np.where(dead, 1.0, h[diagonal])
+    w[dead] = 0.0
+    h[diagonal] += DAMPING * np.mean(h[diagonal], axis=1, keepdims=True)
     hinv = _upper_cholesky_of_inverse(h)
     nblocks = -(-k // block) if block else 1
-    scales = np.ones((nblocks, n))
-    zeros = np.zeros((nblocks, n))
+    scales = np.ones((layers, nblocks, n))
+    zeros = np.zeros((layers, nblocks, n))
     if not block:
-        scales[0], zeros[0] = _params(w, t, symmetric, clip)
+        scales[:, 0], zeros[:, 0] = _params(w, t, symmetric, clip)
     q = np.zeros_like(w)
     lazy = _LAZY_ROWS if not block else block * max(1, _LAZY_ROWS // block)
     for i1 in range(0, k, lazy):
         i2 = min(i1 + lazy, k)
-        w1 = w[i1:i2].copy()
+        w1 = w[:, i1:i2].copy()
         err1 = np.zeros_like(w1)
-        h1 = hinv[i1:i2, i1:i2]
+        h1 = hinv[:, i1:i2, i1:i2]
         for i in range(i2 - i1):
             row = i1 + i
             if block and row % block == 0:
                 # The block's scale from its rows as they stand now (all inside this batch: lazy is a multiple of block).
-                scales[row // block], zeros[row // block] = _params(w1[i : i + block], t, symmetric, clip)
-            s, z = scales[row // block if block else 0], zeros[row // block if block else 0]
-            qrow = (np.clip(np.rint(w1[i] / s) + z, t.qmin, t.qmax) - z) * s
-            q[row] = qrow
-            err = (w1[i] - qrow) / h1[i, i]
-            w1[i:] -= np.outer(h1[i, i:], err)
-            err1[i] = err
-        w[i2:] -= hinv[i1:i2, i2:].T @ err1
+                scales[:, row // block], zeros[:, row // block] = _params(w1[:, i : i + block], t, symmetric, clip)
+            s, z = scales[:, row // block if block else 0], zeros[:, row // block if block else 0]
+            qrow = (np.clip(np.rint(w1[:, i] / s) + z, t.qmin, t.qmax) - z) * s
+            q[:, row] = qrow
+            err = (w1[:, i] - qrow) / h1[:, i, i, None]
+            w1[:, i:] -= h1[:, i, i:, None] * err[:, None, :]
+            err1[:, i] = err
+        w[:, i2:] -= hinv[:, i1:i2, i2:].transpose(0, 2, 1) @ err1
     return q, scales, zeros
 
 
 def _params(rows: np.ndarray, t: ElementType, symmetric: bool, clip: bool):
-    """Scale and zero point of each column of ``rows`` (its min-max range, or the clipped one)."""
-    low, high = rows.min(axis=0), rows.max(axis=0)
+    """Scale and zero point of each column of each layer's ``rows`` (G, rows, N): its min-max range, or the clipped one."""
+    low, high = rows.min(axis=1), rows.max(axis=1)
     if clip:
-        low, high = clipped_range(rows.T, low, high, t, symmetric)
+        columns = rows.transpose(0, 2, 1).reshape(-1, rows.shape[1])
+        low, high = (v.reshape(low.shape) for v in clipped_range(columns, low.ravel(), high.ravel(), t, symmetric))
     return scale_and_zero_point(low, high, t, symmetric)
 
 
 def _upper_cholesky_of_inverse(h: np.ndarray) -> np.ndarray:
-    """The upper Cholesky factor of ``h^-1`` (``h`` symmetric positive definite)."""
+    """The upper Cholesky factor of ``h^-1`` for each of the stacked ``h`` (symmetric positive definite)."""
     lower = np.linalg.cholesky(h)
-    inv_lower = np.linalg.solve(lower, np.eye(h.shape[0]))
-    hinv = inv_lower.T @ inv_lower  # h^-1
-    return np.linalg.cholesky(hinv).T
+    inv_lower = np.linalg.solve(lower, np.broadcast_to(np.eye(h.shape[-1]), h.shape))
+    hinv = inv_lower.transpose(0, 2, 1) @ inv_lower  # h^-1
+    return np.linalg.cholesky(hinv).transpose(0, 2, 1)
 
 
 def _default(options, facts: Facts) -> bool:
@@ -175,7 +232,8 @@ def _default(options, facts: Facts) -> bool:
 ALGORITHM = register(
     Algorithm(
         name="gptq",
-        summary="round MatMul and Gemm weights by GPTQ, from the Gram matrix of each layer's input, instead of to nearest",
+        summary="round Conv, MatMul and Gemm weights by GPTQ, from the Gram matrix of each layer's input (a Conv's: of "
+        "its input patches), instead of to nearest",
         stage="calibration",
         fields=(
             (
@@ -185,7 +243,7 @@ ALGORITHM = register(
                     None,
                     group="algorithms",
                     form="either",
-                    help="round MatMul/Gemm weights by GPTQ instead of to nearest (default: on for 2/4-bit integer weights "
+                    help="round Conv/MatMul/Gemm weights by GPTQ instead of to nearest (default: on for 2/4-bit integer weights "
                     "with calibration data)",
                 ),
             ),

@@ -1,0 +1,122 @@
+"""The rows a convolution's filters meet: its input's patches, and their Gram matrix (GPTQ for a Conv).
+
+A Conv computes each output position as the product of its filters with the
+patch of input under them (``groups`` apart: each group's filters meet
+only its channels). So rounding a Conv's weight changes its output as a
+MatMul's would, with the patches as rows: the Gram matrix of those rows,
+``X^T X`` over ``(channels of a group) x kernel`` columns, is what GPTQ
+needs. The rows are gathered at sampled output positions only
+(:data:`ROWS_A_SAMPLE`), never as the whole unfolded input, which would take
+the kernel's size times the activation's bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from numpy.lib.stride_tricks import sliding_window_view
+from onnx import helper
+
+__all__ = ["ROWS_A_SAMPLE", "Patches", "patch_gram", "patches_of"]
+
+# Output positions a sample contributes to a Gram matrix of K columns: K / 8 of them, within these bounds. A
+# Conv's input at 160 x 160 has 25,600 positions, and gathering and multiplying rows costs rows x K (x K); a few
+# hundred calibration samples at K / 8 rows a sample give tens of K rows, which estimate the matrix well.
+ROWS_A_SAMPLE = (16, 128)
+
+
+@dataclass(frozen=True)
+class Patches:
+    """How a Conv reads ``tensor``: its kernel, strides, padding, dilations and groups (ONNX's attributes)."""
+
+    tensor: str
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]  # the begins of every spatial axis, then their ends (ONNX's order); with auto_pad NOTSET
+    dilations: tuple[int, ...]
+    groups: int
+    auto_pad: str = "NOTSET"
+
+    @property
+    def key(self) -> str:
+        """The name its Gram matrix is kept under (two Convs that read the same patches share it)."""
+        parts = ",".join("x".join(map(str, v)) for v in (self.kernel, self.strides, self.pads, self.dilations))
+        return f"patches({parts},g{self.groups},{self.auto_pad}):{self.tensor}"
+
+    @property
+    def columns(self) -> int:
+        """The kernel's positions: a group's Gram matrix has (channels of the group) x this many columns."""
+        return math.prod(self.kernel)
+
+
+def patches_of(node: onnx.NodeProto, weight_shape: tuple[int, ...]) -> Patches | None:
+    """How Conv ``node`` (whose weight has ``weight_shape``) reads its input, or None for another op."""
+    if node.op_type != "Conv" or len(weight_shape) < 3:
+        return None
+    a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    kernel = tuple(int(k) for k in weight_shape[2:])
+    rank = len(kernel)
+    auto_pad = a.get("auto_pad", b"NOTSET")
+    return Patches(
+        tensor=node.input[0],
+        kernel=kernel,
+        strides=tuple(int(s) for s in a.get("strides", [1] * rank)),
+        pads=tuple(int(p) for p in a.get("pads", [0] * 2 * rank)),
+        dilations=tuple(int(d) for d in a.get("dilations", [1] * rank)),
+        groups=int(a.get("group", 1)),
+        auto_pad=auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad),
+    )
+
+
+def _pads(p: Patches, spatial: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(begin, end) of each spatial axis, as ONNX's Conv pads an input of these dimensions."""
+    rank = len(p.kernel)
+    if p.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = []
+        for size, k, s, d in zip(spatial, p.kernel, p.strides, p.dilations, strict=True):
+            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            small = total // 2
+            out.append((small, total - small) if p.auto_pad == "SAME_UPPER" else (total - small, small))
+        return out
+    if p.auto_pad == "VALID":
+        return [(0, 0)] * rank
+    return [(p.pads[i], p.pads[rank + i]) for i in range(rank)]
+
+
+def patch_gram(x: np.ndarray, p: Patches) -> np.ndarray:
+    """``X^T X`` (float64, ``(groups, K, K)``, K = channels of a group x kernel positions) of ``x``'s patches.
+
+    ``x``: the Conv's input, ``(N, C, *spatial)``. Rows are the patches at up
+    to K / 8 (:data:`ROWS_A_SAMPLE`) x N output positions, drawn without replacement
+    by a generator seeded with the number of positions, so a batch gives the
+    same matrix in whichever process reduces it. The product runs in
+    float32 (BLAS's single-precision speed; a batch's sum of a few thousand
+    rows loses nothing GPTQ's damping does not swamp), returned as float64
+    for the sum over batches.
+    """
+    x = np.asarray(x)
+    rank = len(p.kernel)
+    padded = np.pad(x, [(0, 0), (0, 0), *_pads(p, x.shape[2:])])
+    window = tuple((k - 1) * d + 1 for k, d in zip(p.kernel, p.dilations, strict=True))
+    view = sliding_window_view(padded, window, axis=tuple(range(2, 2 + rank)))
+    view = view[
+        (slice(None), slice(None), *(slice(None, None, s) for s in p.strides), *(slice(None, None, d) for d in p.dilations))
+    ]
+    positions = (view.shape[0], *view.shape[2 : 2 + rank])
+    count = math.prod(positions)
+    k = x.shape[1] // p.groups * p.columns
+    most = min(max(k // 8, ROWS_A_SAMPLE[0]), ROWS_A_SAMPLE[1]) * x.shape[0]
+    chosen = np.arange(count)
+    if count > most:
+        chosen = np.sort(np.random.default_rng(count).choice(count, most, replace=False))
+    at = np.unravel_index(chosen, positions)
+    rows = view[(at[0], slice(None), *at[1:])]  # (rows, C, *kernel): the advanced indices' axis comes first
+    rows = rows.astype(np.float32, copy=False).reshape(len(chosen), p.groups, -1)
+    if p.groups == 1:
+        flat = rows[:, 0]
+        return (flat.T @ flat)[None].astype(np.float64)
+    grouped = np.ascontiguousarray(rows.transpose(1, 0, 2))  # (groups, rows, K)
+    return np.matmul(grouped.transpose(0, 2, 1), grouped).astype(np.float64)
