@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from numpy.lib.stride_tricks import sliding_window_view
 from onnx import helper
 
 __all__ = ["ROWS_A_SAMPLE", "Patches", "patch_gram", "patches_of"]
@@ -98,14 +97,12 @@ def patch_gram(x: np.ndarray, p: Patches) -> np.ndarray:
     for the sum over batches.
     """
     x = np.asarray(x)
-    rank = len(p.kernel)
-    padded = np.pad(x, [(0, 0), (0, 0), *_pads(p, x.shape[2:])])
-    window = tuple((k - 1) * d + 1 for k, d in zip(p.kernel, p.dilations, strict=True))
-    view = sliding_window_view(padded, window, axis=tuple(range(2, 2 + rank)))
-    view = view[
-        (slice(None), slice(None), *(slice(None, None, s) for s in p.strides), *(slice(None, None, d) for d in p.dilations))
+    pads = _pads(p, x.shape[2:])
+    spatial = [
+        (size + begin + end - (k - 1) * d - 1) // s + 1
+        for size, (begin, end), k, s, d in zip(x.shape[2:], pads, p.kernel, p.strides, p.dilations, strict=True)
     ]
-    positions = (view.shape[0], *view.shape[2 : 2 + rank])
+    positions = (x.shape[0], *spatial)
     count = math.prod(positions)
     k = x.shape[1] // p.groups * p.columns
     most = min(max(k // 8, ROWS_A_SAMPLE[0]), ROWS_A_SAMPLE[1]) * x.shape[0]
@@ -113,7 +110,17 @@ def patch_gram(x: np.ndarray, p: Patches) -> np.ndarray:
     if count > most:
         chosen = np.sort(np.random.default_rng(count).choice(count, most, replace=False))
     at = np.unravel_index(chosen, positions)
-    rows = view[(at[0], slice(None), *at[1:])]  # (rows, C, *kernel): the advanced indices' axis comes first
+    # Each kernel position's input values at the chosen outputs, (rows, C) a time: no padded copy of the input.
+    rows = np.zeros((len(chosen), x.shape[1], *p.kernel), np.float32)
+    for offset in np.ndindex(*p.kernel):
+        coords = [
+            o * s - begin + j * d for o, s, (begin, _), j, d in zip(at[1:], p.strides, pads, offset, p.dilations, strict=True)
+        ]
+        inside = np.logical_and.reduce([(c >= 0) & (c < size) for c, size in zip(coords, x.shape[2:], strict=True)])
+        clipped = [np.clip(c, 0, size - 1) for c, size in zip(coords, x.shape[2:], strict=True)]
+        values = x[(at[0], slice(None), *clipped)]  # (rows, C): the advanced indices' axis comes first
+        values[~inside] = 0  # a padded zero
+        rows[(slice(None), slice(None), *offset)] = values
     rows = rows.astype(np.float32, copy=False).reshape(len(chosen), p.groups, -1)
     if p.groups == 1:
         flat = rows[:, 0]
