@@ -12,7 +12,7 @@ import qlinear.quantize as qq
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.quantize._choose import weight_params
-from qlinear.quantize.algorithms.gptq import gptq_conv_weight, gptq_weight
+from qlinear.quantize.algorithms.gptq import ROWS_A_COLUMN, gptq_conv_weight, gptq_weight
 
 RNG = np.random.default_rng(5)
 
@@ -122,7 +122,7 @@ def test_gptq_of_a_conv_lowers_its_output_error_and_keeps_its_codes(t, groups):
     channels, filters = 8, 16
     x = _correlated_images(64, channels, 10)
     w = (RNG.standard_normal((filters, channels // groups, 3, 3)) * 0.2).astype(np.float32)
-    gram = patch_gram(x, Patches("x", (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), groups))
+    gram, _ = patch_gram(x, Patches("x", (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), groups))
     q, params, axis, block = gptq_conv_weight(w, gram, element_type(t))
     assert q.shape == w.shape and (axis, block) == (0, 0) and params.scale.shape == (filters,)
     np.testing.assert_array_equal(_dequantized(q, params, 0, 0, t), q)
@@ -174,3 +174,17 @@ def test_gptq_in_the_quantizer_rounds_convs_and_its_statistics_are_saved(tmp_pat
     qq.quantize_model(model, None, data, eval=data, gptq=False, save_stats_to=without, **{**settings, "bias_correction": True})
     with pytest.raises(QuantizationError, match="GPTQ needs the Gram matrices"):
         qq.quantize_model(model, None, None, eval=data, stats=without, gptq=True, **settings)
+
+
+def test_gptq_leaves_a_layer_whose_gram_matrix_sums_too_few_rows_to_nearest():
+    # A squeeze-and-excitation Conv sees one position a sample: 100 rows for 64 columns would fit the calibration
+    # samples, not the layer (ROWS_A_COLUMN).
+    g = qo.Graph("se", opset=17)
+    x = g.input("x", "float", ("N", 64, 1, 1))
+    g.output(g.op("Conv", [x, (RNG.standard_normal((16, 64, 1, 1)) * 0.2).astype(np.float32)], name="se", output_names=["y"]))
+    data = {"x": _correlated_images(100, 64, 1)}
+    settings = dict(weights="int4", activations=None, promote=False, bias_correction=False)
+    rtn = qq.quantize_model(g.to_model(), None, data, gptq=False, **settings).model
+    gptq = qq.quantize_model(g.to_model(), None, data, gptq=True, **settings).model
+    assert gptq.SerializeToString(deterministic=True) == rtn.SerializeToString(deterministic=True)
+    assert ROWS_A_COLUMN * 64 > 100

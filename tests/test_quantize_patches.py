@@ -19,8 +19,8 @@ def every_position(monkeypatch):
     monkeypatch.setattr(_patches, "ROWS_A_SAMPLE", (10**6, 10**6))
 
 
-def _unfolded_gram(x: np.ndarray, kernel, strides, pads, dilations, groups) -> np.ndarray:
-    """The Gram matrix of every patch, group by group, from torch's unfold of the zero-padded input."""
+def _unfolded_gram(x: np.ndarray, kernel, strides, pads, dilations, groups) -> tuple[np.ndarray, int]:
+    """The Gram matrix of every patch, group by group, from torch's unfold of the zero-padded input, and its rows."""
     rank = len(kernel)
     padded = np.pad(x, [(0, 0), (0, 0), *((pads[i], pads[rank + i]) for i in range(rank))])
     if rank == 1:  # unfold takes 2-D images: a 1-D input is one row
@@ -32,7 +32,7 @@ def _unfolded_gram(x: np.ndarray, kernel, strides, pads, dilations, groups) -> n
         cols = torch.nn.functional.unfold(part, kernel, dilation=dilations, stride=strides)  # (N, K, positions)
         rows = cols.permute(0, 2, 1).reshape(-1, cols.shape[1]).numpy()
         grams.append(rows.T @ rows)
-    return np.stack(grams)
+    return np.stack(grams), len(rows)
 
 
 @pytest.mark.parametrize(
@@ -47,8 +47,9 @@ def _unfolded_gram(x: np.ndarray, kernel, strides, pads, dilations, groups) -> n
 )
 def test_patch_gram_is_the_gram_matrix_of_every_patch(every_position, shape, kernel, strides, pads, dilations, groups):
     x = RNG.standard_normal(shape).astype(np.float32)
-    got = patch_gram(x, Patches("x", kernel, strides, pads, dilations, groups))
-    want = _unfolded_gram(x, kernel, strides, pads, dilations, groups)
+    got, rows = patch_gram(x, Patches("x", kernel, strides, pads, dilations, groups))
+    want, positions = _unfolded_gram(x, kernel, strides, pads, dilations, groups)
+    assert rows == positions
     assert got.dtype == np.float64 and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)  # a float32 product of float32 inputs
 
@@ -61,17 +62,18 @@ def test_auto_pad_pads_as_onnx_says(every_position, auto_pad, pads):
     node = onnx.helper.make_node("Conv", ["x", "w"], ["y"], auto_pad=auto_pad, strides=[1, 3])
     patches = patches_of(node, (5, 3, 3, 4))
     assert patches.kernel == (3, 4) and patches.auto_pad == auto_pad
-    want = _unfolded_gram(x, (3, 4), (1, 3), pads, (1, 1), 1)
-    np.testing.assert_allclose(patch_gram(x, patches), want, rtol=1e-5, atol=1e-4)
+    want, _ = _unfolded_gram(x, (3, 4), (1, 3), pads, (1, 1), 1)
+    np.testing.assert_allclose(patch_gram(x, patches)[0], want, rtol=1e-5, atol=1e-4)
 
 
 def test_many_positions_are_sampled_the_same_way_every_time():
     # 64 x 64 positions a sample at K = 9: the rows a sample are bounded below, far fewer than the positions.
     x = RNG.standard_normal((2, 1, 64, 64)).astype(np.float32)
     patches = Patches("x", (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
-    got = patch_gram(x, patches)
-    np.testing.assert_array_equal(got, patch_gram(x.copy(), patches))  # the same rows in any process
-    full = _unfolded_gram(x, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    got, rows = patch_gram(x, patches)
+    assert rows == ROWS_A_SAMPLE[0] * 2
+    np.testing.assert_array_equal(got, patch_gram(x.copy(), patches)[0])  # the same rows in any process
+    full, _ = _unfolded_gram(x, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
     share = ROWS_A_SAMPLE[0] * 2 / (2 * 64 * 64)
     # Each diagonal entry sums the squares of the sampled rows: the full sum's share, within sampling noise.
     np.testing.assert_allclose(np.diag(got[0]), np.diag(full[0]) * share, rtol=0.5)

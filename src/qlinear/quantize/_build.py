@@ -60,7 +60,7 @@ class ModelBuilder:
     def __init__(self, fm: FloatModel, options: QuantizeOptions, run: CalibrationRun | None) -> None:
         self.fm, self.options = fm, options
         self.stats: dict[str, TensorStats] = run.stats if run is not None else {}
-        self.calibrated = Calibrated(run.means, run.grams) if run is not None else Calibrated()
+        self.calibrated = Calibrated(run.means, run.grams, run.gram_rows) if run is not None else Calibrated()
         self._params: dict[tuple[str, str], QuantParams] = {}
         self._raised: dict[int, onnx.ModelProto] = {}  # the float model at each opset asked for
 

@@ -44,6 +44,7 @@ class CalibrationRun:
     # X^T X (float64) over the last axis, or of a Conv's input patches under Patches.key (GPTQ)
     grams: dict[str, np.ndarray] = field(default_factory=dict)
     batch_size: int = 0  # the samples a batch it ran (the one asked for, or fewer: HELD_BYTES)
+    gram_rows: dict[str, int] = field(default_factory=dict)  # the rows each Gram matrix sums (saved before: absent)
 
 
 # How often a calibration writes its statistics so far (state_path), in seconds.
@@ -154,4 +155,5 @@ def calibrate(
         means,
         state.grams,
         batch_size,
+        state.gram_rows,
     )

@@ -56,10 +56,11 @@ class Observed:
             if name in self.gram_tensors:
                 rows = np.asarray(v, np.float64).reshape(-1, np.shape(v)[-1])
                 out[f"gram/{name}"] = rows.T @ rows
+                out[f"rows/{name}"] = rows.shape[0]
         if self.gram_patches:
             by_name = dict(zip(self.names, values, strict=True))
             for p in self.gram_patches:
-                out[f"gram/{p.key}"] = patch_gram(by_name[p.tensor], p)
+                out[f"gram/{p.key}"], out[f"rows/{p.key}"] = patch_gram(by_name[p.tensor], p)
         return out
 
 
@@ -72,6 +73,7 @@ class CalibrationState:
     sums: dict[str, np.ndarray] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     grams: dict[str, np.ndarray] = field(default_factory=dict)
+    gram_rows: dict[str, int] = field(default_factory=dict)  # the rows each Gram matrix sums
     batches: int = 0
     samples: int = 0
 
@@ -88,6 +90,8 @@ class CalibrationState:
                 self.sums[name] = self.sums[name] + value if name in self.sums else value
             elif kind == "count":
                 self.counts[name] = self.counts.get(name, 0) + value
+            elif kind == "rows":
+                self.gram_rows[name] = self.gram_rows.get(name, 0) + value
             else:
                 self.grams[name] = self.grams[name] + value if name in self.grams else value
         self.batches += 1
@@ -98,6 +102,7 @@ class CalibrationState:
         out = {f"sum/{k}": v for k, v in self.sums.items()}
         out.update({f"count/{k}": np.array(v, np.int64) for k, v in self.counts.items()})
         out.update({f"gram/{k}": v for k, v in self.grams.items()})
+        out.update({f"rows/{k}": np.array(v, np.int64) for k, v in self.gram_rows.items()})
         out["samples"] = np.array(self.samples, np.int64)
         return out
 
@@ -112,4 +117,6 @@ class CalibrationState:
                 state.counts[name] = int(value)
             elif kind == "gram":
                 state.grams[name] = np.asarray(value, np.float64)
+            elif kind == "rows":
+                state.gram_rows[name] = int(value)
         return state

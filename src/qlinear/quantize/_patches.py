@@ -85,8 +85,8 @@ def _pads(p: Patches, spatial: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(p.pads[i], p.pads[rank + i]) for i in range(rank)]
 
 
-def patch_gram(x: np.ndarray, p: Patches) -> np.ndarray:
-    """``X^T X`` (float64, ``(groups, K, K)``, K = channels of a group x kernel positions) of ``x``'s patches.
+def patch_gram(x: np.ndarray, p: Patches) -> tuple[np.ndarray, int]:
+    """``X^T X`` (float64, ``(groups, K, K)``, K = channels of a group x kernel positions) of ``x``'s patches, and its rows.
 
     ``x``: the Conv's input, ``(N, C, *spatial)``. Rows are the patches at up
     to K / 8 (:data:`ROWS_A_SAMPLE`) x N output positions, drawn without replacement
@@ -124,6 +124,6 @@ def patch_gram(x: np.ndarray, p: Patches) -> np.ndarray:
     rows = rows.astype(np.float32, copy=False).reshape(len(chosen), p.groups, -1)
     if p.groups == 1:
         flat = rows[:, 0]
-        return (flat.T @ flat)[None].astype(np.float64)
+        return (flat.T @ flat)[None].astype(np.float64), len(chosen)
     grouped = np.ascontiguousarray(rows.transpose(1, 0, 2))  # (groups, rows, K)
-    return np.matmul(grouped.transpose(0, 2, 1), grouped).astype(np.float64)
+    return np.matmul(grouped.transpose(0, 2, 1), grouped).astype(np.float64), len(chosen)

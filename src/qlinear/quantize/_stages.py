@@ -318,7 +318,8 @@ def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> Calibrat
             "give calibration data, or stats saved with GPTQ on"
         )
     means = {t: state.sums[t] / state.counts[t] for t in observed.channel_axes}
-    run = CalibrationRun(state.stats, 0, 0, 0.0, 0, means, {t: state.grams[t] for t in observed.gram_keys})
+    grams = {t: state.grams[t] for t in observed.gram_keys}
+    run = CalibrationRun(state.stats, 0, 0, 0.0, 0, means, grams, gram_rows=dict(state.gram_rows))
     if execution.save_stats_to is not None:
         save_stats(run.stats, str(execution.save_stats_to), model_digest=fm.digest, extras=state.extras())
     return run

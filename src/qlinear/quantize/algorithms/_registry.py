@@ -59,6 +59,7 @@ class Calibrated:
 
     means: Mapping[str, Any] = field(default_factory=dict)  # per-channel means of the tensors some Needs named
     grams: Mapping[str, Any] = field(default_factory=dict)  # X^T X over the last axis, or of patches (by Patches.key)
+    gram_rows: Mapping[str, int] = field(default_factory=dict)  # the rows each of them sums (absent: not counted)
 
 
 @dataclass(frozen=True)
