@@ -188,3 +188,12 @@ def test_gptq_leaves_a_layer_whose_gram_matrix_sums_too_few_rows_to_nearest():
     gptq = qq.quantize_model(g.to_model(), None, data, gptq=True, **settings).model
     assert gptq.SerializeToString(deterministic=True) == rtn.SerializeToString(deterministic=True)
     assert ROWS_A_COLUMN * 64 > 100
+
+
+def test_gptq_leaves_convs_to_nearest_where_bias_correction_is_on():
+    # Bias correction's channel means would move GPTQ's errors on kernel positions that read padding into the bias.
+    model, data = _conv_model()
+    settings = dict(weights="int4", activations=None, promote=False, bias_correction=True)
+    rtn = qq.quantize_model(model, None, data, gptq=False, **settings).model
+    gptq = qq.quantize_model(model, None, data, gptq=True, **settings).model
+    assert gptq.SerializeToString(deterministic=True) == rtn.SerializeToString(deterministic=True)
