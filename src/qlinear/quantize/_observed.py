@@ -56,7 +56,6 @@ class Observed:
             if name in self.gram_tensors:
                 rows = np.asarray(v, np.float64).reshape(-1, np.shape(v)[-1])
                 out[f"gram/{name}"] = rows.T @ rows
-                out[f"rows/{name}"] = rows.shape[0]
         if self.gram_patches:
             by_name = dict(zip(self.names, values, strict=True))
             for p in self.gram_patches:

@@ -55,9 +55,9 @@ __all__ = ["DAMPING", "MAX_PATCH_COLUMNS", "conv_patches", "gptq_conv_weight", "
 DAMPING = 0.01  # share of the mean diagonal added to H, for a stable inverse
 _LAZY_ROWS = 128  # rows whose updates are applied to the rest together
 MAX_PATCH_COLUMNS = 4608  # a group's patch width at most (3 x 3 x 512): its Gram matrix is 170 MB in float64
-# Rows a Gram matrix must sum for each of its columns. From fewer, GPTQ fits the rounding to the calibration samples
-# and loses on others: a squeeze-and-excitation Conv (one row a sample, 200 columns) from 400 samples took a
-# classifier's held-out output from 33.0 to 26.4 dB at int8.
+# Rows a Conv's Gram matrix must sum for each of its columns. A squeeze-and-excitation Conv sees one position a
+# sample: 400 calibration samples give 400 rows for its 200 columns, a matrix GPTQ would fit the samples to, not the
+# layer. A precaution (the rows are counted for patches only; a MatMul's tokens are many).
 ROWS_A_COLUMN = 16
 
 
@@ -156,7 +156,7 @@ def gptq_weight(
 
 
 def _enough(calibrated: Calibrated, key: str) -> np.ndarray | None:
-    """The Gram matrix kept under ``key``, where it sums at least :data:`ROWS_A_COLUMN` rows a column (or was not counted)."""
+    """The Gram matrix kept under ``key``, where it sums at least :data:`ROWS_A_COLUMN` rows a column (or its rows were not counted)."""
     gram = calibrated.grams.get(key)
     rows = calibrated.gram_rows.get(key)
     if gram is None or (rows is not None and rows < ROWS_A_COLUMN * gram.shape[-1]):
