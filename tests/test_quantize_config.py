@@ -140,7 +140,7 @@ def _help() -> str:
 def test_the_registry_refuses_a_second_algorithm_of_a_name_and_a_bad_stage():
     fields = (("gptq", bool, option(False, form="switch", help="again")),)
     with pytest.raises(ValueError, match="'gptq' is registered already"):
-        register(Algorithm(name="gptq", summary="again", stage="calibration", fields=fields, calibrates=lambda fm, n: []))
+        register(Algorithm(name="gptq", summary="again", stage="calibration", fields=fields, calibrates=lambda fm, n, o: []))
     with pytest.raises(ValueError, match="stage must be one of float, calibration, refine"):
         Algorithm(name="x", summary="", stage="later", fields=(("x", bool, option(False, form="switch", help="")),))
     with pytest.raises(ValueError, match="first field must be named 'x'"):

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper
+
+from qlinear.quantize._model import attribute
 
 __all__ = ["ROWS_A_SAMPLE", "Patches", "patch_gram", "patches_of"]
 
@@ -55,17 +56,16 @@ def patches_of(node: onnx.NodeProto, weight_shape: tuple[int, ...]) -> Patches |
     """How Conv ``node`` (whose weight has ``weight_shape``) reads its input, or None for another op."""
     if node.op_type != "Conv" or len(weight_shape) < 3:
         return None
-    a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
     kernel = tuple(int(k) for k in weight_shape[2:])
     rank = len(kernel)
-    auto_pad = a.get("auto_pad", b"NOTSET")
+    auto_pad = attribute(node, "auto_pad", b"NOTSET")
     return Patches(
         tensor=node.input[0],
         kernel=kernel,
-        strides=tuple(int(s) for s in a.get("strides", [1] * rank)),
-        pads=tuple(int(p) for p in a.get("pads", [0] * 2 * rank)),
-        dilations=tuple(int(d) for d in a.get("dilations", [1] * rank)),
-        groups=int(a.get("group", 1)),
+        strides=tuple(int(s) for s in attribute(node, "strides", [1] * rank)),
+        pads=tuple(int(p) for p in attribute(node, "pads", [0] * 2 * rank)),
+        dilations=tuple(int(d) for d in attribute(node, "dilations", [1] * rank)),
+        groups=int(attribute(node, "group", 1)),
         auto_pad=auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad),
     )
 
@@ -121,7 +121,7 @@ def patch_gram(x: np.ndarray, p: Patches) -> tuple[np.ndarray, int]:
         values = x[(at[0], slice(None), *clipped)]  # (rows, C): the advanced indices' axis comes first
         values[~inside] = 0  # a padded zero
         rows[(slice(None), slice(None), *offset)] = values
-    rows = rows.astype(np.float32, copy=False).reshape(len(chosen), p.groups, -1)
+    rows = rows.reshape(len(chosen), p.groups, -1)
     if p.groups == 1:
         flat = rows[:, 0]
         return (flat.T @ flat)[None].astype(np.float64), len(chosen)

@@ -140,7 +140,7 @@ def calibration(
              for p in reachable(asked, target(options.target).ladder)]  # fmt: skip
     tensors = list(dict.fromkeys(t for p in plans for t in p.activations))
     nodes = [fm.node(name) for name in dict.fromkeys(n.name for p in plans for n in p.nodes)]
-    needs = [a.calibrates(fm, nodes) for a in at_stage("calibration", options) if a.calibrates is not None]
+    needs = [a.calibrates(fm, nodes, options) for a in at_stage("calibration", options) if a.calibrates is not None]
     axes = {t: axis for need in needs for t, axis in need.channel_axes.items()}
     grams = list(dict.fromkeys(t for need in needs for t in need.gram_tensors))
     patches = list(dict.fromkeys(p for need in needs for p in need.gram_patches))

@@ -20,7 +20,7 @@ __all__ = ["ALGORITHMS", "STAGES", "Algorithm", "Calibrated", "Facts", "Needs", 
 
 # When an algorithm runs, in the pipeline's order:
 #   float:       rewrites the float model before calibration (apply(fm, options, data, bars) -> its report entries)
-#   calibration: needs something calibrated beside the activations' statistics (calibrates(fm, nodes) -> Needs),
+#   calibration: needs something calibrated beside the activations' statistics (calibrates(fm, nodes, options) -> Needs),
 #                which the conversion hands it as it rounds each weight (rounds) or sets each bias (corrects)
 #   refine:      improves the quantized model after the accuracy target is met
 #                (apply(fm, qmodel, data, reference, options, bars) -> (qmodel, its result))
@@ -81,8 +81,9 @@ class Algorithm:
         validate: raises QuantizationError for a value of its options that
             is never valid (run when the options are made).
         calibrates: what it needs calibrated (:class:`Needs`), from the
-            float model and the nodes any precision on the target's ladder
-            quantizes (stage ``calibration``).
+            float model, the nodes any precision on the target's ladder
+            quantizes and the options (stage ``calibration``): only what
+            ``rounds`` or ``corrects`` will read under those options.
         rounds: a layer's weight rounded from what it calibrated, as
             ``rounds(fm, node_plan, weight, weight_type, options,
             calibrated)`` gives it: ``(weight as rounded, params, axis,
@@ -109,7 +110,7 @@ class Algorithm:
     default: Callable[[Any, Facts], Any] | None = None
     check: Callable[[Any, Facts], None] | None = None
     validate: Callable[[Any], None] | None = None
-    calibrates: Callable[[Any, list], Needs] | None = None
+    calibrates: Callable[[Any, list, Any], Needs] | None = None
     rounds: Callable[..., Any] | None = None
     corrects: Callable[..., Any] | None = None
     apply: Callable[..., Any] | None = None

@@ -36,8 +36,8 @@ class BiasSite:
     index: int = 0
 
 
-def input_channel_axes(fm: FloatModel, nodes: list[onnx.NodeProto]) -> Needs:
-    """The activation input of each node that bias correction can serve, and the axis its channels lie on."""
+def input_channel_axes(fm: FloatModel, nodes: list[onnx.NodeProto], options=None) -> Needs:
+    """The activation input of each node that bias correction can serve, and the axis its channels lie on (under any options)."""
     axes = {}
     for node in nodes:
         if not node.input or node.input[0] in fm.initializers:

@@ -83,11 +83,17 @@ def conv_patches(fm, node: onnx.NodeProto) -> Patches | None:
     return patches
 
 
-def gram_inputs(fm, nodes: list[onnx.NodeProto]) -> Needs:
-    """The inputs (and Convs' input patches) whose Gram matrices GPTQ needs for ``nodes`` (each once)."""
+def _rounds_convs(options) -> bool:
+    """Whether GPTQ rounds Convs under ``options``: per channel, and with bias correction off (see the module's doc)."""
+    return options.granularity == "per-channel" and not options.bias_correction
+
+
+def gram_inputs(fm, nodes: list[onnx.NodeProto], options) -> Needs:
+    """The inputs (and Convs' input patches, where it rounds Convs) whose Gram matrices GPTQ needs for ``nodes`` (each once)."""
+    convs = nodes if _rounds_convs(options) else []
     return Needs(
         gram_tensors=tuple(dict.fromkeys(t for t in (layer_input(fm, n) for n in nodes) if t is not None)),
-        gram_patches=tuple(dict.fromkeys(p for p in (conv_patches(fm, n) for n in nodes) if p is not None)),
+        gram_patches=tuple(dict.fromkeys(p for p in (conv_patches(fm, n) for n in convs) if p is not None)),
     )
 
 
@@ -99,7 +105,7 @@ def _rounds(fm, p, w: np.ndarray, t: ElementType, options, calibrated: Calibrate
     if node.op_type == "Conv":
         patches = conv_patches(fm, node)
         gram = _enough(calibrated, patches.key) if patches is not None else None
-        if gram is None or options.granularity != "per-channel" or options.bias_correction:
+        if gram is None or not _rounds_convs(options):
             return None
         return gptq_conv_weight(w, gram, t, clip=options.weight_clip, weight_only=p.activation_type is None)
     source = layer_input(fm, node)
