@@ -17,13 +17,13 @@ from qlinear.quantize.targets import ORT_CPU
 from quantize_models import conv_batchnorm, detection_head, gated_convs, layernorm_attention, squeeze_excite
 
 
-def _built(make, **options):
+def _built(make, eval_data=None, **options):
     """The builder, the model at the requested types and the float reference, as the pipeline makes them."""
     model, data = make()
     fm = load_float_model(model)
     o = QuantizeOptions(**options)
     ORT_CPU.prepare(o.activations is None)(fm)
-    run_data = stage.datasets(fm, o, data, None, None, None, None)
+    run_data = stage.datasets(fm, o, data, eval_data, None, None, None)
     o = resolve(o, run_data.facts, batch_size=run_data.fixed_batch)
     bars = Bars(None)
     run = stage.calibration(fm, o, run_data.calibration, Execution(1, None, None, None, None), bars)
@@ -68,6 +68,31 @@ def test_each_nodes_figure_is_the_whole_models_with_that_node_alone_quantized(ca
     monkeypatch.setattr(sensitivity, "HELD_BYTES", 1)
     again = {name: f.sensitivity_db for name, f in sensitivity.analyze(builder, requested, reference).items()}
     assert again == got
+
+
+def test_every_node_is_screened_on_the_first_samples_and_the_most_sensitive_measured_on_all(monkeypatch):
+    model, data = gated_convs("Sigmoid")
+    rng = np.random.default_rng(3)
+    held_out = {"x": (data["x"][:1] + 0.5 * rng.standard_normal((48, *data["x"].shape[1:]))).astype(np.float32)}
+    builder, requested, reference = _built(lambda: (model, data), held_out, batch_size=8)
+    assert len(reference.batches) == 6  # 48 samples in batches of 8: the screening holds the first two
+    monkeypatch.setattr(sensitivity, "REFINED_FEWEST", 1)
+    monkeypatch.setattr(sensitivity, "REFINED_SHARE", 0.5)
+    names = [p.name for p in requested.plan.nodes]
+    refined = sensitivity.refined_count(len(names))
+    assert 1 <= refined < len(names)
+    screen = _whole_model_figures(builder, requested, reference.head(sensitivity.SCREEN_SAMPLES))
+    whole = _whole_model_figures(builder, requested, reference)
+    assert screen != whole  # the two sample sets give different figures, so the test tells them apart
+    ticks = []
+    got = sensitivity.analyze(builder, requested, reference, progress=ticks.append)
+    again = sorted(names, key=lambda n: screen[n])[:refined]  # the most sensitive on the screening samples
+    want = {name: whole[name] if name in again else screen[name] for name in names}
+    for name in names:
+        assert got[name].sensitivity_db == pytest.approx(want[name], abs=1e-6), name
+    assert sum(ticks) == len(names) + refined == sensitivity.analysis_runs(len(names), reference)
+    # The order the search promotes by: on all the samples where measured so, else on the screening ones.
+    assert sensitivity.most_sensitive_first(got) == sorted(names, key=lambda n: want[n])
 
 
 def test_the_part_holds_what_follows_the_node_and_reads_the_rest_from_the_float_model():

@@ -40,7 +40,7 @@ def _float_compute_nodes(model) -> int:
 def _costs(monkeypatch, base: float, per_float_node: float) -> None:
     """A timer whose ratio is ``base`` plus ``per_float_node`` for each compute node left float, as on the runtime."""
 
-    def fake_time(self, model):
+    def fake_time(self, model, session=None):
         ratio = base + per_float_node * _float_compute_nodes(model)
         return Latency(self.batch, 1.0, ratio, ratio)
 
@@ -168,7 +168,7 @@ def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monk
 
 
 def test_the_decision_line_leads_the_printed_report_when_the_model_is_slower(monkeypatch, tmp_path, capsys):
-    def slower(self, model):
+    def slower(self, model, session=None):
         return Latency(self.batch, 1.0, 1.3, 1.3)
 
     monkeypatch.setattr(latency_module.PairTimer, "time", slower)

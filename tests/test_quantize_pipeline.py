@@ -447,7 +447,7 @@ def test_a_quantized_model_slower_than_the_float_one_is_a_warning_with_the_cause
     texts, decisions = {}, {}
     for timing in ((1.0, 2.0), (1.0, 1.1)):  # the timing's noise is about 0.1: a 10% slower model is not warned of
         timed = [Latency(1, timing[0], timing[1], timing[1] / timing[0]), Latency(16, 10.0, 9.0, 0.9)]
-        monkeypatch.setattr(latency_module.UserBatchTimer, "time", lambda self, model, timed=timed: tuple(timed))
+        monkeypatch.setattr(latency_module.UserBatchTimer, "time", lambda self, model, again=False, timed=timed: tuple(timed))
         r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
         texts[timing] = [w for w in r.warnings if w.startswith("the quantized model is slower")]
         decisions[timing] = r.decision

@@ -56,7 +56,7 @@ def _timer(costs: dict[str, float], noise: list[float] | None = None, grows: dic
     """
     calls = []
 
-    def timed(precision):
+    def timed(precision, again=False):
         shift = noise[len(calls) % len(noise)] if noise else 0.0
         latencies = []
         for batch, cost in ((1, costs), (16, at_sixteen)):
@@ -64,7 +64,7 @@ def _timer(costs: dict[str, float], noise: list[float] | None = None, grows: dic
                 ratio = 1.0 + shift + sum(cost.get(n, 0.0) for n, p in precision.items() if not p.quantized)
                 latencies.append(Latency(batch, 1.0, ratio, ratio))
         size = 1000 + sum((grows or {}).get(n, 0) for n, p in precision.items() if not p.quantized)
-        calls.append(dict(precision))
+        calls.append((dict(precision), again))
         return tuple(latencies), size
 
     return timed, calls
@@ -83,6 +83,8 @@ def test_a_kind_faster_in_float_is_kept_float_and_one_slower_is_not():
     assert not by_kind["Conv 1x1"].kept and not by_kind["Gemm"].kept
     assert by_kind["Conv 1x1"].before == pytest.approx(0.8)  # tried on the model with the depthwise kind float
     assert len(calls) == 1 + 3 + 2  # the start, a trial a kind, a confirmation and the current model again for the kept one
+    # The confirmation and the current model are timed anew, not read back from their first timings.
+    assert [again for _, again in calls] == [False, False, True, True, False, False]
 
 
 def test_a_gain_within_the_noise_or_not_confirmed_is_not_kept():
@@ -152,7 +154,7 @@ def test_weight_only_nodes_are_quantized_for_their_size_and_never_tried():
 def _fake_runtime(monkeypatch, faster: str):
     """The runtime's timer made deterministic: nodes named ``faster`` save 20% each in float, any other float node costs 10%."""
 
-    def fake_time(self, model):
+    def fake_time(self, model, session=None):
         weights = {t.name for t in model.graph.initializer if t.data_type == 1}
         ratio = 0.7
         for n in model.graph.node:

@@ -24,13 +24,23 @@ from qlinear.onnx._graph import producers
 from qlinear.onnx._ort_with_qlinear import MixedRunner
 from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._metric import Metric, checked_figure
+from qlinear.quantize._output_power import OutputsPower, Power, judged_outputs
 from qlinear.quantize._session import run_batch, with_outputs
-from qlinear.quantize._to_qdq import sqnr_db
 
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
-__all__ = ["Evaluation", "Reference", "Runner", "evaluate", "metric_figure", "output_figures", "output_sqnr"]
+__all__ = [
+    "Evaluation",
+    "Reference",
+    "Runner",
+    "evaluate",
+    "metric_figure",
+    "output_figures",
+    "OutputsPower",
+    "output_power",
+    "output_sqnr",
+]
 
 
 class Runner:
@@ -61,85 +71,6 @@ class Runner:
             values = run_batch(self._session, self.outputs, feeds, "an evaluation batch")
             return dict(zip(self.outputs, values, strict=True))
         return self._mixed(feeds, self.outputs)
-
-
-@dataclass
-class _Power:
-    signal: float = 0.0
-    noise: float = 0.0
-
-    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
-        ref64, got64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-        finite = np.isfinite(ref64)
-        self.signal += float((ref64[finite] ** 2).sum())
-        self.noise += float(((ref64[finite] - got64[finite]) ** 2).sum())
-
-    @property
-    def db(self) -> float | None:
-        return sqnr_db(self.signal, self.noise)
-
-
-class _OutputPower:
-    """The output's signal and noise, and each part's where the output is a Concat of several (:func:`concat_parts`).
-
-    Its SQNR is the worst part's: one SQNR over a detector's boxes (0-320
-    pixels) and class scores (0-1) is the boxes' alone, and says nothing of
-    scores quantization destroyed.
-    """
-
-    def __init__(self, parts: tuple[int, list[slice]] | None) -> None:
-        self.whole = _Power()
-        self.axis, self.slices = parts if parts is not None else (0, [])
-        self.parts = [_Power() for _ in self.slices]
-
-    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
-        self.whole.add(ref, got)
-        for power, part in zip(self.parts, self.slices, strict=True):
-            index = (slice(None),) * self.axis + (part,)
-            power.add(np.asarray(ref)[index], np.asarray(got)[index])
-
-    @property
-    def part_dbs(self) -> list[float | None] | None:
-        return [p.db for p in self.parts] if self.parts else None
-
-    @property
-    def db(self) -> float | None:
-        return _worst(self.part_dbs) if self.parts else self.whole.db
-
-
-# Output types judged by SQNR.
-_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
-
-
-def judged_outputs(model: onnx.ModelProto) -> list[str]:
-    """The outputs judged by SQNR: the first, and every other of a float type."""
-    outputs = list(model.graph.output)
-    return [outputs[0].name] + [o.name for o in outputs[1:] if o.type.tensor_type.elem_type in _FLOAT_TYPES]
-
-
-def _worst(dbs: list[float | None]) -> float | None:
-    noisy = [d for d in dbs if d is not None]  # None: an output or part that came out exact
-    return min(noisy) if noisy else None
-
-
-class _OutputsPower:
-    """Each judged output's power (:class:`_OutputPower`); the worst output's SQNR is the model's."""
-
-    def __init__(self, parts: dict[str, tuple[int, list[slice]] | None]) -> None:
-        self.outputs = {name: _OutputPower(p) for name, p in parts.items()}
-
-    def add(self, ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
-        for name, power in self.outputs.items():
-            power.add(ref[name], got[name])
-
-    @property
-    def db(self) -> float | None:
-        return _worst([p.db for p in self.outputs.values()])
-
-    @property
-    def by_output(self) -> dict[str, float | None] | None:
-        """Each output's SQNR, where there are several."""
-        return {name: p.db for name, p in self.outputs.items()} if len(self.outputs) > 1 else None
 
 
 def concat_parts(
@@ -208,19 +139,19 @@ def evaluate(
     candidate = Runner(quant_model, tensors, runtime)
     first = float_model.graph.output[0].name
     judged = known.outputs if known is not None else judged_outputs(float_model)
-    out_power: _OutputsPower | None = None
-    node_power = {t: _Power() for t in tensors}
+    out_power: OutputsPower | None = None
+    node_power = {t: Power() for t in tensors}
     agree = correct_before = correct_after = rows = samples = batches = 0
     offset = 0
     labels = data.labels
     scores: bool | None = None if known is None else known.classifies
     if known is not None:
-        out_power = _OutputsPower(known.parts)
+        out_power = OutputsPower(known.parts)
     for feeds in data.batches(batch_size):
         batches += 1
         ref, got = reference(feeds), candidate(feeds)
         if out_power is None:
-            out_power = _OutputsPower(concat_parts(float_model, judged, feeds, runtime))
+            out_power = OutputsPower(concat_parts(float_model, judged, feeds, runtime))
         out_power.add(ref, got)
         for t in tensors:
             node_power[t].add(ref[t], got[t])
@@ -337,18 +268,21 @@ class Reference:
 
     def head(self, max_samples: int) -> Reference:
         """The first batches holding ``max_samples`` samples, from the outputs already computed."""
-        head = object.__new__(Reference)
-        head.runtime, head.axes, head.output, head.outputs = self.runtime, self.axes, self.output, self.outputs
-        head.classifies, head.parts = self.classifies, self.parts
-        head.batches, head.labels = [], []
-        kept = 0
-        for (feeds, out), labels in zip(self.batches, self.labels, strict=True):
+        kept = count = 0
+        for feeds, _ in self.batches:
             if kept >= max_samples:
                 break
-            head.batches.append((feeds, out))
-            head.labels.append(labels)
             kept += samples_in(feeds)
-        return head
+            count += 1
+        return self.batch_range(0, count)
+
+    def batch_range(self, start: int, stop: int) -> Reference:
+        """Batches ``start`` to ``stop`` (exclusive) alone, from the outputs already computed."""
+        part = object.__new__(Reference)
+        part.runtime, part.axes, part.output, part.outputs = self.runtime, self.axes, self.output, self.outputs
+        part.classifies, part.parts = self.classifies, self.parts
+        part.batches, part.labels = self.batches[start:stop], self.labels[start:stop]
+        return part
 
 
 def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float | None, float | None]:
@@ -357,7 +291,7 @@ def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float 
     The SQNR is the worst judged output's; None means the outputs are identical.
     """
     runner = Runner(model, reference.outputs, reference.runtime)
-    power = _OutputsPower(reference.parts)
+    power = OutputsPower(reference.parts)
     agree = rows = 0
     for feeds, ref in reference.batches:
         got = runner(feeds)
@@ -374,10 +308,20 @@ def output_sqnr(reference: Reference, outputs: list[dict[str, np.ndarray]]) -> f
 
     An output the dicts lack is the float model's own (exact), which leaves the worst output's SQNR as it is.
     """
-    power = _OutputsPower({name: part for name, part in reference.parts.items() if outputs and name in outputs[0]})
+    return output_power(reference, outputs).db
+
+
+def output_power(reference: Reference, outputs: list[dict[str, np.ndarray]], power: OutputsPower | None = None) -> OutputsPower:
+    """The judged outputs' signal and noise of ``outputs`` against ``reference``, added to ``power`` where given.
+
+    ``.db`` is :func:`output_sqnr`'s figure; a power carried over from
+    earlier batches of the same outputs continues their sums.
+    """
+    if power is None:
+        power = OutputsPower({name: part for name, part in reference.parts.items() if outputs and name in outputs[0]})
     for (_, ref), got in zip(reference.batches, outputs, strict=True):
         power.add(ref, got)
-    return power.db
+    return power
 
 
 def metric_figure(model: onnx.ModelProto, reference: Reference, metric: Metric, name: str) -> float:

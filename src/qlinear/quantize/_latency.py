@@ -12,17 +12,19 @@ slows both sides of the pairs it falls in.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
 from qlinear._errors import QuantizationError
+from qlinear.onnx import _large as large
 from qlinear.quantize._data import Dataset, _take, samples_in
 
 if TYPE_CHECKING:
@@ -78,13 +80,18 @@ class PairTimer:
         once = (time.perf_counter() - start) / 2
         self.pairs = int(min(_MOST_PAIRS, max(_FEWEST_PAIRS, _SECONDS / max(2 * once, 1e-6))))
 
-    def time(self, model: onnx.ModelProto) -> Latency | None:
-        """``model``'s latency beside the float model's; None where the runtime cannot load it."""
-        try:
-            candidate = self.runtime.session(model, spinning=False)
-        except QuantizationError:  # no kernels for its types on this runtime: no latency to give
-            return None
-        candidate.run(None, self.feeds)
+    def time(self, model: onnx.ModelProto, session: Any = None) -> Latency | None:
+        """``model``'s latency beside the float model's; None where the runtime cannot load it.
+
+        ``session``: the runtime's session of ``model`` where the caller made one (one serves every batch).
+        """
+        candidate = session
+        if candidate is None:
+            try:
+                candidate = self.runtime.session(model, spinning=False)
+            except QuantizationError:  # no kernels for its types on this runtime: no latency to give
+                return None
+        candidate.run(None, self.feeds)  # warm-up at this batch: the first run at a shape plans its memory
         before, after = [], []
         for _ in range(self.pairs):
             for times, s in ((before, self._float), (after, candidate)):
@@ -102,20 +109,46 @@ class UserBatchTimer:
     (ONNX Runtime's int8 5x5 depthwise convolution: on par at one sample,
     several times its float kernel's time at 16), so what the quantizer
     decides on speed it decides on every batch the users run.
+
+    A model is loaded once for all its batches (a session costs as much as
+    a few of its runs), and each model's latest timing is kept: the stages
+    that show a model already timed (the trade-off's row of the model
+    written, the evaluation's latency) read it instead of timing it again;
+    a caller that wants a second opinion (a decision confirmed) asks
+    ``again``.
     """
 
     def __init__(self, float_model: onnx.ModelProto, data: Dataset, batches: tuple[int, ...], runtime: Target) -> None:
         self._timers = [PairTimer(float_model, batch_feeds(data, b), runtime) for b in batches]
+        self._runtime = runtime
+        self._timed: dict[bytes, tuple[Latency, ...] | None] = {}  # by the model's digest: its latest timing
 
-    def time(self, model: onnx.ModelProto) -> tuple[Latency, ...] | None:
-        """``model``'s latency beside the float model's at each batch; None where the runtime cannot load it."""
-        found = []
-        for timer in self._timers:
-            latency = timer.time(model)
-            if latency is None:
-                return None
-            found.append(latency)
-        return tuple(found)
+    def time(self, model: onnx.ModelProto, *, again: bool = False) -> tuple[Latency, ...] | None:
+        """``model``'s latency beside the float model's at each batch; None where the runtime cannot load it.
+
+        ``again``: timed even where this model was timed before (the new timing is the one kept).
+        """
+        key = _digest(model)
+        if not again and key is not None and key in self._timed:
+            return self._timed[key]
+        found: tuple[Latency, ...] | None = None
+        try:
+            session = self._runtime.session(model, spinning=False)
+        except QuantizationError:  # no kernels for its types on this runtime: no latency to give
+            session = None
+        if session is not None:
+            timings = [timer.time(model, session) for timer in self._timers]
+            found = None if any(t is None for t in timings) else tuple(timings)  # type: ignore[arg-type]
+        if key is not None:
+            self._timed[key] = found
+        return found
+
+
+def _digest(model: onnx.ModelProto) -> bytes | None:
+    """A digest of everything ``model`` holds (None for a model past protobuf's 2 GB, which is never timed twice)."""
+    if large.is_large(model):
+        return None
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).digest()
 
 
 def worst_ratio(latencies: Sequence[Latency]) -> float:

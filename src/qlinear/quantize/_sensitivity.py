@@ -21,6 +21,7 @@ sensitivity, lowest SQNR first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,12 +33,20 @@ from qlinear._errors import QuantizationError
 from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._data import _count, _take
 from qlinear.quantize._downstream import Downstream, Unchanged, downstream, element_types
-from qlinear.quantize._evaluate import Reference, Runner, output_sqnr
+from qlinear.quantize._evaluate import Reference, Runner, output_power
+from qlinear.quantize._output_power import OutputsPower
 from qlinear.quantize._precision import FLOAT, NodePrecision
 from qlinear.quantize._to_qdq import sqnr_db
 
-__all__ = ["HELD_BYTES", "NodeSensitivity", "analyze", "most_sensitive_first"]
+__all__ = ["HELD_BYTES", "SCREEN_SAMPLES", "NodeSensitivity", "analysis_runs", "analyze", "most_sensitive_first", "refined_count"]
 
+# Every node is measured on the first SCREEN_SAMPLES eval samples; the most sensitive of them by that, a share of
+# REFINED_SHARE and at least REFINED_FEWEST, on all the analysis' samples. The promotions take the most sensitive
+# first, so their order is the best measured; a part's run costs as many samples as it is fed, so screening on a
+# quarter of them costs about a quarter.
+SCREEN_SAMPLES = 16
+REFINED_SHARE = 0.25
+REFINED_FEWEST = 8
 # The float values the nodes' parts read, held at most (bytes over the analysis' samples); past it the nodes go in
 # groups, one float run each.
 HELD_BYTES = 256 * 2**20
@@ -56,26 +65,68 @@ class NodeSensitivity:
 def analyze(
     builder: ModelBuilder, full: Built, reference: Reference, *, progress: Callable[[int], None] | None = None
 ) -> dict[str, NodeSensitivity]:
-    """Each node of ``full.plan``'s figures on ``reference``'s batches, in graph order."""
+    """Each node of ``full.plan``'s figures on ``reference``'s batches, in graph order.
+
+    Every node is measured first on the batches of the first
+    :data:`SCREEN_SAMPLES` samples; the most sensitive of them by that
+    (:func:`refined_count`) go on to the rest of ``reference``'s batches, so
+    their figures are all of them (the figures the search's first
+    promotions are ordered by). The others keep their screening figures.
+    The activation SQNRs are the screening batches'.
+    """
     names = [p.name for p in full.plan.nodes]
     requested = {p.name: p.precision for p in full.plan.nodes}
-    activation_db = _activation_sqnr(builder, full, reference)
-    # Each part's reads first (the models let go: a part holds its model's weights), then each group's parts again.
+    screen = reference.head(SCREEN_SAMPLES)
+    activation_db = _activation_sqnr(builder, full, screen)
     unchanged: dict[int, Unchanged] = {}  # the float model at each opset, serialized once
-    reads = {name: _part(builder, names, requested, name, reference, unchanged)[::2] for name in names}
-    sensitivity: dict[str, float | None] = {}
+    # Each part's reads first (the models let go: a part holds its model's weights), then each group's parts again.
+    reads = {name: _part(builder, names, requested, name, reference.outputs, unchanged)[::2] for name in names}
+    power = _powers(builder, names, requested, reads, screen, {}, unchanged, progress)
+    rest = reference.batch_range(len(screen.batches), len(reference.batches))
+    if rest.batches:  # more samples than the screening's: the most sensitive go on to them
+        db = {name: None if p is None else p.db for name, p in power.items()}
+        first = most_sensitive_first({n: NodeSensitivity(n, db[n], None, None) for n in names})
+        again = set(first[: refined_count(len(names))])
+        power.update(_powers(builder, names, requested, {n: r for n, r in reads.items() if n in again}, rest, power,
+                             unchanged, progress))  # fmt: skip
+    return {
+        name: NodeSensitivity(
+            name, None if power[name] is None else power[name].db, full.converted[name].weight_sqnr_db, activation_db.get(name)
+        )
+        for name in names
+    }
+
+
+def analysis_runs(nodes: int, reference: Reference) -> int:
+    """How many parts :func:`analyze` runs for ``nodes`` nodes on ``reference`` (its progress bar's length)."""
+    more = len(reference.head(SCREEN_SAMPLES).batches) < len(reference.batches)
+    return nodes + (refined_count(nodes) if more else 0)
+
+
+def refined_count(nodes: int) -> int:
+    """How many of ``nodes`` analysed nodes, the most sensitive on the screening samples, are measured on all of them."""
+    return min(nodes, max(REFINED_FEWEST, math.ceil(REFINED_SHARE * nodes)))
+
+
+def _powers(builder: ModelBuilder, names: list[str], requested: dict[str, NodePrecision],
+            reads: dict[str, tuple[int, tuple[str, ...]]], reference: Reference, before: dict[str, OutputsPower | None],
+            unchanged: dict[int, Unchanged], progress: Callable[[int], None] | None) -> dict[str, OutputsPower | None]:  # fmt: skip
+    """The output's signal and noise with each node of ``reads`` alone quantized, on ``reference``'s batches.
+
+    ``reads``: each node's opset and what its part reads; ``before``: a
+    node's power on earlier batches, continued. None: the node's change
+    reaches no judged output.
+    """
+    power: dict[str, OutputsPower | None] = {}
     for opset, group in _groups(builder, reads, reference):
         values = _float_values(builder.float_at(opset), list(dict.fromkeys(t for n in group for t in reads[n][1])), reference)
         for name in group:
-            part = _part(builder, names, requested, name, reference, unchanged)[1]
-            sensitivity[name] = _part_sqnr(part, values, reference)
+            part = _part(builder, names, requested, name, reference.outputs, unchanged)[1]
+            power[name] = _part_power(part, values, reference, before.get(name))
             if progress:
                 progress(1)
         del values  # before the next group's are computed
-    return {
-        name: NodeSensitivity(name, sensitivity[name], full.converted[name].weight_sqnr_db, activation_db.get(name))
-        for name in names
-    }
+    return power
 
 
 def _part(
@@ -83,7 +134,7 @@ def _part(
     names: list[str],
     requested: dict[str, NodePrecision],
     name: str,
-    reference: Reference,
+    outputs: list[str],
     unchanged: dict[int, Unchanged],
 ) -> tuple[int, Downstream, tuple[str, ...]]:
     """The opset and the downstream part of the model with only ``name`` quantized, and what the part reads."""
@@ -92,7 +143,7 @@ def _part(
     built = builder.build(alone)
     if built.opset not in unchanged:
         unchanged[built.opset] = Unchanged.of(builder.float_at(built.opset))
-    part = downstream(built.model, unchanged[built.opset], reference.outputs)
+    part = downstream(built.model, unchanged[built.opset], outputs)
     return built.opset, part, part.reads
 
 
@@ -149,12 +200,18 @@ def _float_values(float_model, reads: list[str], reference: Reference) -> list[d
     return out
 
 
-def _part_sqnr(part: Downstream, values: list[dict[str, np.ndarray]], reference: Reference) -> float | None:
-    """The output SQNR of the model the part was cut from, each batch's part run on the float values it reads."""
-    if not part.outputs:  # the node's change reaches no judged output
+def _part_power(
+    part: Downstream, values: list[dict[str, np.ndarray]], reference: Reference, before: OutputsPower | None = None
+) -> OutputsPower | None:
+    """The output power of the model the part was cut from, each batch's part run on the float values it reads.
+
+    ``before``: the power on earlier batches, continued. None: the part
+    reaches no judged output (the node's change is exact there).
+    """
+    if not part.outputs:
         return None
     runner = Runner(part.model(element_types(values[0])), [], reference.runtime)
-    return output_sqnr(reference, [runner({t: batch[t] for t in part.reads}) for batch in values])
+    return output_power(reference, [runner({t: batch[t] for t in part.reads}) for batch in values], before)
 
 
 def most_sensitive_first(figures: dict[str, NodeSensitivity]) -> list[str]:

@@ -35,6 +35,9 @@ from qlinear.quantize._precision import NodePrecision
 __all__ = ["FASTER_IN_FLOAT", "Floated", "float_where_faster", "node_kind"]
 
 FASTER_IN_FLOAT = NodePrecision(None, None, quantized=False, why="faster in float on the runtime at the users' batch (timed)")
+# A precision assignment's latency at each batch the users run (None: the runtime cannot load it) and its size in bytes;
+# its second argument true: timed anew, not an earlier timing of the same model given back.
+Timed = Callable[[dict[str, NodePrecision], bool], tuple[Sequence[Latency] | None, int]]
 # The least latency a kind must save, as a share of the model's, twice in a row, to be kept float: the pairs' noise.
 MARGIN = 0.03
 
@@ -69,7 +72,7 @@ def float_where_faster(
     fm: FloatModel,
     quantized: dict[str, NodePrecision],
     precision: dict[str, NodePrecision],
-    timed: Callable[[dict[str, NodePrecision]], tuple[Sequence[Latency] | None, int]],
+    timed: Timed,
 ) -> tuple[dict[str, NodePrecision], list[Floated]]:
     """``precision`` with every kind of node in ``quantized`` that runs faster in float set float, and each kind's trial.
 
@@ -78,7 +81,8 @@ def float_where_faster(
     node is quantized for its size, which float would give back).
     ``timed``: a precision assignment's latency as the runtime runs it,
     beside the float model's at each batch the users run, and its size
-    in bytes.
+    in bytes; given ``again`` true, timed anew (a decision's confirmation),
+    else possibly an earlier timing of the same model.
     """
     kinds: dict[str, list[str]] = {}
     for name, asked in quantized.items():
@@ -86,7 +90,7 @@ def float_where_faster(
         if p.quantized and p.activations is not None and element_type(p.activations).is_integer:
             kinds.setdefault(node_kind(fm, name), []).append(name)
     current = dict(precision)
-    start, size = timed(current)
+    start, size = timed(current, False)
     if start is None:  # the runtime cannot load the model: nothing to time
         return current, []
     ratio, trials = mean_ratio(start), []
@@ -97,7 +101,7 @@ def float_where_faster(
         needed = max(MARGIN, (trial_size - size) / size)
         faster = first is not None and first < ratio * (1 - needed)
         if faster:  # confirmed by a second timing, and the current model timed again beside it
-            again, now = _mean_timed(timed, trial)[0], _mean_timed(timed, current)[0]
+            again, now = _mean_timed(timed, trial, again=True)[0], _mean_timed(timed, current, again=True)[0]
             faster = again is not None and now is not None and again < now * (1 - needed)
             ratio = now if now is not None else ratio
         trials.append(Floated(kind, tuple(names), ratio, float("nan") if first is None else first, faster))
@@ -106,8 +110,10 @@ def float_where_faster(
     return current, trials
 
 
-def _mean_timed(timed: Callable[[dict[str, NodePrecision]], tuple[Sequence[Latency] | None, int]],
-                precision: dict[str, NodePrecision]) -> tuple[float | None, int]:  # fmt: skip
-    """A precision assignment's latency ratio (the geometric mean over the batches timed) and its size in bytes."""
-    latencies, size = timed(precision)
+def _mean_timed(timed: Timed, precision: dict[str, NodePrecision], *, again: bool = False) -> tuple[float | None, int]:
+    """A precision assignment's latency ratio (the geometric mean over the batches timed) and its size in bytes.
+
+    ``again``: timed anew, not read from an earlier timing of the same model.
+    """
+    latencies, size = timed(precision, again)
     return (None if latencies is None else mean_ratio(latencies)), size

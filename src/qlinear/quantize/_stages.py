@@ -33,7 +33,7 @@ from qlinear.quantize._placement import plan
 from qlinear.quantize._precision import NodePrecision, reachable
 from qlinear.quantize._promotion import AccuracyTarget, Search, promotion_steps, search, search_within
 from qlinear.quantize._refusals import check_without_data, no_classes
-from qlinear.quantize._sensitivity import NodeSensitivity, analyze, most_sensitive_first
+from qlinear.quantize._sensitivity import NodeSensitivity, analysis_runs, analyze, most_sensitive_first
 from qlinear.quantize._speed import Floated, float_where_faster
 from qlinear.quantize._stats import load_calibration, save_stats
 from qlinear.quantize._tradeoff import Candidate, tradeoff
@@ -177,8 +177,9 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     report shows.
     """
     goal = _goal(options, reference, builder.fm.model)  # a target the outputs cannot meet is refused before any work
-    with bars.task("analysing nodes", len(requested.plan.nodes)) as step:
-        figures = analyze(builder, requested, reference.head(ANALYSIS_SAMPLES), progress=step)
+    analysed = reference.head(ANALYSIS_SAMPLES)
+    with bars.task("analysing nodes", analysis_runs(len(requested.plan.nodes), analysed)) as step:
+        figures = analyze(builder, requested, analysed, progress=step)
     start = output_figures(requested.model, reference)
     if goal is None:
         return TargetResult(requested, start, figures, None)
@@ -202,11 +203,11 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
 
     start_figure = start[pick] if goal.metric in ("sqnr", "agreement") else figure_of(requested.model)
 
-    def timed(precision: dict[str, NodePrecision]) -> tuple[tuple[Latency, ...] | None, int]:
+    def timed(precision: dict[str, NodePrecision], again: bool = False) -> tuple[tuple[Latency, ...] | None, int]:
         model = onnx.ModelProto()
         model.CopyFrom(builder.build(precision).model)
         runtime.finalize(model)  # timed as it will be written
-        return timer.time(model), large.byte_size(model)
+        return timer.time(model, again=again), large.byte_size(model)
 
     with bars.task("promoting to the target", None) as step:
 
