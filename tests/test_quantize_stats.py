@@ -27,6 +27,37 @@ def test_stats_merged_halves_equal_the_whole(seed, n, scale, data):
     assert TensorStats.of(x[cut:]).merge(TensorStats.of(x[:cut])) == whole
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3000), st.sampled_from([1e-30, 1e-6, 0.1, 3.0, 1e4, 3e30]),
+       st.sampled_from([np.float32, np.float64]))  # fmt: skip
+def test_stats_bins_are_numpys_floor_and_bincount(seed, n, scale, dtype):
+    # The oracle: each value scaled by the bins' width in its own type, floored, counted by numpy.
+    x = _values(seed, n, scale).astype(dtype)
+    s = TensorStats.of(x)
+    index = np.floor(x * dtype(2.0**-s.exponent)).astype(np.int64) - s.first
+    assert np.array_equal(s.counts, np.bincount(index, minlength=s.counts.size))
+    assert s.counts.dtype == np.int64 and (s.min, s.max) == (x.min(), x.max())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 3000), st.sampled_from([np.float32, np.float64, np.float16]))
+def test_output_power_sums_the_finite_reference_values_as_numpy_does(seed, n, dtype):
+    from qlinear.quantize._output_power import Power
+
+    rng = np.random.default_rng(seed)
+    ref = (rng.standard_normal(n) * 10).astype(dtype)
+    ref[rng.random(n) < 0.05] = np.nan
+    ref[rng.random(n) < 0.05] = np.inf
+    got = (ref.astype(np.float64) + rng.standard_normal(n)).astype(np.float32)
+    power = Power()
+    for half in (slice(0, n // 2), slice(n // 2, n)):  # summed over two batches
+        power.add(ref[half], got[half])
+    r, g = ref.astype(np.float64), got.astype(np.float64)
+    finite = np.isfinite(r)
+    assert power.signal == pytest.approx(float((r[finite] ** 2).sum()), rel=1e-12, abs=0)
+    assert power.noise == pytest.approx(float(((r[finite] - g[finite]) ** 2).sum()), rel=1e-12, abs=0)
+
+
 def test_stats_do_not_depend_on_batching():
     x = np.concatenate([_values(1, 5000, 0.5), _values(2, 300, 40.0), [1e5, -7.0]]).astype(np.float32)
     whole = TensorStats.of(x)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from qlinear.quantize._sums import squared_sums
 from qlinear.quantize._to_qdq import sqnr_db
 
 __all__ = ["OutputsPower", "Power", "judged_outputs"]
@@ -27,14 +28,19 @@ class Power:
     noise: float = 0.0
 
     def add(self, ref: np.ndarray, got: np.ndarray) -> None:
-        ref64, got64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-        finite = np.isfinite(ref64)
-        self.signal += float((ref64[finite] ** 2).sum())
-        self.noise += float(((ref64[finite] - got64[finite]) ** 2).sum())
+        signal, noise = squared_sums(_flat(ref), _flat(got))
+        self.signal += signal
+        self.noise += noise
 
     @property
     def db(self) -> float | None:
         return sqnr_db(self.signal, self.noise)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    """``a`` as the 1-D float32 or float64 array :func:`squared_sums` takes (other types widened to float64)."""
+    a = np.asarray(a)
+    return np.ravel(a if a.dtype in (np.float32, np.float64) else a.astype(np.float64))
 
 
 class _OutputPower:

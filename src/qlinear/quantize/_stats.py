@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qlinear._errors import QuantizationError
+from qlinear.quantize._sums import bin_counts
 
 __all__ = ["MAX_BINS", "TensorStats", "load_calibration", "load_stats", "save_stats"]
 
@@ -75,11 +76,8 @@ class TensorStats:
         first = _bin(low, exponent)
         # x * 2**-e is exact in x's own type (e keeps it below 2**62, and a result too small to be
         # exact floors to 0 or -1 all the same), so no wider copy of the values is made.
-        scaled = flat * flat.dtype.type(math.ldexp(1.0, -exponent))
-        index = np.floor(scaled, out=scaled).astype(np.int64)
-        index -= first
-        counts = np.bincount(index, minlength=_bin(high, exponent) - first + 1)
-        return cls(int(flat.size), nonfinite, low, high, exponent, first, counts.astype(np.int64, copy=False))
+        counts = bin_counts(flat, flat.dtype.type(math.ldexp(1.0, -exponent)), first, _bin(high, exponent) - first + 1)
+        return cls(int(flat.size), nonfinite, low, high, exponent, first, counts)
 
     def merge(self, other: TensorStats) -> TensorStats:
         """The statistics of the values of both."""
