@@ -20,7 +20,15 @@ import qlinear.quantize._latency as latency_module
 from qlinear._errors import QuantizationError
 from qlinear.cli import main
 from qlinear.quantize._data import Dataset
-from qlinear.quantize._latency import Latency, PairTimer, UserBatchTimer, batch_feeds, user_batches, worst_ratio
+from qlinear.quantize._latency import (
+    QUICK_PAIRS,
+    Latency,
+    PairTimer,
+    UserBatchTimer,
+    batch_feeds,
+    user_batches,
+    worst_ratio,
+)
 from qlinear.quantize._precision import FULL_LADDER, NodePrecision
 from qlinear.quantize._promotion import AccuracyTarget, Promotion, search_within
 from qlinear.quantize.targets import ORT_CPU, target
@@ -40,7 +48,7 @@ def _float_compute_nodes(model) -> int:
 def _costs(monkeypatch, base: float, per_float_node: float) -> None:
     """A timer whose ratio is ``base`` plus ``per_float_node`` for each compute node left float, as on the runtime."""
 
-    def fake_time(self, model, session=None):
+    def fake_time(self, model, session=None, pairs=None):
         ratio = base + per_float_node * _float_compute_nodes(model)
         return Latency(self.batch, 1.0, ratio, ratio)
 
@@ -81,6 +89,42 @@ def test_the_users_batches_are_each_timed():
     got = UserBatchTimer(model, dataset, (1, 4), ORT_CPU).time(model)
     assert [t.batch for t in got] == [1, 4] and all(0.2 < t.ratio < 5 for t in got)
     assert worst_ratio([Latency(1, 1.0, 0.9, 0.9), Latency(16, 1.0, 1.2, 1.2)]) == 1.2
+
+
+def test_a_model_is_timed_once_unless_asked_again_and_a_hopeless_one_only_at_a_first_look(monkeypatch):
+    model, data = conv_batchnorm()
+    dataset = Dataset({"x": data["x"]}, None, "eval", {"x": 0})
+    timer = UserBatchTimer(model, dataset, (1, 4), ORT_CPU)
+    calls, ratio = [], [1.2]
+
+    def fake_time(self, model, session=None, pairs=None):
+        calls.append((self.batch, pairs))
+        return Latency(self.batch, 1.0, ratio[0], ratio[0])
+
+    monkeypatch.setattr(latency_module.PairTimer, "time", fake_time)
+    first = timer.time(model)
+    assert [t.ratio for t in first] == [1.2, 1.2] and calls == [(1, None), (4, None)]
+    calls.clear()
+    assert timer.time(model) == first and calls == []  # read back: the same model timed before
+    ratio[0] = 1.1
+    assert [t.ratio for t in timer.time(model, again=True)] == [1.1, 1.1] and calls == [(1, None), (4, None)]
+    # Given up on: a first look of QUICK_PAIRS pairs a batch already past the bound is the answer, and not kept.
+    calls.clear()
+    other = conv_batchnorm(branch=True)[0]
+    quick = timer.time(other, give_up_above=1.05)
+    assert [t.ratio for t in quick] == [1.1, 1.1] and calls == [(1, QUICK_PAIRS), (4, QUICK_PAIRS)]
+    calls.clear()
+    timer.time(other)
+    assert calls == [(1, None), (4, None)]  # the quick look was not kept as the model's timing
+    # Within the bound: the first look, then the whole timing, which is kept.
+    calls.clear()
+    third = conv_batchnorm(branch=True)[0]
+    third.graph.name = "third"
+    assert [t.ratio for t in timer.time(third, give_up_above=1.2)] == [1.1, 1.1]
+    assert calls == [(1, QUICK_PAIRS), (4, QUICK_PAIRS), (1, None), (4, None)]
+    calls.clear()
+    timer.time(third)
+    assert calls == []
 
 
 def test_onnx_runtimes_ladder_offers_no_dominated_step():
@@ -168,7 +212,7 @@ def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monk
 
 
 def test_the_decision_line_leads_the_printed_report_when_the_model_is_slower(monkeypatch, tmp_path, capsys):
-    def slower(self, model, session=None):
+    def slower(self, model, session=None, pairs=None):
         return Latency(self.batch, 1.0, 1.3, 1.3)
 
     monkeypatch.setattr(latency_module.PairTimer, "time", slower)

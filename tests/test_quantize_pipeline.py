@@ -22,6 +22,7 @@ from qlinear._errors import QuantizationError
 from qlinear.kernels.cpu import compiling
 from qlinear.quantize._calibrate import calibrate
 from qlinear.quantize._data import load_dataset
+from qlinear.quantize._evaluate import Runner
 from qlinear.quantize._latency import Latency
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._placement import plan
@@ -90,6 +91,20 @@ def test_calibration_memory_does_not_grow_with_batches():
         tracemalloc.stop()
     # 20 times the batches: the same peak (one batch's tensors and the statistics), within noise.
     assert peaks[1] < 1.3 * peaks[0]
+
+
+def test_calibration_means_are_each_channels_mean_over_every_batch():
+    # Bias correction's input means: along a Conv's channel axis (1) and a MatMul's last one, over batches of 7.
+    fm = load_float_model(MODEL)
+    p = plan(fm, qq.QuantizeOptions())
+    images = np.load(CALIBRATION)["image"][:50]
+    data = load_dataset({"image": images}, fm, what="calibration")
+    tensor = p.calibrate[1]
+    run = calibrate(fm, p.calibrate, data, batch_size=7, runtime=ORT_CPU, channel_axes={tensor: 1, "image": -1})
+    values = Runner(fm.model, [tensor], ORT_CPU)({"image": images})[tensor].astype(np.float64)
+    assert np.allclose(run.means[tensor], values.mean(axis=tuple(a for a in range(values.ndim) if a != 1)), rtol=1e-12)
+    flat = images.astype(np.float64).reshape(-1, images.shape[-1])
+    assert np.allclose(run.means["image"], flat.mean(axis=0), rtol=1e-12)
 
 
 def test_saved_statistics_give_the_same_model(tmp_path):
@@ -447,7 +462,9 @@ def test_a_quantized_model_slower_than_the_float_one_is_a_warning_with_the_cause
     texts, decisions = {}, {}
     for timing in ((1.0, 2.0), (1.0, 1.1)):  # the timing's noise is about 0.1: a 10% slower model is not warned of
         timed = [Latency(1, timing[0], timing[1], timing[1] / timing[0]), Latency(16, 10.0, 9.0, 0.9)]
-        monkeypatch.setattr(latency_module.UserBatchTimer, "time", lambda self, model, again=False, timed=timed: tuple(timed))
+        monkeypatch.setattr(
+            latency_module.UserBatchTimer, "time", lambda self, model, again=False, give_up_above=None, timed=timed: tuple(timed)
+        )
         r = qq.quantize_model(model, None, data, activations="uint16", promote=False).report
         texts[timing] = [w for w in r.warnings if w.startswith("the quantized model is slower")]
         decisions[timing] = r.decision

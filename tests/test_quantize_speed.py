@@ -19,7 +19,7 @@ import qlinear.quantize._latency as latency_module
 from qlinear.quantize._latency import Latency
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._precision import FLOAT, NodePrecision
-from qlinear.quantize._speed import FASTER_IN_FLOAT, MARGIN, float_where_faster, node_kind
+from qlinear.quantize._speed import FASTER_IN_FLOAT, GIVE_UP, MARGIN, float_where_faster, node_kind
 
 DEMO = resources.files("qlinear.quantize") / "_demo"
 MODEL, CALIBRATION = str(DEMO / "digits_cnn.onnx"), str(DEMO / "digits_calibration.npz")
@@ -56,7 +56,7 @@ def _timer(costs: dict[str, float], noise: list[float] | None = None, grows: dic
     """
     calls = []
 
-    def timed(precision, again=False):
+    def timed(precision, again=False, give_up_above=None):
         shift = noise[len(calls) % len(noise)] if noise else 0.0
         latencies = []
         for batch, cost in ((1, costs), (16, at_sixteen)):
@@ -64,7 +64,7 @@ def _timer(costs: dict[str, float], noise: list[float] | None = None, grows: dic
                 ratio = 1.0 + shift + sum(cost.get(n, 0.0) for n, p in precision.items() if not p.quantized)
                 latencies.append(Latency(batch, 1.0, ratio, ratio))
         size = 1000 + sum((grows or {}).get(n, 0) for n, p in precision.items() if not p.quantized)
-        calls.append((dict(precision), again))
+        calls.append((dict(precision), again, give_up_above))
         return tuple(latencies), size
 
     return timed, calls
@@ -84,7 +84,11 @@ def test_a_kind_faster_in_float_is_kept_float_and_one_slower_is_not():
     assert by_kind["Conv 1x1"].before == pytest.approx(0.8)  # tried on the model with the depthwise kind float
     assert len(calls) == 1 + 3 + 2  # the start, a trial a kind, a confirmation and the current model again for the kept one
     # The confirmation and the current model are timed anew, not read back from their first timings.
-    assert [again for _, again in calls] == [False, False, True, True, False, False]
+    assert [again for _, again, _ in calls] == [False, False, True, True, False, False]
+    # A trial's first timing may stop at a first look 5% slower than the model as it stands; nothing else may.
+    assert [bound for _, _, bound in calls] == pytest.approx(
+        [None, 1 + GIVE_UP, None, None, 0.8 * (1 + GIVE_UP), 0.8 * (1 + GIVE_UP)]
+    )
 
 
 def test_a_gain_within_the_noise_or_not_confirmed_is_not_kept():
@@ -154,7 +158,7 @@ def test_weight_only_nodes_are_quantized_for_their_size_and_never_tried():
 def _fake_runtime(monkeypatch, faster: str):
     """The runtime's timer made deterministic: nodes named ``faster`` save 20% each in float, any other float node costs 10%."""
 
-    def fake_time(self, model, session=None):
+    def fake_time(self, model, session=None, pairs=None):
         weights = {t.name for t in model.graph.initializer if t.data_type == 1}
         ratio = 0.7
         for n in model.graph.node:

@@ -31,16 +31,23 @@ if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
 __all__ = [
+    "NODE_SAMPLES",
     "Evaluation",
     "Reference",
     "Runner",
     "evaluate",
+    "evaluation_batches",
     "metric_figure",
     "output_figures",
-    "OutputsPower",
     "output_power",
     "output_sqnr",
 ]
+
+
+# Eval samples the nodes' own SQNRs are measured on (as the analysis', the first 64): each needs both models run
+# with every quantized node's output an output of theirs, which keeps the runtime from fusing across them, in small
+# batches; the judged outputs are compared on every sample.
+NODE_SAMPLES = 64
 
 
 class Runner:
@@ -122,77 +129,71 @@ def evaluate(
     float_model: onnx.ModelProto,
     quant_model: onnx.ModelProto,
     node_outputs: dict[str, str],
-    data: Dataset,
+    known: Reference,
     *,
-    batch_size: int,
-    runtime: Target,
     progress: Callable[[int], None] | None = None,
-    known: Reference | None = None,
 ) -> Evaluation:
-    """Compare the models' first outputs (and ``node_outputs``: node name -> tensor) on ``data``, run on ``runtime``.
+    """Compare the models' judged outputs on ``known``'s batches (the float model's :class:`Reference`), and their nodes'.
 
-    ``known``: the float model's :class:`Reference` on the same data, whose
-    findings (class scores, concatenated parts) are taken, not made again.
+    The quantized model runs as it is written (its outputs alone, so the
+    runtime fuses it as it will), against the float outputs ``known``
+    holds. ``node_outputs`` (node name -> tensor) are compared on the
+    first :data:`NODE_SAMPLES` samples: each model run with every one of
+    them as an output, which keeps the runtime from fusing across them.
+    ``progress`` is called once a batch of either pass.
     """
-    tensors = list(dict.fromkeys(node_outputs.values()))
-    reference = Runner(float_model, tensors, runtime)
-    candidate = Runner(quant_model, tensors, runtime)
-    first = float_model.graph.output[0].name
-    judged = known.outputs if known is not None else judged_outputs(float_model)
-    out_power: OutputsPower | None = None
-    node_power = {t: Power() for t in tensors}
-    agree = correct_before = correct_after = rows = samples = batches = 0
-    offset = 0
-    labels = data.labels
-    scores: bool | None = None if known is None else known.classifies
-    if known is not None:
-        out_power = OutputsPower(known.parts)
-    for feeds in data.batches(batch_size):
-        batches += 1
-        ref, got = reference(feeds), candidate(feeds)
-        if out_power is None:
-            out_power = OutputsPower(concat_parts(float_model, judged, feeds, runtime))
+    candidate = Runner(quant_model, known.outputs, known.runtime)
+    first = known.output
+    out_power = OutputsPower(known.parts)
+    agree = correct_before = correct_after = rows = samples = 0
+    for (feeds, ref), labels in zip(known.batches, known.labels, strict=True):
+        got = candidate(feeds)
         out_power.add(ref, got)
-        for t in tensors:
-            node_power[t].add(ref[t], got[t])
-        n = samples_in(feeds)
-        # Top-1 is read along the last axis of an output with class scores there; other outputs have only their SQNR.
-        output = np.asarray(ref[first])
-        if scores is None:
-            scores = classifies(float_model, first, output, labelled=labels is not None)
-        if not scores:
-            offset += n
-            samples += n
-            if progress:
-                progress(1)
+        samples += samples_in(feeds)
+        if progress:
+            progress(1)
+        if not known.classifies:  # top-1 is read along the last axis of an output with class scores there
             continue
         ref_top, got_top = np.argmax(ref[first], axis=-1), np.argmax(got[first], axis=-1)
         agree += int((ref_top == got_top).sum())
         rows += ref_top.size
         if labels is not None:
-            batch_labels = labels[offset : offset + n]
-            if batch_labels.shape != ref_top.shape:
+            if labels.shape != ref_top.shape:
                 raise QuantizationError(
-                    f"quantize: labels have shape {batch_labels.shape} a batch, expected {ref_top.shape} (the argmax of output {first!r})"
+                    f"quantize: labels have shape {labels.shape} a batch, expected {ref_top.shape} (the argmax of output {first!r})"
                 )
-            correct_before += int((ref_top == batch_labels).sum())
-            correct_after += int((got_top == batch_labels).sum())
-        offset += n
-        samples += n
-        if progress:
-            progress(1)
-    if not batches:
-        raise QuantizationError("quantize: the eval data holds no batch")
+            correct_before += int((ref_top == labels).sum())
+            correct_after += int((got_top == labels).sum())
     result = Evaluation(samples=samples, backend=candidate.backend)
     result.onnxruntime_error = candidate.onnxruntime_error
     result.output_sqnr_db, result.output_sqnr_db_by_output = out_power.db, out_power.by_output
     result.output_part_sqnr_db = out_power.outputs[first].part_dbs
     result.top1_agreement = agree / rows if rows else None
     result.top1_decisions = rows
-    if labels is not None and rows:
+    if any(labels is not None for labels in known.labels) and rows:
         result.accuracy_before, result.accuracy_after = correct_before / rows, correct_after / rows
+    node_power = _node_powers(float_model, quant_model, list(dict.fromkeys(node_outputs.values())), known, progress)
     result.node_sqnr_db = {node: node_power[t].db for node, t in node_outputs.items()}
     return result
+
+
+def evaluation_batches(known: Reference) -> int:
+    """The batches :func:`evaluate` runs on ``known`` (its progress bar's length)."""
+    return len(known.batches) + len(known.head(NODE_SAMPLES).batches)
+
+
+def _node_powers(float_model: onnx.ModelProto, quant_model: onnx.ModelProto, tensors: list[str], known: Reference,
+                 progress: Callable[[int], None] | None) -> dict[str, Power]:  # fmt: skip
+    """Each of ``tensors``' power, quantized against float, on the first :data:`NODE_SAMPLES` samples of ``known``."""
+    power = {t: Power() for t in tensors}
+    reference, candidate = Runner(float_model, tensors, known.runtime), Runner(quant_model, tensors, known.runtime)
+    for feeds, _ in known.head(NODE_SAMPLES).batches:
+        ref, got = reference(feeds), candidate(feeds)
+        for t in tensors:
+            power[t].add(ref[t], got[t])
+        if progress:
+            progress(1)
+    return power
 
 
 # What class scores pass through on their way out, the classes staying on the last axis.

@@ -30,12 +30,14 @@ from qlinear.quantize._data import Dataset, _take, samples_in
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
-__all__ = ["Latency", "PairTimer", "UserBatchTimer", "batch_feeds", "mean_ratio", "user_batches", "worst_ratio"]
+__all__ = ["QUICK_PAIRS", "Latency", "PairTimer", "UserBatchTimer", "batch_feeds", "mean_ratio", "user_batches", "worst_ratio"]
 
 # Each side's runs a timing takes at most, and about how long it may take (seconds, both sides together).
 _MOST_PAIRS = 25
 _FEWEST_PAIRS = 5
 _SECONDS = 1.0
+# Pairs a batch of a timing that may be given up on (UserBatchTimer.time's give_up_above): the first look.
+QUICK_PAIRS = 3
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,12 @@ class PairTimer:
         once = (time.perf_counter() - start) / 2
         self.pairs = int(min(_MOST_PAIRS, max(_FEWEST_PAIRS, _SECONDS / max(2 * once, 1e-6))))
 
-    def time(self, model: onnx.ModelProto, session: Any = None) -> Latency | None:
+    def time(self, model: onnx.ModelProto, session: Any = None, pairs: int | None = None) -> Latency | None:
         """``model``'s latency beside the float model's; None where the runtime cannot load it.
 
-        ``session``: the runtime's session of ``model`` where the caller made one (one serves every batch).
+        ``session``: the runtime's session of ``model`` where the caller made
+        one (one serves every batch); ``pairs``: this many pairs instead of
+        the timer's own count.
         """
         candidate = session
         if candidate is None:
@@ -93,7 +97,7 @@ class PairTimer:
                 return None
         candidate.run(None, self.feeds)  # warm-up at this batch: the first run at a shape plans its memory
         before, after = [], []
-        for _ in range(self.pairs):
+        for _ in range(pairs or self.pairs):
             for times, s in ((before, self._float), (after, candidate)):
                 start = time.perf_counter()
                 s.run(None, self.feeds)
@@ -123,25 +127,36 @@ class UserBatchTimer:
         self._runtime = runtime
         self._timed: dict[bytes, tuple[Latency, ...] | None] = {}  # by the model's digest: its latest timing
 
-    def time(self, model: onnx.ModelProto, *, again: bool = False) -> tuple[Latency, ...] | None:
+    def time(
+        self, model: onnx.ModelProto, *, again: bool = False, give_up_above: float | None = None
+    ) -> tuple[Latency, ...] | None:
         """``model``'s latency beside the float model's at each batch; None where the runtime cannot load it.
 
-        ``again``: timed even where this model was timed before (the new timing is the one kept).
+        ``again``: timed even where this model was timed before (the new
+        timing is the one kept). ``give_up_above``: a ratio (the geometric
+        mean over the batches) past which the caller has no use for the
+        model; :data:`QUICK_PAIRS` pairs a batch are timed first, and where
+        they already pass it, that quick timing is the answer (not kept).
         """
         key = _digest(model)
         if not again and key is not None and key in self._timed:
             return self._timed[key]
-        found: tuple[Latency, ...] | None = None
         try:
             session = self._runtime.session(model, spinning=False)
         except QuantizationError:  # no kernels for its types on this runtime: no latency to give
             session = None
-        if session is not None:
-            timings = [timer.time(model, session) for timer in self._timers]
-            found = None if any(t is None for t in timings) else tuple(timings)  # type: ignore[arg-type]
+        if session is not None and give_up_above is not None:
+            quick = self._each_batch(model, session, QUICK_PAIRS)
+            if quick is None or mean_ratio(quick) > give_up_above:
+                return quick
+        found = None if session is None else self._each_batch(model, session, None)
         if key is not None:
             self._timed[key] = found
         return found
+
+    def _each_batch(self, model: onnx.ModelProto, session: Any, pairs: int | None) -> tuple[Latency, ...] | None:
+        timings = [timer.time(model, session, pairs) for timer in self._timers]
+        return None if any(t is None for t in timings) else tuple(timings)  # type: ignore[arg-type]
 
 
 def _digest(model: onnx.ModelProto) -> bytes | None:

@@ -50,9 +50,11 @@ class Observed:
             if name in self.tensors:
                 out[f"stats/{name}"] = TensorStats.of(v)
             if name in self.channel_axes:
-                moved = np.moveaxis(np.asarray(v, np.float64), self.channel_axes[name], -1)
-                out[f"sum/{name}"] = moved.reshape(-1, moved.shape[-1]).sum(axis=0)
-                out[f"count/{name}"] = moved.size // moved.shape[-1]
+                v = np.asarray(v)
+                channel = self.channel_axes[name] % v.ndim
+                # Summed in float64 where it lies: no float64 copy of the batch, no channels-last copy of it.
+                out[f"sum/{name}"] = v.sum(axis=tuple(a for a in range(v.ndim) if a != channel), dtype=np.float64)
+                out[f"count/{name}"] = v.size // v.shape[channel]
             if name in self.gram_tensors:
                 rows = np.asarray(v, np.float64).reshape(-1, np.shape(v)[-1])
                 out[f"gram/{name}"] = rows.T @ rows

@@ -141,7 +141,7 @@ def quantize_model(
         fusion = runtime.check_fusion(qmodel, [p.name for p in met.built.plan.nodes])
         unloadable = load_error(qmodel, runtime) if fusion is None else None  # the fusion check loads it as written
     with bars.stage("evaluate"):
-        evaluation, latency, measures = stage.evaluation(fm, qmodel, met, eval_data, reference, options, timer, bars)
+        evaluation, latency, measures = stage.evaluation(fm, qmodel, met, reference, options, timer, bars)
     with bars.stage("report"):
         report = build_report(
             ReportInputs.of(

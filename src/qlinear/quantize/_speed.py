@@ -11,7 +11,9 @@ float model at each batch the users run, and kept float where the model
 runs faster (the geometric mean of the batches' ratios: a share of time
 saved at one batch counts as much as at another) by more than the
 timing's noise and by a larger share than the file grows (its float
-weights), confirmed by a second timing. The batches can disagree: ONNX
+weights), confirmed by a second timing; a kind whose first look (a few pairs a
+batch) is already slower than the model as it stands is timed no
+further. The batches can disagree: ONNX
 Runtime's int8 5x5 depthwise convolution is on par with its float one at
 one sample and several times slower at 16. The kinds are few (a model's
 hundreds of nodes are a handful of kinds), so this costs a few timings.
@@ -36,10 +38,14 @@ __all__ = ["FASTER_IN_FLOAT", "Floated", "float_where_faster", "node_kind"]
 
 FASTER_IN_FLOAT = NodePrecision(None, None, quantized=False, why="faster in float on the runtime at the users' batch (timed)")
 # A precision assignment's latency at each batch the users run (None: the runtime cannot load it) and its size in bytes;
-# its second argument true: timed anew, not an earlier timing of the same model given back.
-Timed = Callable[[dict[str, NodePrecision], bool], tuple[Sequence[Latency] | None, int]]
+# its second argument true: timed anew, not an earlier timing of the same model given back; its third: a ratio past
+# which a first look of a few pairs is the answer (the UserBatchTimer's give_up_above).
+Timed = Callable[[dict[str, NodePrecision], bool, float | None], tuple[Sequence[Latency] | None, int]]
 # The least latency a kind must save, as a share of the model's, twice in a row, to be kept float: the pairs' noise.
 MARGIN = 0.03
+# A trial whose first look (a few pairs a batch) runs this much slower than the model as it stands is timed no
+# further: it would have to come out MARGIN faster. Most kinds are not faster in float, so most trials end there.
+GIVE_UP = 0.05
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,8 @@ def float_where_faster(
     ``timed``: a precision assignment's latency as the runtime runs it,
     beside the float model's at each batch the users run, and its size
     in bytes; given ``again`` true, timed anew (a decision's confirmation),
-    else possibly an earlier timing of the same model.
+    else possibly an earlier timing of the same model; given a ratio, the
+    timing may stop at a first look past it.
     """
     kinds: dict[str, list[str]] = {}
     for name, asked in quantized.items():
@@ -90,13 +97,13 @@ def float_where_faster(
         if p.quantized and p.activations is not None and element_type(p.activations).is_integer:
             kinds.setdefault(node_kind(fm, name), []).append(name)
     current = dict(precision)
-    start, size = timed(current, False)
+    start, size = timed(current, False, None)
     if start is None:  # the runtime cannot load the model: nothing to time
         return current, []
     ratio, trials = mean_ratio(start), []
     for kind, names in sorted(kinds.items(), key=lambda item: -len(item[1])):
         trial = {**current, **dict.fromkeys(names, FASTER_IN_FLOAT)}
-        first, trial_size = _mean_timed(timed, trial)
+        first, trial_size = _mean_timed(timed, trial, give_up_above=ratio * (1 + GIVE_UP))
         # The share of latency saved must pass the noise, and the share of size given back.
         needed = max(MARGIN, (trial_size - size) / size)
         faster = first is not None and first < ratio * (1 - needed)
@@ -110,10 +117,12 @@ def float_where_faster(
     return current, trials
 
 
-def _mean_timed(timed: Timed, precision: dict[str, NodePrecision], *, again: bool = False) -> tuple[float | None, int]:
+def _mean_timed(timed: Timed, precision: dict[str, NodePrecision], *, again: bool = False,
+                give_up_above: float | None = None) -> tuple[float | None, int]:  # fmt: skip
     """A precision assignment's latency ratio (the geometric mean over the batches timed) and its size in bytes.
 
-    ``again``: timed anew, not read from an earlier timing of the same model.
+    ``again``: timed anew, not read from an earlier timing of the same model;
+    ``give_up_above``: a first look's ratio past which the timing stops there.
     """
-    latencies, size = timed(precision, again)
+    latencies, size = timed(precision, again, give_up_above)
     return (None if latencies is None else mean_ratio(latencies)), size

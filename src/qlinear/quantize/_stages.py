@@ -22,7 +22,7 @@ from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
-from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, metric_figure, output_figures
+from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, evaluation_batches, metric_figure, output_figures
 from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._latency import Latency, UserBatchTimer, worst_ratio
 from qlinear.quantize._metric import load_metric, metric_name
@@ -203,11 +203,12 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
 
     start_figure = start[pick] if goal.metric in ("sqnr", "agreement") else figure_of(requested.model)
 
-    def timed(precision: dict[str, NodePrecision], again: bool = False) -> tuple[tuple[Latency, ...] | None, int]:
+    def timed(precision: dict[str, NodePrecision], again: bool = False,
+              give_up_above: float | None = None) -> tuple[tuple[Latency, ...] | None, int]:  # fmt: skip
         model = onnx.ModelProto()
         model.CopyFrom(builder.build(precision).model)
         runtime.finalize(model)  # timed as it will be written
-        return timer.time(model, again=again), large.byte_size(model)
+        return timer.time(model, again=again, give_up_above=give_up_above), large.byte_size(model)
 
     with bars.task("promoting to the target", None) as step:
 
@@ -251,16 +252,12 @@ def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Re
     return qmodel, done
 
 
-def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, eval_data: Dataset, reference: Reference,
-               options: QuantizeOptions, timer: UserBatchTimer,
-               bars: Bars) -> tuple[Evaluation, list[Latency], dict[str, Any]]:  # fmt: skip
-    """The written model against the float one: its figures on the eval data, its latency at each batch, its measures."""
+def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, reference: Reference, options: QuantizeOptions,
+               timer: UserBatchTimer, bars: Bars) -> tuple[Evaluation, list[Latency], dict[str, Any]]:  # fmt: skip
+    """The written model against the float one: its figures on the eval data (``reference``'s), its latency at each batch, its measures."""
     quantized = [p.name for p in met.built.plan.nodes]
-    with bars.task("evaluating", eval_data.batch_count(options.batch_size)) as step:
-        found = evaluate(
-            fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, eval_data,
-            batch_size=options.batch_size, runtime=reference.runtime, progress=step, known=reference,
-        )  # fmt: skip
+    with bars.task("evaluating", evaluation_batches(reference)) as step:
+        found = evaluate(fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, reference, progress=step)
     return found, list(timer.time(qmodel) or ()), measures(fm, qmodel, reference, options)
 
 
