@@ -386,3 +386,34 @@ def depthwise_block(producer: str = "conv") -> tuple[onnx.ModelProto, dict[str, 
         g.op("Conv", [g.op("Relu", [h], name="relu"), _w(rng, 12, 16, 1, 1), _w(rng, 12)], name="pointwise1", output_names=["y"])
     )
     return g.to_model(), {"x": rng.standard_normal((96, 8, 12, 12)).astype(np.float32)}
+
+
+def data_movement(nodes: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two Convs with ``nodes`` data-movement nodes between them, then a pool and a Gemm.
+
+    The nodes come in rounds of Reshape (to a sequence), Transpose, Transpose
+    back, Cast (float to float), Slice (the whole tensor) and Reshape back,
+    as exporters write them around attention and layout changes: the
+    function is the identity, the graph hundreds of nodes long.
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("data_movement", opset=17)
+    h = g.op("Conv", [g.input("x", "float", ("N", 8, 12, 12)), _w(rng, 8, 8, 3, 3), _w(rng, 8)], name="conv0", pads=[1, 1, 1, 1])
+    h = g.op("Relu", [h], name="relu0")
+    rounds = [
+        ("Reshape", lambda t, k: g.op("Reshape", [t, np.array([0, 8, 144], np.int64)], name=f"flat{k}")),
+        ("Transpose", lambda t, k: g.op("Transpose", [t], name=f"swap{k}", perm=[0, 2, 1])),
+        ("Transpose", lambda t, k: g.op("Transpose", [t], name=f"back{k}", perm=[0, 2, 1])),
+        ("Cast", lambda t, k: g.op("Cast", [t], name=f"cast{k}", to=onnx.TensorProto.FLOAT)),
+        ("Slice", lambda t, k: g.op("Slice", [t, np.array([0], np.int64), np.array([144], np.int64), np.array([2], np.int64)],
+                                    name=f"slice{k}")),
+        ("Reshape", lambda t, k: g.op("Reshape", [t, np.array([0, 8, 12, 12], np.int64)], name=f"image{k}")),
+    ]  # fmt: skip
+    for k in range(nodes):
+        h = rounds[k % len(rounds)][1](h, k)
+    if nodes % len(rounds):  # back to an image whatever the count
+        h = g.op("Reshape", [h, np.array([0, 8, 12, 12], np.int64)], name="image")
+    h = g.op("Relu", [g.op("Conv", [h, _w(rng, 16, 8, 3, 3), _w(rng, 16)], name="conv1", pads=[1, 1, 1, 1])], name="relu1")
+    h = g.op("ReduceMean", [h], name="gap", axes=[2, 3], keepdims=0)
+    g.output(g.op("Gemm", [h, _w(rng, 10, 16), _w(rng, 10)], name="fc", transB=1, output_names=["logits"]))
+    return g.to_model(), {"x": rng.standard_normal((48, 8, 12, 12)).astype(np.float32)}
