@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
 __all__ = [
-    "NODE_SAMPLES",
     "Evaluation",
     "Reference",
     "Runner",
@@ -42,12 +41,6 @@ __all__ = [
     "output_power",
     "output_sqnr",
 ]
-
-
-# Eval samples the nodes' own SQNRs are measured on (as the analysis', the first 64): each needs both models run
-# with every quantized node's output an output of theirs, which keeps the runtime from fusing across them, in small
-# batches; the judged outputs are compared on every sample.
-NODE_SAMPLES = 64
 
 
 class Runner:
@@ -131,6 +124,7 @@ def evaluate(
     node_outputs: dict[str, str],
     known: Reference,
     *,
+    node_samples: int,
     progress: Callable[[int], None] | None = None,
 ) -> Evaluation:
     """Compare the models' judged outputs on ``known``'s batches (the float model's :class:`Reference`), and their nodes'.
@@ -138,9 +132,10 @@ def evaluate(
     The quantized model runs as it is written (its outputs alone, so the
     runtime fuses it as it will), against the float outputs ``known``
     holds. ``node_outputs`` (node name -> tensor) are compared on the
-    first :data:`NODE_SAMPLES` samples: each model run with every one of
-    them as an output, which keeps the runtime from fusing across them.
-    ``progress`` is called once a batch of either pass.
+    first ``node_samples`` samples: each model run with every one of them
+    as an output, which keeps the runtime from fusing across them, in the
+    small batches that many outputs take. ``progress`` is called once a
+    batch of either pass.
     """
     candidate = Runner(quant_model, known.outputs, known.runtime)
     first = known.output
@@ -172,22 +167,23 @@ def evaluate(
     result.top1_decisions = rows
     if any(labels is not None for labels in known.labels) and rows:
         result.accuracy_before, result.accuracy_after = correct_before / rows, correct_after / rows
-    node_power = _node_powers(float_model, quant_model, list(dict.fromkeys(node_outputs.values())), known, progress)
+    tensors = list(dict.fromkeys(node_outputs.values()))
+    node_power = _node_powers(float_model, quant_model, tensors, known.head(node_samples), progress)
     result.node_sqnr_db = {node: node_power[t].db for node, t in node_outputs.items()}
     return result
 
 
-def evaluation_batches(known: Reference) -> int:
+def evaluation_batches(known: Reference, node_samples: int) -> int:
     """The batches :func:`evaluate` runs on ``known`` (its progress bar's length)."""
-    return len(known.batches) + len(known.head(NODE_SAMPLES).batches)
+    return len(known.batches) + len(known.head(node_samples).batches)
 
 
 def _node_powers(float_model: onnx.ModelProto, quant_model: onnx.ModelProto, tensors: list[str], known: Reference,
                  progress: Callable[[int], None] | None) -> dict[str, Power]:  # fmt: skip
-    """Each of ``tensors``' power, quantized against float, on the first :data:`NODE_SAMPLES` samples of ``known``."""
+    """Each of ``tensors``' power, quantized against float, on ``known``'s batches."""
     power = {t: Power() for t in tensors}
     reference, candidate = Runner(float_model, tensors, known.runtime), Runner(quant_model, tensors, known.runtime)
-    for feeds, _ in known.head(NODE_SAMPLES).batches:
+    for feeds, _ in known.batches:
         ref, got = reference(feeds), candidate(feeds)
         for t in tensors:
             power[t].add(ref[t], got[t])

@@ -9,11 +9,14 @@ For every node the plan quantizes, three figures on a few held-out batches:
   statistics, and only its part downstream of the node
   (:mod:`._downstream`) runs, on the float model's values of what that
   part reads, computed once for all the nodes (in groups holding at most
-  :data:`HELD_BYTES` of them);
+  :data:`HELD_BYTES` of them). Every node on the first
+  :data:`SCREEN_SAMPLES` samples, the most sensitive by that on all of
+  them: the search's first promotions are ordered as finely as before, at
+  a fraction of the parts' runs;
 - **weight SQNR**: the stored weight against the float one;
 - **activation SQNR**: each input activation against itself quantized with
-  its chosen parameters, on the float model's values (the lowest among the
-  node's inputs).
+  its chosen parameters, on the float model's values of the screening
+  samples (the lowest among the node's inputs).
 
 The mixed-precision search promotes nodes in the order of their
 sensitivity, lowest SQNR first.

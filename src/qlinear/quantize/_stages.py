@@ -47,7 +47,7 @@ __all__ = [
 ]  # fmt: skip
 
 HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
-ANALYSIS_SAMPLES = 64  # eval samples the per-node analysis runs on (each node's model runs on them once)
+ANALYSIS_SAMPLES = 64  # eval samples the per-node analysis (and the evaluation's nodes' own SQNRs) run on at most
 
 
 @dataclass
@@ -256,8 +256,10 @@ def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, refer
                timer: UserBatchTimer, bars: Bars) -> tuple[Evaluation, list[Latency], dict[str, Any]]:  # fmt: skip
     """The written model against the float one: its figures on the eval data (``reference``'s), its latency at each batch, its measures."""
     quantized = [p.name for p in met.built.plan.nodes]
-    with bars.task("evaluating", evaluation_batches(reference)) as step:
-        found = evaluate(fm.model, qmodel, {name: fm.producer_output(name) for name in quantized}, reference, progress=step)
+    nodes = {name: fm.producer_output(name) for name in quantized}
+    with bars.task("evaluating", evaluation_batches(reference, ANALYSIS_SAMPLES)) as step:
+        # The nodes' own SQNRs on the analysis' samples: each model run with every node's output as an output.
+        found = evaluate(fm.model, qmodel, nodes, reference, node_samples=ANALYSIS_SAMPLES, progress=step)
     return found, list(timer.time(qmodel) or ()), measures(fm, qmodel, reference, options)
 
 
