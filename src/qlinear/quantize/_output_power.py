@@ -28,7 +28,10 @@ class Power:
     noise: float = 0.0
 
     def add(self, ref: np.ndarray, got: np.ndarray) -> None:
-        signal, noise = squared_sums(_flat(ref), _flat(got))
+        ref, got = _flat(ref), _flat(got)
+        if ref.size != got.size:  # the one-pass sum reads both element by element, unchecked
+            raise ValueError(f"the reference holds {ref.size} values and the quantized output {got.size}")
+        signal, noise = squared_sums(ref, got)
         self.signal += signal
         self.noise += noise
 

@@ -24,8 +24,12 @@ def bin_counts(flat: np.ndarray, scale: np.floating, first: int, size: int) -> n
     is exact, as the floor that picks the bin.
     """
     counts = np.zeros(size, np.int64)
+    last = size - 1
     for v in flat:
-        counts[np.int64(np.floor(v * scale)) - first] += 1
+        # Never past either end: the values lie in the bins' range, but a store out of it would corrupt memory
+        # unchecked (a thread whose floating-point flags flush subnormals can floor a value past its range).
+        k = min(max(np.int64(np.floor(v * scale)) - first, 0), last)
+        counts[k] += 1
     return counts
 
 
