@@ -58,6 +58,16 @@ def test_output_power_sums_the_finite_reference_values_as_numpy_does(seed, n, dt
     assert power.noise == pytest.approx(float(((r[finite] - g[finite]) ** 2).sum()), rel=1e-12, abs=0)
 
 
+def test_a_value_whose_scaled_float32_underflows_lands_in_the_last_bin():
+    # The bins of [-3e38, -1e-30] are 2**117 wide: -1e-30 / 2**117 underflows to -0.0 in float32 and floors to 0,
+    # one bin past the last (floor of a tiny negative value is -1). It is counted in the last bin, where it lies,
+    # and nothing is written past the counts.
+    x = np.array([-3e38, -1e-30, -1e-30], np.float32)
+    s = TensorStats.of(x)
+    assert np.floor(x[1] * np.float32(2.0**-s.exponent)) == 0 and s.first + s.counts.size - 1 == -1
+    assert s.counts.sum() == 3 and s.counts[-1] == 2 and s.counts[0] == 1
+
+
 def test_stats_do_not_depend_on_batching():
     x = np.concatenate([_values(1, 5000, 0.5), _values(2, 300, 40.0), [1e5, -7.0]]).astype(np.float32)
     whole = TensorStats.of(x)

@@ -62,16 +62,18 @@ class TensorStats:
         flat = np.asarray(values).reshape(-1)
         if flat.dtype not in (np.float32, np.float64):
             flat = flat.astype(np.float32)
-        nonfinite = 0
-        if flat.size:
-            low, high = flat.min(), flat.max()
-            if not (np.isfinite(low) and np.isfinite(high)):  # NaN makes both NaN: only then look element by element
-                finite = np.isfinite(flat)
-                nonfinite = int(flat.size - np.count_nonzero(finite))
-                flat = flat[finite]
         if flat.size == 0:
-            return cls(0, nonfinite, 0.0, 0.0, _MIN_EXPONENT, 0, np.zeros(0, np.int64))
-        low, high = float(flat.min()), float(flat.max())
+            return cls(0, 0, 0.0, 0.0, _MIN_EXPONENT, 0, np.zeros(0, np.int64))
+        nonfinite = 0
+        low, high = flat.min(), flat.max()
+        if not (np.isfinite(low) and np.isfinite(high)):  # NaN makes both NaN: only then look element by element
+            finite = np.isfinite(flat)
+            nonfinite = int(flat.size - np.count_nonzero(finite))
+            flat = flat[finite]
+            if flat.size == 0:
+                return cls(0, nonfinite, 0.0, 0.0, _MIN_EXPONENT, 0, np.zeros(0, np.int64))
+            low, high = flat.min(), flat.max()
+        low, high = float(low), float(high)
         exponent = _exponent(low, high)
         first = _bin(low, exponent)
         # x * 2**-e is exact in x's own type (e keeps it below 2**62, and a result too small to be
