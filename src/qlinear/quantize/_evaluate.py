@@ -138,35 +138,16 @@ def evaluate(
     batch of either pass.
     """
     candidate = Runner(quant_model, known.outputs, known.runtime)
+    c = _compared(candidate, known, labelled=True, progress=progress)
     first = known.output
-    out_power = OutputsPower(known.parts)
-    agree = correct_before = correct_after = rows = samples = 0
-    for (feeds, ref), labels in zip(known.batches, known.labels, strict=True):
-        got = candidate(feeds)
-        out_power.add(ref, got)
-        samples += samples_in(feeds)
-        if progress:
-            progress(1)
-        if not known.classifies:  # top-1 is read along the last axis of an output with class scores there
-            continue
-        ref_top, got_top = np.argmax(ref[first], axis=-1), np.argmax(got[first], axis=-1)
-        agree += int((ref_top == got_top).sum())
-        rows += ref_top.size
-        if labels is not None:
-            if labels.shape != ref_top.shape:
-                raise QuantizationError(
-                    f"quantize: labels have shape {labels.shape} a batch, expected {ref_top.shape} (the argmax of output {first!r})"
-                )
-            correct_before += int((ref_top == labels).sum())
-            correct_after += int((got_top == labels).sum())
-    result = Evaluation(samples=samples, backend=candidate.backend)
+    result = Evaluation(samples=c.samples, backend=candidate.backend)
     result.onnxruntime_error = candidate.onnxruntime_error
-    result.output_sqnr_db, result.output_sqnr_db_by_output = out_power.db, out_power.by_output
-    result.output_part_sqnr_db = out_power.outputs[first].part_dbs
-    result.top1_agreement = agree / rows if rows else None
-    result.top1_decisions = rows
-    if any(labels is not None for labels in known.labels) and rows:
-        result.accuracy_before, result.accuracy_after = correct_before / rows, correct_after / rows
+    result.output_sqnr_db, result.output_sqnr_db_by_output = c.power.db, c.power.by_output
+    result.output_part_sqnr_db = c.power.outputs[first].part_dbs
+    result.top1_agreement = c.agreement
+    result.top1_decisions = c.rows
+    if any(labels is not None for labels in known.labels) and c.rows:
+        result.accuracy_before, result.accuracy_after = c.correct_before / c.rows, c.correct_after / c.rows
     tensors = list(dict.fromkeys(node_outputs.values()))
     node_power = _node_powers(float_model, quant_model, tensors, known.head(node_samples), progress)
     result.node_sqnr_db = {node: node_power[t].db for node, t in node_outputs.items()}
@@ -287,17 +268,49 @@ def output_figures(model: onnx.ModelProto, reference: Reference) -> tuple[float 
 
     The SQNR is the worst judged output's; None means the outputs are identical.
     """
-    runner = Runner(model, reference.outputs, reference.runtime)
-    power = OutputsPower(reference.parts)
-    agree = rows = 0
-    for feeds, ref in reference.batches:
+    c = _compared(Runner(model, reference.outputs, reference.runtime), reference)
+    return c.power.db, c.agreement
+
+
+@dataclass
+class _Compared:
+    """A model's judged outputs against a reference's, over its batches: their power, and the top-1 counts."""
+
+    power: OutputsPower
+    samples: int = 0
+    agree: int = 0
+    rows: int = 0  # the argmaxes compared
+    correct_before: int = 0  # of them, the float model's and the quantized one's that match the labels
+    correct_after: int = 0
+
+    @property
+    def agreement(self) -> float | None:
+        return self.agree / self.rows if self.rows else None
+
+
+def _compared(runner: Runner, reference: Reference, *, labelled: bool = False,
+              progress: Callable[[int], None] | None = None) -> _Compared:  # fmt: skip
+    """``runner``'s outputs against ``reference``'s on each of its batches (``labelled``: the labels counted too)."""
+    c, first = _Compared(OutputsPower(reference.parts)), reference.output
+    for (feeds, ref), labels in zip(reference.batches, reference.labels, strict=True):
         got = runner(feeds)
-        power.add(ref, got)
-        if reference.classifies:
-            first, got_first = ref[reference.output], got[reference.output]
-            agree += int((np.argmax(first, axis=-1) == np.argmax(got_first, axis=-1)).sum())
-            rows += first[..., 0].size
-    return power.db, (agree / rows if rows else None)
+        c.power.add(ref, got)
+        c.samples += samples_in(feeds)
+        if progress:
+            progress(1)
+        if not reference.classifies:  # top-1 is read along the last axis of an output with class scores there
+            continue
+        ref_top, got_top = np.argmax(ref[first], axis=-1), np.argmax(got[first], axis=-1)
+        c.agree += int((ref_top == got_top).sum())
+        c.rows += ref_top.size
+        if labelled and labels is not None:
+            if labels.shape != ref_top.shape:
+                raise QuantizationError(
+                    f"quantize: labels have shape {labels.shape} a batch, expected {ref_top.shape} (the argmax of output {first!r})"
+                )
+            c.correct_before += int((ref_top == labels).sum())
+            c.correct_after += int((got_top == labels).sum())
+    return c
 
 
 def output_sqnr(reference: Reference, outputs: list[dict[str, np.ndarray]]) -> float | None:
