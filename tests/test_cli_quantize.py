@@ -157,6 +157,11 @@ def test_missed_target_exits_1_with_the_model_written(tmp_path, capsys):
     assert main([*argv, "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "target not met (output SQNR >= 200 dB)" in err and out.exists()
+    # The line names the flag the user types, not the Python option's name, as the printed warning does.
+    assert "--max-float" in err and "max_float" not in err
+    assert main(argv) == 1
+    printed = " ".join(capsys.readouterr().out.split())  # as the console wrapped it
+    assert "allow more nodes in float (--max-float)" in printed and "max_float" not in printed
 
 
 def test_analyze_prints_every_nodes_sensitivity(tmp_path, capsys):
@@ -213,6 +218,36 @@ def test_an_html_report_without_plotly_is_refused_before_any_work(tmp_path, caps
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_demo_writes_into_a_temporary_folder_not_the_current_one(tmp_path, monkeypatch):
+    import tempfile
+
+    from qlinear.cli import _quantize as cli_quantize
+
+    written = []
+    monkeypatch.setattr(cli_quantize, "quantize_model", lambda model, output, *a, **k: written.append(output) or 1 / 0)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(ZeroDivisionError):
+        main(["quantize", "--demo", "--quiet"])
+    assert written == [str(tmp_path / "tmp" / "qlinear-demo" / "digits_cnn.qdq.onnx")]
+    assert list((tmp_path / "here").iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", ["--report", "--json-file"])
+def test_a_report_into_a_missing_folder_is_refused_before_any_work(tmp_path, capsys, monkeypatch, flag):
+    from qlinear.cli import _quantize as cli_quantize
+
+    monkeypatch.setattr(cli_quantize, "quantize_model", lambda *a, **k: pytest.fail("the job ran"))
+    report = tmp_path / "missing" / "r.json"
+    argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, flag, str(report)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"qlinear quantize: {flag} {report} cannot be written: folder {report.parent} does not exist"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_activations_the_target_cannot_load_are_refused_naming_the_flags(tmp_path, capsys):
     argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--activations", "float8e4m3fn"]
     assert main(argv) == 2
@@ -242,6 +277,41 @@ def test_ctrl_c_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch):
     assert main(["quantize", MODEL, "-o", str(out / "q.onnx"), "--calibration", CALIBRATION, "--quiet"]) == 130
     assert capsys.readouterr().err == "qlinear quantize: interrupted\n"
     assert list(out.iterdir()) == []
+
+
+def test_a_model_onnx_runtime_cannot_load_is_said_even_when_quiet(tmp_path, capsys):
+    out = tmp_path / "f4.onnx"
+    argv = ["quantize", MODEL, "-o", str(out), "--calibration", CALIBRATION, "--weights", "float4e2m1", "--activations", "none"]
+    assert main([*argv, "--no-promote", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("qlinear quantize: warning: ONNX Runtime cannot load the quantized model (")
+    assert "--weights int8" in err and len(err.splitlines()) == 1 and out.exists()
+
+
+def test_ctrl_c_while_the_subcommands_import_is_one_line(capsys, monkeypatch):
+    import qlinear.cli as cli
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted)
+    assert main(["quantize", "--demo"]) == 130
+    assert capsys.readouterr().err == "qlinear: interrupted\n"
+
+
+def test_the_console_script_ignores_ctrl_c_once_the_run_has_ended(monkeypatch):
+    import signal
+
+    import qlinear.cli as cli
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(cli, "main", lambda: 1)
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.command()
+        assert e.value.code == 1 and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_report_of_a_file_that_is_not_json_text_is_one_line(tmp_path, capsys):
@@ -284,3 +354,34 @@ def test_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert err.strip() == f"qlinear quantize: output {out / 'q.onnx'} cannot be written: No space left on device"
     assert list(out.iterdir()) == []
+
+
+def _digest(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_an_output_folder_removed_during_the_run_is_one_line_and_the_input_untouched(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import qlinear.quantize._stages as stages
+
+    calibrate = stages.calibrate
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def folder_removed(*args, **kwargs):  # as a cleanup job or the user removes the folder while the run works
+        shutil.rmtree(out)
+        return calibrate(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "calibrate", folder_removed)
+    model = tmp_path / "model.onnx"
+    shutil.copy(MODEL, model)
+    before = _digest(model)
+    argv = ["quantize", str(model), "-o", str(out / "q.onnx"), "--calibration", CALIBRATION, "--quiet", "--no-promote"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qlinear quantize: output {out / 'q.onnx'} cannot be written: ") and len(err.splitlines()) == 1
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+    assert _digest(model) == before

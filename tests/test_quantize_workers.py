@@ -54,6 +54,28 @@ def test_a_stopped_calibration_continues_to_the_same_model(tmp_path, monkeypatch
     assert _bytes(again) == _bytes(whole)
 
 
+def test_an_interrupted_calibration_in_workers_ends_them_and_leaves_no_folder(tmp_path, monkeypatch):
+    import multiprocessing as mp
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the workers' copy of the model is written
+    model, data = outlier_mlp()
+    batches = [{"x": data["x"][i : i + 16]} for i in range(0, 800, 16)]
+    started = []
+
+    def stopped_after(k):
+        for i, b in enumerate(batches):
+            if i == k:
+                started.extend(mp.active_children())
+                raise KeyboardInterrupt  # the user's Ctrl-C, while the workers hold batches
+            yield b
+
+    with pytest.raises(KeyboardInterrupt):
+        qq.quantize_model(model, None, stopped_after(9), eval={"x": data["x"][800:]}, workers=2)
+    assert len(started) == 2 and not any(p.is_alive() for p in started) and mp.active_children() == []
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_workers_and_resume_are_checked():
     model, data = outlier_mlp()
     with pytest.raises(QuantizationError, match="workers must be an int >= 1"):

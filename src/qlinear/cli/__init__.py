@@ -10,7 +10,7 @@ import threading
 from qlinear import __version__
 from qlinear.cli._args import Parser
 
-__all__ = ["main"]
+__all__ = ["command", "main"]
 
 # Subcommand name -> module defining ``add_arguments(parser)`` and ``run(args) -> int``.
 SUBCOMMANDS = {
@@ -25,6 +25,25 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``qlinear`` command line; returns the exit status."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a subcommand runs: while its modules import
+        sys.stderr.write("qlinear: interrupted\n")
+        return 128 + signal.SIGINT
+
+
+def command() -> None:
+    """The ``qlinear`` console script: :func:`main`'s status as the process's.
+
+    Ctrl-C once the run has ended (while the interpreter shuts down) is
+    ignored: the output is written, and the status says how the run ended.
+    """
+    status = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = Parser(prog="qlinear", description="ONNX linear quantization, exact to the specification.")
     parser.add_argument("--version", action="version", version=f"qlinear {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -62,4 +81,4 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

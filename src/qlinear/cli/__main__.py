@@ -1,5 +1,3 @@
-import sys
+from qlinear.cli import command
 
-from qlinear.cli import main
-
-sys.exit(main())
+command()

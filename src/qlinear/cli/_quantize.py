@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -27,9 +28,11 @@ from rich.markup import escape
 from qlinear._errors import QuantizationError
 from qlinear.cli._args import add_json, write_json
 from qlinear.quantize import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions, print_report, quantize_model
+from qlinear.quantize._execution import unwritable
 from qlinear.quantize._html import render_html
 from qlinear.quantize._option_fields import add_arguments as add_option_arguments
 from qlinear.quantize._option_fields import in_flags, values_from_args
+from qlinear.quantize._report import UNLOADABLE
 from qlinear.quantize._report_print import print_profile
 from qlinear.quantize._stream import quantize_weights_streaming
 
@@ -113,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
-        _check_report_path(args.report)
+        _check_report_paths(args)
         if _streams(args):
             return _stream(args)
         result = _quantize(args, err)
@@ -124,21 +127,36 @@ def run(args: argparse.Namespace) -> int:
                 _write_text(args.report, result.report.to_json() + "\n")
     except QuantizationError as e:
         message = str(e).removeprefix("quantize: ")  # the library's own prefix, said once by the command's
-        message = in_flags(message, QuantizeOptions, _ARGUMENTS)  # the user typed flags, not Python names
+        message = _in_flags(message)
         err.print(f"qlinear quantize: {escape(message)}", highlight=False, soft_wrap=True)
         return 2
     if args.json or args.json_file:
         write_json(result.report.to_json(), args)
     if not args.json and not args.quiet:
-        print_report(result.report, Console(), analysis=args.analyze)
+        print_report(result.report, Console(), analysis=args.analyze, options_named=_in_flags)
+    else:  # a model the target runtime cannot load is never written silently
+        for unloadable in (w for w in result.report.warnings if w.startswith(UNLOADABLE)):
+            err.print(f"qlinear quantize: warning: {escape(unloadable)}", highlight=False, soft_wrap=True)
     if args.profile:  # on stderr beside --json, whose stdout is the report alone
         print_profile(result.report, Console(stderr=args.json))
     if not result.target_met:
         # The model is written all the same (the best found); the status says the target was missed.
         missed = next(w for w in result.report.warnings if w.startswith("target not met"))
-        err.print(f"qlinear quantize: {escape(missed)}", highlight=False, soft_wrap=True)
+        err.print(f"qlinear quantize: {escape(_in_flags(missed))}", highlight=False, soft_wrap=True)
         return 1
     return 0
+
+
+def _demo_output() -> Path:
+    """Where the demo writes without ``-o``: a folder of the system's temporary one, not the folder it was run from."""
+    folder = Path(tempfile.gettempdir()) / "qlinear-demo"
+    folder.mkdir(exist_ok=True)
+    return folder / "digits_cnn.qdq.onnx"
+
+
+def _in_flags(message: str) -> str:
+    """A message of the Python API with the options it names as the flags the user typed."""
+    return in_flags(message, QuantizeOptions, _ARGUMENTS)
 
 
 def _quantize(args: argparse.Namespace, err: Console):
@@ -152,7 +170,7 @@ def _quantize(args: argparse.Namespace, err: Console):
             calibration = str(demo / "digits_calibration.npz")
         if eval_data is None:
             eval_data, labels = str(demo / "digits_eval.npz"), labels or "label"
-        output = output or "digits_cnn.qdq.onnx"
+        output = output or str(_demo_output())
     elif model is None:
         raise QuantizationError("give MODEL.onnx, or --demo")
     if output is None:
@@ -239,8 +257,13 @@ def _stream(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_report_path(path: str | None) -> None:
-    """Refuse, before any work, an HTML report that cannot be drawn."""
+def _check_report_paths(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a report that cannot be written or drawn."""
+    for flag, path in (("--report", args.report), ("--json-file", args.json_file), ("--json", args.json)):
+        why = None if path in (None, "-") else unwritable(Path(path))
+        if why is not None:
+            raise QuantizationError(f"{flag} {path} {why}")
+    path = args.report
     if path is not None and path.lower().endswith((".html", ".htm")) and importlib.util.find_spec("plotly") is None:
         raise QuantizationError(
             f"--report {path}: the HTML report draws its charts with plotly, which is not installed: "

@@ -28,7 +28,7 @@ from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._memory import peak_rss_bytes, reset_peak_rss
 from qlinear.quantize._profile import PartTime, StageTime
 
-__all__ = ["Bars", "Execution", "checked_output", "write_atomically"]
+__all__ = ["Bars", "Execution", "checked_output", "unwritable", "write_atomically"]
 
 
 @dataclass(frozen=True)
@@ -63,14 +63,22 @@ def checked_output(model: Any, output: Any) -> Path | None:
     out = Path(output)
     if isinstance(model, (str, PathLike)) and Path(model).resolve() == out.resolve():
         raise QuantizationError(f"quantize: output {out} is the input model; choose another path (the input is never modified)")
-    parent = out.resolve().parent
-    if not parent.is_dir():
-        raise QuantizationError(f"quantize: output {out} cannot be written: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise QuantizationError(f"quantize: output {out} cannot be written: permission denied")
-    if out.is_dir():
-        raise QuantizationError(f"quantize: output {out} is a directory, expected a file path")
+    why = unwritable(out)
+    if why is not None:
+        raise QuantizationError(f"quantize: output {out} {why}")
     return out
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at ``path``, as the end of a sentence naming it; None where it can."""
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        return f"cannot be written: folder {parent} does not exist"
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "cannot be written: permission denied"
+    if path.is_dir():
+        return "is a directory, expected a file path"
+    return None
 
 
 def write_atomically(model: onnx.ModelProto, path: Path) -> None:

@@ -53,8 +53,10 @@ if TYPE_CHECKING:
     from qlinear.quantize._options import QuantizeOptions
 
 
-__all__ = ["ReportInputs", "build_report", "report_json"]
+__all__ = ["UNLOADABLE", "ReportInputs", "build_report", "report_json"]
 
+# How the warning about a model ONNX Runtime cannot load begins: the command line says it even when told to be quiet.
+UNLOADABLE = "ONNX Runtime cannot load the quantized model"
 _UNFUSED_SHOWN = 5  # names the unfused-node warning lists before ", and N more"
 
 
@@ -339,7 +341,7 @@ def _unloadable_text(error: str, options: QuantizeOptions) -> str:
         flags.append("--activations uint8 (or int8)")
     fix = f"; for a model it loads, use {' and '.join(flags)}" if flags else ""
     return (
-        f"ONNX Runtime cannot load the quantized model ({error}): the figures are qlinear's, its kernels running the "
+        f"{UNLOADABLE} ({error}): the figures are qlinear's, its kernels running the "
         f"Q/DQ nodes between ONNX Runtime's (qlinear.onnx.run(model, feeds, backend='onnxruntime+qlinear')){fix}"
     )
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 
 from rich.console import Console
+from rich.markup import escape
 
 from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
@@ -65,10 +67,14 @@ def _metric(report: Report) -> str:
     return "sqnr" if report.promotions is None else report.promotions.target.metric
 
 
-def print_report(report: Report, console: Console, *, analysis: bool = False) -> None:
+def print_report(
+    report: Report, console: Console, *, analysis: bool = False, options_named: Callable[[str], str] | None = None
+) -> None:
     """A summary table, the promotions, and the most degraded nodes (at most :data:`MOST_DEGRADED`).
 
     ``analysis``: also every node's sensitivity, weight and activation SQNR.
+    ``options_named``: a warning's text with the options it names as the
+    caller's user wrote them (the command line's flags); by default as is.
     """
     decision = report.decision
     if decision is not None:  # the first line: what a user decides on
@@ -180,7 +186,7 @@ def print_report(report: Report, console: Console, *, analysis: bool = False) ->
         summary.add_row("time", _time_text(report))
     console.print(summary)
     for w in report.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {escape(options_named(w) if options_named else w)}")
     if promotions and promotions.steps:
         steps = Table(title="promotions (most sensitive nodes first)")
         steps.add_column("node", overflow="fold", ratio=1)

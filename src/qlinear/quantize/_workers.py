@@ -63,20 +63,35 @@ class InProcesses:
             ]
             for p in procs:
                 p.start()
+            finished = False
             try:
                 yield from _drive(batches, inboxes, outbox, procs)
+                finished = True
             finally:
-                for box in inboxes:
-                    try:
-                        box.put_nowait(_DONE)
-                    except queue.Full:
-                        pass
-                for p in procs:
-                    p.join(timeout=5)
-                    if p.is_alive():
-                        p.kill()
+                _stop(procs, inboxes, finished)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop(procs: list, inboxes: list, finished: bool) -> None:
+    """End the workers: told they are done after the last batch; killed at once when the run stopped (Ctrl-C, an error).
+
+    A stopped run's workers may hold batches, their inboxes full: waiting
+    for them would keep the user waiting, so they are killed, and every
+    one is reaped before the run's error goes on.
+    """
+    if finished:
+        for box in inboxes:
+            try:
+                box.put(_DONE, timeout=5)
+            except queue.Full:
+                pass
+        for p in procs:
+            p.join(timeout=5)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
 
 
 def _drive(batches, inboxes, outbox, procs) -> Iterator[tuple[dict[str, Any], int]]:
