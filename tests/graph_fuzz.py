@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -20,6 +21,7 @@ __all__ = ["FuzzCase", "fuzz_case"]
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "HardSwish", "Sigmoid", "SiLU", "Tanh", "None")
 WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "float8e4m3fn", "float4e2m1")
+WEIGHTS_SINCE_10 = (*WEIGHTS, "uint2", "float8e5m2")
 ACTIVATION_TYPES = ("uint8", "int8", "uint16", "int16", "float8e4m3fn", None)
 
 
@@ -35,11 +37,12 @@ class FuzzCase:
 class _Builder:
     def __init__(self, rng: np.random.Generator, float_type: int, opset: int, grammar: int) -> None:
         self.rng, self.float_type, self.opset, self.grammar = rng, float_type, opset, grammar
-        self.np_float = np.float16 if float_type == TensorProto.FLOAT16 else np.float32
+        self.np_float = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: ml_dtypes.bfloat16}.get(float_type, np.float32)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.count = 0
         self.extra_outputs: list[str] = []
+        self.extra_inputs: list[tuple[str, list]] = []  # inputs fed whole to every batch: name, shape
 
     def name(self, base: str) -> str:
         self.count += 1
@@ -137,6 +140,12 @@ def _cnn(b: _Builder, rng: np.random.Generator, x: str, channels: int, size: int
             ]
             x, size = b.node("Slice", [x, *edges]), size - 2
             desc.append("Slice")
+        if b.grammar >= 10 and rng.random() < 0.2:  # a depthwise 3x3 Conv before the block's, as MobileNets have
+            dw = [x, b.weight(channels, 1, 3, 3)] + (
+                [b.const(np.zeros(channels, b.np_float), "bias")] if rng.random() < 0.7 else []
+            )
+            x = b.activation(b.node("Conv", dw, pads=[1, 1, 1, 1], group=channels), str(rng.choice(b.activations())))
+            desc.append("depthwise")
         pads, conv_in = [1, 1, 1, 1], x
         if rng.random() < 0.15:  # padding as its own node
             conv_in = b.node("Pad", [x, b.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")])
@@ -207,6 +216,10 @@ def _volume(b: _Builder, rng: np.random.Generator, x: str, channels: int, desc: 
 
 def _mlp(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: list[str]) -> tuple[str, int]:
     shared = None
+    if b.grammar >= 10 and rng.random() < 0.15:  # a rank-1 input of fixed size (a per-feature offset), fed whole
+        b.extra_inputs.append(("offset", [width]))
+        x = b.node("Add", [x, "offset"])
+        desc.append("rank-1 input")
     for _ in range(int(rng.integers(1, 4))):
         out = width if rng.random() < 0.3 else int(rng.choice([8, 12, 16]))
         if shared is not None and shared[1] == width and out == width and rng.random() < 0.5:
@@ -318,19 +331,25 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
 # of the outer graph, 6 a rank-5 input through 3-D convolutions and a scalar (rank-0) input, 7 exclusions in every
 # form of pattern, 8 learnable affine blocks (a Mul and an Add by scalars or by one constant a channel) after a Conv
 # and after its activation, 9 squeeze-and-excitation gates and a pyramid's coarser level upsampled (nearest Resize)
-# and added back. A case is its seed and the version it was drawn with: a regression test names both, so that a
+# and added back, 10 opsets 11 to 23 each, bfloat16 models (opsets 22 and 23), depthwise Convs, an image of open
+# height and width, a sequence of open length, a rank-1 input fed whole, uint2 and float8e5m2 weights, block sizes,
+# GPTQ, AWQ, depthwise equalization, fine-tuning and every form of target (agreement, SQNR, a user's metric, a latency
+# budget, the share left float). A case is its seed and the version it was drawn with: a regression test names both, so that a
 # grammar grown later keeps its case.
-GRAMMAR = 9
+GRAMMAR = 10
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
     """Case number ``seed`` of grammar version ``grammar``: the same model, data and options every time."""
     rng = np.random.default_rng(seed)
     float_type = TensorProto.FLOAT16 if rng.random() < 0.15 else TensorProto.FLOAT
-    opset = int(rng.choice([11, 12, 13, 15, 17, 19, 21, 23] if grammar >= 4 else [13, 15, 17, 19, 21]))
+    opsets = list(range(11, 24)) if grammar >= 10 else [11, 12, 13, 15, 17, 19, 21, 23] if grammar >= 4 else [13, 15, 17, 19, 21]
+    opset = int(rng.choice(opsets))
+    if grammar >= 10 and opset >= 22 and rng.random() < 0.3:  # bfloat16: the ops here take it from opset 22
+        float_type = TensorProto.BFLOAT16
     b = _Builder(rng, float_type, opset, grammar)
     batch: Any = "N" if rng.random() < 0.8 else 1
-    desc = [f"opset {opset}", "float16" if float_type == TensorProto.FLOAT16 else "float32", f"batch {batch}"]
+    desc = [f"opset {opset}", TensorProto.DataType.Name(float_type).lower(), f"batch {batch}"]
     samples = 24
     kind = rng.random()
     input_type = float_type
@@ -341,6 +360,9 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
     elif kind < 0.45:
         channels, size = int(rng.choice([1, 3])), int(rng.choice([8, 12]))
         shape = [batch, channels, size, size]
+        if grammar >= 10 and rng.random() < 0.2:  # an image of any size, as detectors and OCR models declare
+            shape[2:] = ["H", "W"]
+            desc.append("open height and width")
         x, width = _cnn(b, rng, "x", channels, size, desc)
     elif kind < 0.8:
         width = int(rng.choice([8, 16]))
@@ -348,6 +370,9 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
         x, width = _mlp(b, rng, "x", width, desc)
     elif kind < 0.9:
         shape, input_type = [batch, 6], TensorProto.INT64
+        if grammar >= 10 and rng.random() < 0.3:  # a sequence of any length
+            shape[1] = "L"
+            desc.append("open length")
         x, width = _tokens(b, rng, desc)
     else:
         width = 8
@@ -363,30 +388,36 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
     if rng.random() < 0.3:
         logits = b.node("Softmax", [logits], axis=-1)
         desc.append("softmax")
+    inputs += [helper.make_tensor_value_info(name, float_type, dims) for name, dims in b.extra_inputs]
     outputs = [helper.make_tensor_value_info(logits, float_type, None)]
     outputs += [helper.make_tensor_value_info(t, float_type, None) for t in b.extra_outputs]
     graph = helper.make_graph(b.nodes, f"fuzz{seed}", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     # The IR version an exporter writes for the opset (8 in grammars before 4, which drew no opset past 21).
     model.ir_version = max(8, helper.find_min_ir_version_for(model.opset_import)) if grammar >= 4 else 8
-    data_shape = [samples, *shape[1:]]
+    data_shape = [samples, *(size if d in ("H", "W") else 6 if d == "L" else d for d in shape[1:])]
     if input_type == TensorProto.INT64:
         data = {"x": rng.integers(0, 20, data_shape).astype(np.int64)}
     else:
         data = {"x": rng.standard_normal(data_shape).astype(b.np_float)}
+    for name, dims in b.extra_inputs:  # fed whole to every batch
+        data[name] = (rng.standard_normal(dims) * 0.1).astype(b.np_float)
     # The outputs' shapes as ONNX Runtime computes them (onnx's inference leaves some open), batch axis as the input's.
     import onnxruntime as ort
 
-    if len(inputs) > 1:
+    if "t" in (i.name for i in inputs):
         data["t"] = np.array(0.8, b.np_float)  # fed whole to every batch
-    feeds = {"x": data["x"][: 1 if batch == 1 else 2], **({"t": data["t"]} if "t" in data else {})}
-    values = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    for output, value in zip(model.graph.output, values, strict=True):
-        output.CopyFrom(helper.make_tensor_value_info(output.name, float_type, [batch, *value.shape[1:]]))
+    feeds = {"x": data["x"][: 1 if batch == 1 else 2], **{k: v for k, v in data.items() if k != "x"}}
+    if float_type == TensorProto.BFLOAT16:  # ONNX Runtime's CPU provider runs few ops in bfloat16: the logits' shape only
+        model.graph.output[0].CopyFrom(helper.make_tensor_value_info(logits, float_type, [batch, classes]))
+    else:
+        values = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for output, value in zip(model.graph.output, values, strict=True):
+            output.CopyFrom(helper.make_tensor_value_info(output.name, float_type, [batch, *value.shape[1:]]))
     model = onnx.shape_inference.infer_shapes(model)
     onnx.checker.check_model(model, full_check=True)
     options: dict[str, Any] = {
-        "weights": str(rng.choice(WEIGHTS)),
+        "weights": str(rng.choice(WEIGHTS_SINCE_10 if grammar >= 10 else WEIGHTS)),
         "activations": ACTIVATION_TYPES[int(rng.integers(len(ACTIVATION_TYPES)))],
         "granularity": str(rng.choice(["per-tensor", "per-channel", "blocked"])),
         "method": str(rng.choice(["minmax", "mse", "percentile", "entropy"])),
@@ -414,4 +445,34 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
             options[name] = True
     if rng.random() < 0.1:
         options["weight_clip"] = "mse"
+    if grammar >= 10:
+        _options_since_10(rng, options)
     return FuzzCase(seed, model, data, options, desc)
+
+
+def _options_since_10(rng: np.random.Generator, options: dict[str, Any]) -> None:
+    """Grammar 10's options: block sizes, the algorithms that round or rewrite, fine-tuning, and every form of target."""
+    if options["granularity"] == "blocked" and rng.random() < 0.5:
+        options["block_size"] = int(rng.choice([16, 64, 128]))
+    for name, share in (("gptq", 0.1), ("awq", 0.1), ("equalize_depthwise", 0.1)):
+        if rng.random() < share:
+            options[name] = bool(rng.random() < 0.7)
+    if rng.random() < 0.03:
+        options["finetune"] = 2
+    goal = rng.random()
+    if goal < 0.06:
+        options["target_agreement"] = 0.99
+    elif goal < 0.12:
+        options["target_sqnr_db"] = float(rng.choice([20.0, 40.0]))
+    elif goal < 0.16:
+        options["metric"], options["target_metric"] = mean_closeness, -0.05
+    elif goal < 0.19:
+        options["latency_budget"] = float(rng.choice([0.8, 1.5]))
+    if rng.random() < 0.08:
+        options["max_float"] = float(rng.choice([0.0, 0.5, 1.0]))
+
+
+def mean_closeness(float_outputs: dict, quantized_outputs: dict, labels: Any) -> float:
+    """A user's metric: minus the mean absolute difference of the first outputs (higher is better)."""
+    ref, got = (np.asarray(next(iter(o.values())), np.float64) for o in (float_outputs, quantized_outputs))
+    return -float(np.mean(np.abs(ref - got)))

@@ -226,14 +226,14 @@ def test_a_weight_two_layers_share_is_counted_once():
     hidden = g.op("Relu", [g.op("Gemm", [x, w], name="fc1")], name="act")
     g.output(g.op("Gemm", [hidden, w], name="fc2"))
     q = qq.quantize_model(g.to_model(), None, {"x": rng.standard_normal((32, 64)).astype(np.float32)}, promote=False).model
-    readers = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "W_quantized"]
+    readers = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "W_q"]
     report = inspect_model(q)
-    weight = [n for n in report.qdq_nodes if n.stored == "W_quantized"]
+    weight = [n for n in report.qdq_nodes if n.stored == "W_q"]
     assert len(weight) == len(readers) >= 1
-    biases = sum(n.float_bytes for n in report.qdq_nodes if n.stored and n.stored != "W_quantized")
+    biases = sum(n.float_bytes for n in report.qdq_nodes if n.stored and n.stored != "W_q")
     assert report.float_bytes == 64 * 64 * 4 + biases  # once, however many layers read it
     assert report.quantized_bytes == weight[0].quantized_bytes + sum(
-        n.quantized_bytes for n in report.qdq_nodes if n.stored and n.stored != "W_quantized"
+        n.quantized_bytes for n in report.qdq_nodes if n.stored and n.stored != "W_q"
     )
 
 

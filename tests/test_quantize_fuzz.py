@@ -58,6 +58,7 @@ def test_generated_model(seed, tmp_path):
     except QuantizationError as e:
         assert "\n" not in str(e), f"{what}: a message of more than one line: {e}"
         assert list(out_dir.iterdir()) == [], f"{what}: files left beside the output: {list(out_dir.iterdir())}"
+        assert hashlib.sha256(float_path.read_bytes()).hexdigest() == digest, f"{what}: the float model's file changed"
         return
     except _Hang:
         pytest.fail(f"{what}: no result in {CASE_SECONDS} s")
@@ -226,3 +227,21 @@ def test_found_a_segment_holds_what_its_if_sides_read_of_the_outer_graph(tmp_pat
     onnx.save(case.model, path)
     r = qq.quantize_model(str(path), tmp_path / "q.onnx", case.data, eval=case.data, **case.options)
     assert r.report.eval.backend == "onnxruntime" and r.report.output.sqnr_db > 20
+
+
+def test_found_finetune_with_every_node_left_float_keeps_the_model(monkeypatch):
+    # Found by the fuzzer (case 152 of grammar 10, run with the placement by timing as shipped): every node of a small
+    # MLP ran faster in float, so nothing was quantized, and fine-tuning handed torch's optimizer no parameter
+    # (ValueError: optimizer got an empty parameter list). It now keeps the model and says why.
+    import qlinear.quantize._stages as stages
+    from qlinear.quantize._speed import FASTER_IN_FLOAT
+
+    def every_node_faster_in_float(fm, quantized, precision, timed):
+        return {**precision, **dict.fromkeys(quantized, FASTER_IN_FLOAT)}, []
+
+    monkeypatch.setattr(stages, "float_where_faster", every_node_faster_in_float)
+    model, data = _conv_model("Relu")
+    plain = qq.quantize_model(model, None, data, eval=data)
+    tuned = qq.quantize_model(model, None, data, eval=data, finetune=2)
+    assert not tuned.report.finetune.kept and "no quantized node is left to train" in tuned.report.finetune.note
+    assert tuned.model.SerializeToString() == plain.model.SerializeToString()

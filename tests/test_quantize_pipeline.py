@@ -601,6 +601,30 @@ def test_an_input_with_a_fixed_batch_of_1_beside_open_ones_sets_the_batch():
     assert plain.calibration.batch_fixed_by is None
 
 
+def test_an_input_of_fixed_shape_beside_an_open_batch_is_fed_whole():
+    # Found by the graph fuzzer (grammar 10: a rank-1 input of fixed size beside an open batch): a per-feature offset
+    # declared (8,) was read as 8 samples beside 24 of the data, and the run stopped ("arrays hold different numbers of
+    # samples"). Such an input holds no samples: its array, of that shape, goes whole to every batch, and it fixes no
+    # batch.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("offset", opset=17)
+    x = g.input("x", "float", ("N", 8))
+    offset = g.input("offset", "float", (8,))
+    y = g.op("Gemm", [g.op("Add", [x, offset]), rng.standard_normal((8, 4)).astype(np.float32), np.zeros(4, np.float32)])
+    g.output(g.op("Relu", [y], name="act", output_names=["y"]))
+    data = {"x": rng.standard_normal((24, 8)).astype(np.float32), "offset": rng.standard_normal(8).astype(np.float32)}
+    r = qq.quantize_model(g.to_model(), None, data, promote=False).report
+    assert r.calibration.batch_fixed_by is None and r.calibration.samples + r.eval.samples == 24
+    assert r.output.sqnr_db > 30
+    with pytest.raises(QuantizationError, match=r"array 'offset' has shape \(24, 8\), expected \(8,\): model input"):
+        qq.quantize_model(g.to_model(), None, {**data, "offset": data["x"]}, promote=False)
+    # The same beside a batch fixed at one (an exporter's batch of 1): the batch is that one's.
+    fixed = g.to_model()
+    fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    r = qq.quantize_model(fixed, None, data, promote=False).report
+    assert r.calibration.batch_fixed_by == "x" and r.calibration.batch_size == 1
+
+
 def test_the_profile_gives_each_stage_in_order_and_they_add_up_to_the_run(capsys):
     start = time.perf_counter()
     r = qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL)

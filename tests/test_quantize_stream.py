@@ -65,7 +65,7 @@ def _external_model(folder: Path, weights: list[np.ndarray], *, location: str = 
 def _codes(path: Path, name: str) -> np.ndarray:
     """The stored codes of weight ``name`` of a quantized model (read alone, lazily)."""
     model = ir.load(path)
-    return model.graph.initializers[f"{name}_quantized"].const_value.numpy()
+    return model.graph.initializers[f"{name}_q"].const_value.numpy()
 
 
 @pytest.mark.parametrize(("weights", "granularity"), [("int8", "per-channel"), ("int4", "blocked"), ("uint4", "blocked")])
@@ -84,7 +84,7 @@ def test_streamed_codes_are_the_in_memory_codes(tmp_path, weights, granularity):
     ).model
     inits = {t.name: t for t in whole.graph.initializer}
     for k in range(3):
-        assert np.array_equal(_codes(out, f"w{k}"), qlinear.from_tensor_proto(inits[f"w{k}_quantized"]))
+        assert np.array_equal(_codes(out, f"w{k}"), qlinear.from_tensor_proto(inits[f"w{k}_q"]))
     # And the streamed model runs and stays close to the float one.
     ref, got = qo.run(str(src), feeds, backend="onnxruntime")["h2"], qo.run(str(out), feeds, backend="onnxruntime")["h2"]
     assert 10 * np.log10((ref**2).sum() / ((ref - got) ** 2).sum()) > (30 if weights == "int8" else 10)
@@ -105,9 +105,9 @@ def test_a_model_over_2_gb(tmp_path):
         onnx.checker.check_model(str(out), full_check=True)  # by path: the checker's only way past 2 GB
         model = ir.load(out)
         for k, columns in kept.items():
-            codes = model.graph.initializers[f"w{k}_quantized"].const_value.numpy()[:, :64]
+            codes = model.graph.initializers[f"w{k}_q"].const_value.numpy()[:, :64]
             scale = model.graph.initializers[f"w{k}_scale"].const_value.numpy()[:64]
-            zp = model.graph.initializers[f"w{k}_zero_point"].const_value.numpy()[:64]
+            zp = model.graph.initializers[f"w{k}_zp"].const_value.numpy()[:64]
             assert np.array_equal(codes, qlinear.quantize_linear(columns, scale, zp, axis=1))
     finally:
         for f in tmp_path.rglob("*.data"):
@@ -189,7 +189,7 @@ def test_streamed_tables_gather_their_codes_as_the_in_memory_path_does(tmp_path,
     assert [name for name, _, _ in r.widened] == (["table"] if weights == "int4" else [])
     onnx.checker.check_model(str(out), full_check=True)
     streamed = onnx.load(str(out))
-    table_reads = [n.op_type for n in streamed.graph.node if "table_quantized" in n.input]
+    table_reads = [n.op_type for n in streamed.graph.node if "table_q" in n.input]
     assert table_reads == ["Gather"]  # no DequantizeLinear of the whole table
     read = {i for n in streamed.graph.node for i in n.input}
     assert [t.name for t in streamed.graph.initializer if t.name not in read] == []  # the float table and unread zero points gone
@@ -200,7 +200,7 @@ def test_streamed_tables_gather_their_codes_as_the_in_memory_path_does(tmp_path,
         str(src), None, eval=feeds, promote=False, bias_correction=False, gptq=False, awq=False, **options
     ).model
     inits = {t.name: t for t in whole.graph.initializer}
-    assert np.array_equal(codes, qlinear.from_tensor_proto(inits["table_quantized"]))
+    assert np.array_equal(codes, qlinear.from_tensor_proto(inits["table_q"]))
     got = qo.run(str(out), feeds, backend="onnxruntime")
     ref = qo.run(whole, feeds, backend="onnxruntime")
     assert got["rows"].dtype == dtype and np.array_equal(got["rows"], ref["rows"])  # bit for bit the in-memory path's

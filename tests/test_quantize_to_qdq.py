@@ -217,7 +217,7 @@ def test_a_calibration_algorithm_rounds_weights_and_corrects_biases_through_its_
     options = qq.QuantizeOptions(activations=None, granularity="per-tensor", bias_correction=False, gptq=False)
     qmodel, converted = convert(fm, plan(fm, options), options, {}, fm.opset, calibrated=calibrated, algorithms=[toward_zero])
     inits = {t.name: numpy_helper.to_array(t) for t in qmodel.graph.initializer}
-    codes = next(v for k, v in inits.items() if k.startswith(layer.input[1]) and k.endswith("_quantized"))
+    codes = next(v for k, v in inits.items() if k.startswith(layer.input[1]) and k.endswith("_q"))
     np.testing.assert_array_equal(codes, np.trunc(weight / scale).astype(np.int8))
     corrected = next(v for k, v in inits.items() if k.startswith(layer.input[2]) and k.endswith("_corrected"))
     np.testing.assert_array_equal(corrected, (bias.astype(np.float64) - 1).astype(np.float32))

@@ -8,7 +8,7 @@ import qlinear.quantize as qq
 from qlinear._errors import QuantizationError
 from qlinear.quantize import _calibrate
 from qlinear.quantize._calibration_executors import Here, executor
-from qlinear.quantize._ray import OnRay
+from qlinear.quantize._ray import SHARD_BATCHES, OnRay
 from qlinear.quantize._workers import InProcesses
 from quantize_models import layernorm_attention, outlier_mlp
 
@@ -92,6 +92,24 @@ def test_calibration_on_ray_gives_the_one_process_model():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         on_ray = qq.quantize_model(model, None, cal, eval=ev, weights="int4", ray="auto")
+        # A stopped run cancels the tasks it left in flight: they end with it.
+        cancelled = []
+        cancel = ray.cancel
+        ray.cancel = lambda ref, **kw: cancelled.append(ref) or cancel(ref, **kw)
+        batches = [{"x": data["x"][i : i + 16]} for i in range(0, 800, 16)]
+
+        def stopped_after(k):
+            for i, b in enumerate(batches):
+                if i == k:
+                    raise KeyboardInterrupt
+                yield b
+
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                qq.quantize_model(model, None, stopped_after(3 * SHARD_BATCHES + 1), eval=ev, weights="int4", ray="auto")
+        finally:
+            ray.cancel = cancel
+        assert cancelled
     finally:
         ray.shutdown()
     assert _bytes(on_ray) == _bytes(one) and on_ray.report.calibration.batches == 50

@@ -10,7 +10,9 @@ symbolic first dimension most inputs share (``batch``), found at another
 axis of an input, is that input's batch axis (a recurrent state of shape
 ``(layers, batch, hidden)``). A scalar input (a sample rate, a diffusion
 time step) holds no samples: its array is a scalar too, fed whole to every
-batch.
+batch; so is an input of fixed shape whose first dimension is over 1,
+beside inputs of an open batch or of a batch fixed at one (a mask, a
+table of positions), its array of that shape.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ __all__ = ["Batch", "Dataset", "InputSpec", "input_specs", "load_dataset", "rand
 class InputSpec:
     """A model input: name, numpy dtype, shape (None or a name for symbolic dimensions), and the axis counting samples.
 
-    ``batch_axis`` None: a scalar input, fed whole to every batch.
+    ``batch_axis`` None: a scalar input, or one of fixed shape beside inputs of an open batch, fed whole to every batch.
     """
 
     name: str
@@ -55,11 +57,21 @@ def input_specs(fm: FloatModel) -> list[InputSpec]:
         raw.append((vi.name, dtype, shape, tt.HasField("shape") and not shape))
     named = Counter(shape[0] for _, _, shape, _ in raw if shape and isinstance(shape[0], str))
     batch = named.most_common(1)[0][0] if named else None
+    of_one = {name for name, _, shape, _ in raw if shape and shape[0] == 1}  # inputs fixed at a batch of one
     specs = []
     for name, dtype, shape, scalar in raw:
-        axis = None if scalar else shape.index(batch) if batch is not None and batch in shape else 0
+        beside_a_batch = batch is not None or bool(of_one - {name})
+        whole = scalar or (beside_a_batch and _fixed_beside_a_batch(shape))
+        axis = None if whole else shape.index(batch) if batch is not None and batch in shape else 0
         specs.append(InputSpec(name, dtype, shape, axis))
     return specs
+
+
+def _fixed_beside_a_batch(shape: tuple) -> bool:
+    """Whether an input of ``shape``, beside inputs of an open batch or of a batch fixed at one, holds no samples: every
+    dimension fixed, the first over 1 (a mask, a table of positions). A fixed first dimension of 1 is a batch of one
+    (a recurrent state)."""
+    return bool(shape) and all(isinstance(d, int) and d > 0 for d in shape) and shape[0] > 1
 
 
 class Batch(dict):
@@ -253,10 +265,12 @@ def _check(arrays: dict[str, np.ndarray], specs: list[InputSpec], what: str) -> 
                 f"quantize: {what} array {s.name!r} has dtype {a.dtype}, expected {s.dtype} (the model input's type)"
             )
         if s.batch_axis is None:
-            if a.ndim:
+            if a.shape != tuple(s.shape):
+                expected = f"{tuple(s.shape)}: model input {s.name!r} has that fixed shape" if s.shape else (
+                    f"a scalar: model input {s.name!r} is one"
+                )  # fmt: skip
                 raise QuantizationError(
-                    f"quantize: {what} array {s.name!r} has shape {a.shape}, expected a scalar: model input {s.name!r} "
-                    f"is one, fed whole to every batch"
+                    f"quantize: {what} array {s.name!r} has shape {a.shape}, expected {expected}, fed whole to every batch"
                 )
             continue
         axis = s.batch_axis

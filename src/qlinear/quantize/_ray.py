@@ -90,6 +90,11 @@ class OnRay:
             while in_flight:
                 yield from _results(ray, in_flight.popleft())
         finally:
+            for ref in in_flight:  # a stopped run (Ctrl-C, an error): its tasks end with it
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # a task already finished, or the cluster gone: nothing is left to end
+                    pass
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
 

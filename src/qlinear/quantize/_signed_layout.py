@@ -38,6 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qlinear.onnx._graph import producers, readers
 from qlinear.quantize._model import clip_bounds, reserve_name
+from qlinear.quantize._qdq_names import CODES, VALUES
 
 __all__ = ["CLAMPS", "lay_out_signed"]
 
@@ -80,20 +81,14 @@ def _quantize_before_clamps(g: onnx.GraphProto, signed: set[str], taken: set[str
         if dq_in is None or dq_in.op_type != "DequantizeLinear":  # the node is not quantized
             continue
         q = qs[0]
-        codes = reserve_name(f"{node.output[0]}_quantized", taken)
-        values = reserve_name(f"{node.output[0]}_dequantized", taken)
-        name = reserve_name(f"{node.output[0]}_QuantizeLinear", taken)
+        codes = reserve_name(node.output[0] + CODES, taken)
+        values = reserve_name(node.output[0] + VALUES, taken)
         before[id(clamp)] = [
-            helper.make_node("QuantizeLinear", [clamp.input[0], q.input[1], q.input[2]], [codes], name=name),
-            helper.make_node(
-                "DequantizeLinear",
-                [codes, q.input[1], q.input[2]],
-                [values],
-                name=reserve_name(f"{node.output[0]}_DequantizeLinear", taken),
-            ),
+            helper.make_node("QuantizeLinear", [clamp.input[0], q.input[1], q.input[2]], [codes], name=codes),
+            helper.make_node("DequantizeLinear", [codes, q.input[1], q.input[2]], [values], name=values),
         ]
         clamp.input[0] = values
-        added.append(name)
+        added.append(codes)
     if before:
         order = [m for n in g.node for m in (*before.get(id(n), []), n)]
         del g.node[:]

@@ -43,6 +43,7 @@ from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._gathered_table import gather_streamed, gathers_codes
 from qlinear.quantize._memory import peak_rss_bytes
+from qlinear.quantize._qdq_names import CODES, SCALE, VALUES, ZERO_POINT
 from qlinear.quantize.targets import target
 from qlinear.spec import type_opset
 
@@ -223,19 +224,19 @@ def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base:
     params = QuantParams(in_float_type(params.scale, source.dtype.value), params.zero_point)
     own_type = params.scale.dtype != np.float32
     # Scales and zero points wait in files: the lazy codes must not hold them either.
-    scale, load_scale = _spilled(ir, params.scale, f"{weight.name}_scale", spill)
+    scale, load_scale = _spilled(ir, params.scale, weight.name + SCALE, spill)
     zero_point, load_zero_point = (None, lambda: None)
     if params.zero_point is not None:
-        zero_point, load_zero_point = _spilled(ir, params.zero_point, f"{weight.name}_zero_point", spill)
+        zero_point, load_zero_point = _spilled(ir, params.zero_point, weight.name + ZERO_POINT, spill)
     scale_is_array = params.scale.ndim > 0
 
     def codes():
         array = _read(source, base)
         array = array if own_type else array.astype(np.float32)
         q = qlinear.quantize_linear(array, load_scale(), load_zero_point(), axis=axis, block_size=block, output_dtype=t.name)
-        return ir.Tensor(q, name=f"{weight.name}_quantized")
+        return ir.Tensor(q, name=weight.name + CODES)
 
-    lazy = ir.LazyTensor(codes, dtype=ir.DataType[t.name.upper()], shape=shape, name=f"{weight.name}_quantized")
+    lazy = ir.LazyTensor(codes, dtype=ir.DataType[t.name.upper()], shape=shape, name=weight.name + CODES)
     tensors = [lazy, scale, *([zero_point] if zero_point is not None else [])]
     inputs = [ir.Value(name=c.name, const_value=c, type=ir.TensorType(c.dtype), shape=c.shape) for c in tensors]
     for v in inputs:
@@ -243,8 +244,8 @@ def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base:
     attributes = {"axis": axis} if scale_is_array else {}
     if block:
         attributes["block_size"] = block
-    dq = ir.node("DequantizeLinear", inputs, attributes=attributes, name=f"{weight.name}_DequantizeLinear")
-    dq.outputs[0].name = f"{weight.name}_dequantized"
+    dq = ir.node("DequantizeLinear", inputs, attributes=attributes, name=weight.name + VALUES)
+    dq.outputs[0].name = weight.name + VALUES
     graph.insert_before(node, dq)
     return dq.outputs[0]
 

@@ -30,6 +30,7 @@ from qlinear.quantize._model import FloatModel, reserve_name
 from qlinear.quantize._node_placement import NodePlan
 from qlinear.quantize._opset import at_opset
 from qlinear.quantize._placement import Plan, moves_data
+from qlinear.quantize._qdq_names import CODES, SCALE, VALUES, ZERO_POINT
 from qlinear.quantize.algorithms._registry import Algorithm, Calibrated
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
@@ -106,11 +107,11 @@ def convert(
     param_names: dict[str, tuple[str, str]] = {}
     for t in plan.calibrate:
         p = activation_params[t]
-        scale_name, zp_name = names.fresh(f"{t}_scale"), names.fresh(f"{t}_zero_point")
+        scale_name, zp_name = names.fresh(t + SCALE), names.fresh(t + ZERO_POINT)
         scale = in_float_type(p.scale, fm.elem_types.get(t, TensorProto.FLOAT))
         new_inits += [to_tensor_proto(scale, scale_name), to_tensor_proto(p.zero_point, zp_name)]
         param_names[t] = (scale_name, zp_name)
-    quantized_name = {t: names.fresh(f"{t}_quantized") for t in plan.activations}
+    quantized_name = {t: names.fresh(t + CODES) for t in plan.activations}
     node_plans = {p.name: p for p in plan.nodes}
     reads_quantized = _quantized_reads(plan, g)
     converted: dict[str, ConvertedNode] = {}
@@ -123,23 +124,12 @@ def convert(
 
     def emit_q(t: str) -> None:
         scale_name, zp_name = param_names[plan.root(t)]
-        nodes.append(
-            helper.make_node(
-                "QuantizeLinear", [t, scale_name, zp_name], [quantized_name[t]], name=names.fresh(f"{t}_QuantizeLinear")
-            )
-        )
+        nodes.append(helper.make_node("QuantizeLinear", [t, scale_name, zp_name], [quantized_name[t]], name=quantized_name[t]))
 
     def emit_dq(t: str, consumer: str) -> str:
         scale_name, zp_name = param_names[plan.root(t)]
-        out = names.fresh(f"{t}_dequantized")
-        nodes.append(
-            helper.make_node(
-                "DequantizeLinear",
-                [quantized_name[t], scale_name, zp_name],
-                [out],
-                name=names.fresh(f"{t}_DequantizeLinear_{consumer}"),
-            )
-        )
+        out = names.fresh(t + VALUES)
+        nodes.append(helper.make_node("DequantizeLinear", [quantized_name[t], scale_name, zp_name], [out], name=out))
         return out
 
     activations = set(plan.activations)
@@ -217,7 +207,7 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
         return result
     w = fm.constant(p.weight.tensor)
     stored = _store_weight(p, w, ctx)
-    dq_out = ctx.names.fresh(f"{p.weight.tensor}_dequantized")
+    dq_out = ctx.names.fresh(p.weight.tensor + VALUES)
     attrs = {"axis": stored.axis} if stored.params.scale.ndim else {}
     if stored.block:
         attrs["block_size"] = stored.block
@@ -226,7 +216,7 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
             "DequantizeLinear",
             [stored.q_name, stored.s_name, *([stored.z_name] if stored.z_name else [])],
             [dq_out],
-            name=ctx.names.fresh(f"{p.weight.tensor}_DequantizeLinear"),
+            name=dq_out,
             **attrs,
         )
     )
@@ -263,13 +253,11 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.clip(np.rint(bias.astype(np.float64) / bias_scale.astype(np.float64)), _INT32.min, _INT32.max)
     q = np.where(np.isfinite(q), q, 0).astype(np.int32)
-    bq, bs = ctx.names.fresh(f"{bias_name}_quantized"), ctx.names.fresh(f"{bias_name}_scale")
+    bq, bs = ctx.names.fresh(bias_name + CODES), ctx.names.fresh(bias_name + SCALE)
     ctx.new_inits += [numpy_helper.from_array(q, bq), to_tensor_proto(bias_scale, bs)]
-    b_out = ctx.names.fresh(f"{bias_name}_dequantized")
+    b_out = ctx.names.fresh(bias_name + VALUES)
     battrs = {"axis": 0} if bias_scale.ndim else {}
-    ctx.nodes.append(
-        helper.make_node("DequantizeLinear", [bq, bs], [b_out], name=ctx.names.fresh(f"{bias_name}_DequantizeLinear"), **battrs)
-    )
+    ctx.nodes.append(helper.make_node("DequantizeLinear", [bq, bs], [b_out], name=b_out, **battrs))
     _set_bias(node, b_out)
     result.bias_int32 = True
     return result
@@ -304,9 +292,9 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     # A float64 copy of the weight's error only where an algorithm corrects the layer's bias by it.
     sqnr, error = _weight_error(w, back, keep=_corrector(p, ctx) is not None)
     del back
-    q_name = names.fresh(f"{p.weight.tensor}_quantized")
-    s_name = names.fresh(f"{p.weight.tensor}_scale")
-    z_name = names.fresh(f"{p.weight.tensor}_zero_point") if params.zero_point is not None else None
+    q_name = names.fresh(p.weight.tensor + CODES)
+    s_name = names.fresh(p.weight.tensor + SCALE)
+    z_name = names.fresh(p.weight.tensor + ZERO_POINT) if params.zero_point is not None else None
     q_proto = to_tensor_proto(codes, q_name)
     ctx.new_inits += [q_proto, to_tensor_proto(params.scale, s_name)]
     if z_name:

@@ -31,6 +31,7 @@ from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Reference, output_figures
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._option_fields import option
+from qlinear.quantize._qdq_names import CODES
 from qlinear.quantize._session import run_batch
 from qlinear.quantize.algorithms._held_out import HeldOut, better
 from qlinear.quantize.algorithms._registry import Algorithm, Facts, register
@@ -100,6 +101,9 @@ def finetune(
             module = QDQModule(rest, _float_weights(fm, qmodel), train_weights=train_weights)
         except UnsupportedOperator as e_rest:
             return qmodel, _skipped(steps, before, f"{e_rest}; the post-training model is kept")
+    if not module.scales and not (train_weights and module.weights):
+        # Every node was left float (promoted, or faster in float): nothing is quantized, so nothing trains.
+        return qmodel, _skipped(steps, before, "no quantized node is left to train; the post-training model is kept")
     start = time.perf_counter()
     batches = _targets(fm, data, batch_size, reference.runtime, prefix)
     groups = [{"params": [p], "lr": SCALE_STEP * max(float(p.detach().abs().mean()), 2.0**-126)} for p in module.scales]
@@ -160,9 +164,9 @@ def _float_weights(fm: FloatModel, qmodel: onnx.ModelProto) -> dict[str, np.ndar
     out = {}
     for node in qmodel.graph.node:
         codes = node.input[0] if node.op_type == "DequantizeLinear" else None
-        if codes not in values or not codes.endswith("_quantized") or values[codes].data_type == TensorProto.INT32:
+        if codes not in values or not codes.endswith(CODES) or values[codes].data_type == TensorProto.INT32:
             continue
-        w = fm.constant(codes.removesuffix("_quantized"))
+        w = fm.constant(codes.removesuffix(CODES))
         stored = numpy_helper.to_array(values[codes])
         if w is None or w.shape != stored.shape:
             continue

@@ -1,0 +1,19 @@
+"""The names of the tensors and nodes the quantizer adds around a tensor: short, since a small model's file is largely names.
+
+A tensor ``t`` quantized gives ``t_q`` (its codes), ``t_scale`` and
+``t_zp`` (its parameters) and ``t_dq`` (the values a DequantizeLinear
+gives back; ``t_dq_1``, ... for its other readers). A node added takes
+its output's name: node and tensor names are separate name spaces in
+ONNX, and a name fresh among both is unique in each. Long forms
+(``t_DequantizeLinear_consumer``) made up a quarter of a 270 KB
+classifier's file.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CODES", "SCALE", "VALUES", "ZERO_POINT"]
+
+CODES = "_q"
+VALUES = "_dq"
+SCALE = "_scale"
+ZERO_POINT = "_zp"
