@@ -4,9 +4,9 @@ A tensor ``t`` quantized gives ``t_q`` (its codes), ``t_scale`` and
 ``t_zp`` (its parameters) and ``t_dq`` (the values a DequantizeLinear
 gives back; ``t_dq_1``, ... for its other readers). A node added takes
 its output's name: node and tensor names are separate name spaces in
-ONNX, and a name fresh among both is unique in each. Long forms
-(``t_DequantizeLinear_consumer``) made up a quarter of a 270 KB
-classifier's file.
+ONNX, and a name fresh among both is unique in each. The long forms
+before (``t_quantized``, ``t_DequantizeLinear_consumer``) made a 270 KB
+classifier's file 6% larger, and a 21 KB digits CNN's 5%.
 """
 
 from __future__ import annotations
