@@ -16,6 +16,7 @@ import pytest
 import qlinear.onnx as qo
 import qlinear.quantize as qq
 import qlinear.quantize._latency as latency_module
+import qlinear.quantize._stages as stages_module
 from qlinear.quantize._latency import Latency
 from qlinear.quantize._model import load_float_model
 from qlinear.quantize._precision import FLOAT, NodePrecision
@@ -137,6 +138,50 @@ def test_a_kind_is_judged_at_every_batch_the_users_run():
     )
 
 
+def test_a_kind_that_takes_less_of_a_run_than_a_trial_must_save_is_not_timed():
+    # The profile says the depthwise Convs and their Q/DQ take 2% of a run: floating them cannot save the 3% margin,
+    # whatever a timing would say, so they are not timed; the pointwise ones take 40% and are.
+    model, _ = _mobile_block()
+    fm = load_float_model(model)
+    nodes = dict.fromkeys(["dw0", "pw0", "dw1", "pw1"], A8)
+    timed, calls = _timer({"dw0": -0.1, "dw1": -0.1, "pw0": 0.05, "pw1": 0.05})
+    profiled = []
+
+    def shares(precision):
+        profiled.append(dict(precision))
+        return [{"dw0": 0.01, "dw1": 0.01, "pw0": 0.2, "pw1": 0.2}, {"dw0": 0.005, "dw1": 0.005, "pw0": 0.3, "pw1": 0.3}]
+
+    precision, trials = float_where_faster(fm, nodes, {}, timed, shares)
+    assert precision == {} and profiled == [{}]  # the model as it stood, profiled once
+    by_kind = {t.kind: t for t in trials}
+    depthwise, pointwise = by_kind["Conv depthwise 3x3"], by_kind["Conv 1x1"]
+    assert depthwise.share == pytest.approx(0.02) and np.isnan(depthwise.after) and not depthwise.kept
+    assert pointwise.share == pytest.approx(0.6) and pointwise.after == pytest.approx(1.1)
+    assert not any(not p.quantized for precision, _, _ in calls for n, p in precision.items() if n.startswith("dw"))
+
+
+def test_node_shares_count_each_nodes_kernels_and_the_qdq_beside_it():
+    from qlinear.quantize._node_cost import node_shares
+
+    model, data = _mobile_block()
+    q = qq.quantize_model(model, None, data, promote=False).model
+    by_name = {n.name: n for n in q.graph.node}
+    dq_of_dw1 = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.output[0] in by_name["dw1"].input)
+
+    class Runtime:  # a profile: dw1's kernel 1 ms and the DequantizeLinear before it 1 ms of a 10 ms run
+        @staticmethod
+        def node_times(model, feeds):
+            return {"dw1": 1e-3, dq_of_dw1.name: 1e-3, "pw1": 2e-3}, 10e-3
+
+    shares = node_shares(q, [{"x": data["x"][:1]}], Runtime)
+    assert shares[0]["dw1"] == pytest.approx(0.2) and shares[0]["head"] == 0.0
+    # That DequantizeLinear gives dw1 the codes of pw0's output: floating pw0 could remove it too, so pw0 counts it.
+    assert shares[0]["pw0"] == pytest.approx(0.1) and shares[0]["pw1"] == pytest.approx(0.2)
+    # ONNX Runtime's own profile of the model: every quantized Conv takes a share, none more than the run.
+    real = node_shares(q, [{"x": data["x"][:1]}, {"x": data["x"][:16]}], qq.targets.target("ort-cpu"))
+    assert len(real) == 2 and all(batch["pw0"] > 0 and sum(batch.values()) < 3 for batch in real)
+
+
 def test_promoted_nodes_are_left_as_the_search_set_them():
     model, _ = _mobile_block()
     fm = load_float_model(model)
@@ -167,6 +212,7 @@ def _fake_runtime(monkeypatch, faster: str):
         return Latency(self.batch, 1.0, ratio, ratio)
 
     monkeypatch.setattr(latency_module.PairTimer, "time", fake_time)
+    monkeypatch.setattr(stages_module, "node_shares", lambda *args: None)  # no profile: every kind is timed
 
 
 @pytest.mark.timed
@@ -195,5 +241,7 @@ def test_the_pass_as_shipped_reports_each_kind_it_timed():
     floated = {n for f in tried if f.kept for n in f.nodes}
     quantized = {n.name for n in report.nodes}
     assert floated | quantized == {"conv1", "conv2", "fc1", "fc2"} and not floated & quantized
-    assert all(f.before > 0 and f.after > 0 for f in tried)
+    # A kind is timed, or its share of a run (ONNX Runtime's profile) was under the margin a trial must save.
+    assert all(f.before > 0 and (f.after > 0 or f.share < MARGIN) for f in tried)
+    assert all(f.share is not None and 0 <= f.share <= 1 for f in tried)
     assert r.target_met

@@ -127,6 +127,11 @@ class UserBatchTimer:
         self._runtime = runtime
         self._timed: dict[bytes, tuple[Latency, ...] | None] = {}  # by the model's digest: its latest timing
 
+    @property
+    def feeds(self) -> list[dict[str, np.ndarray]]:
+        """The feeds of each batch timed, in order."""
+        return [timer.feeds for timer in self._timers]
+
     def time(
         self, model: onnx.ModelProto, *, again: bool = False, give_up_above: float | None = None
     ) -> tuple[Latency, ...] | None:

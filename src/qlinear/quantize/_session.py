@@ -36,6 +36,7 @@ def session(
     basic: bool = False,
     arena: bool = True,
     spinning: bool = True,
+    profile_prefix: str | None = None,
 ) -> ort.InferenceSession:
     """An ONNX Runtime CPU session for ``model``, or for the model file at ``path`` (its external data beside it).
 
@@ -52,6 +53,8 @@ def session(
     session's spinning threads take the cores from the next one's run (a
     float classifier's alternating timings went 1.5 -> 2.1-2.4 ms a batch
     of one with them on).
+    ``profile_prefix``: ONNX Runtime profiles every run into a JSON file of
+    that prefix (``end_profiling()`` gives its path).
 
     Raises:
         QuantizationError: ONNX Runtime cannot load the model (its first line of error).
@@ -72,6 +75,9 @@ def session(
     so.enable_cpu_mem_arena = arena
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     if optimized_path:
         so.optimized_model_filepath = optimized_path
         # Its weights in a file beside it: an optimized model past 2 GB cannot be one protobuf file.

@@ -5,7 +5,9 @@ Runtime's float depthwise convolution (NCHWc, fused with its activation)
 beats QLinearConv with its QuantizeLinear and DequantizeLinear; small
 convolutions and thin Gemms lose the same way. Such a node quantized is
 dominated: slower, and less accurate. So after the accuracy search, each
-kind of quantized node (op, depthwise or grouped, kernel size) is timed
+kind of quantized node (op, depthwise or grouped, kernel size) that takes
+enough of a run to pay (its kernels' and Q/DQ's share, from the runtime's
+own profile, at least the margin a trial must save) is timed
 in float against the model as it stands, in alternating pairs with the
 float model at each batch the users run, and kept float where the model
 runs faster (the geometric mean of the batches' ratios: a share of time
@@ -34,9 +36,12 @@ from qlinear.quantize._latency import Latency, mean_ratio
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._precision import NodePrecision
 
-__all__ = ["FASTER_IN_FLOAT", "Floated", "float_where_faster", "node_kind"]
+__all__ = ["FASTER_IN_FLOAT", "Floated", "Shares", "float_where_faster", "node_kind"]
 
 FASTER_IN_FLOAT = NodePrecision(None, None, quantized=False, why="faster in float on the runtime at the users' batch (timed)")
+# A precision assignment's nodes' shares of a run at each batch the users run, their Q/DQ's included (the runtime's
+# profile); None where the runtime gives none.
+Shares = Callable[[dict[str, NodePrecision]], list[dict[str, float]] | None]
 # A precision assignment's latency at each batch the users run (None: the runtime cannot load it) and its size in bytes;
 # its second argument true: timed anew, not an earlier timing of the same model given back; its third: a ratio past
 # which a first look of a few pairs is the answer (the UserBatchTimer's give_up_above).
@@ -53,6 +58,9 @@ class Floated:
     """One kind of node tried in float: its nodes, the model's latency ratio before and with them float, and whether kept.
 
     The ratios are the geometric means over the batches the users run.
+    ``after`` is NaN where the kind was not timed: the runtime could not
+    load the model, or the kind's share of a run was under the least a
+    trial must save.
     """
 
     kind: str
@@ -60,6 +68,7 @@ class Floated:
     before: float
     after: float
     kept: bool
+    share: float | None = None  # the most its nodes and their Q/DQ took of a run at a batch (profiled); None: not read
 
 
 def node_kind(fm: FloatModel, name: str) -> str:
@@ -79,6 +88,7 @@ def float_where_faster(
     quantized: dict[str, NodePrecision],
     precision: dict[str, NodePrecision],
     timed: Timed,
+    shares: Shares | None = None,
 ) -> tuple[dict[str, NodePrecision], list[Floated]]:
     """``precision`` with every kind of node in ``quantized`` that runs faster in float set float, and each kind's trial.
 
@@ -90,6 +100,9 @@ def float_where_faster(
     in bytes; given ``again`` true, timed anew (a decision's confirmation),
     else possibly an earlier timing of the same model; given a ratio, the
     timing may stop at a first look past it.
+    ``shares``: the nodes' shares of a run as the model stands (the
+    runtime's profile); a kind whose nodes take less than :data:`MARGIN`
+    of a run at every batch cannot save that much, and is not timed.
     """
     kinds: dict[str, list[str]] = {}
     for name, asked in quantized.items():
@@ -101,7 +114,15 @@ def float_where_faster(
     if start is None:  # the runtime cannot load the model: nothing to time
         return current, []
     ratio, trials = mean_ratio(start), []
+    profiled, profiled_ratio = (None if shares is None else shares(current)), ratio
     for kind, names in sorted(kinds.items(), key=lambda item: -len(item[1])):
+        share = None
+        if profiled is not None:
+            # Of the model as it stands now: the same seconds, of a run that floating faster kinds has shortened.
+            share = max(sum(batch.get(n, 0.0) for n in names) for batch in profiled) * profiled_ratio / ratio
+            if share < MARGIN:
+                trials.append(Floated(kind, tuple(names), ratio, float("nan"), False, share))
+                continue
         trial = {**current, **dict.fromkeys(names, FASTER_IN_FLOAT)}
         first, trial_size = _mean_timed(timed, trial, give_up_above=ratio * (1 + GIVE_UP))
         # The share of latency saved must pass the noise, and the share of size given back.
@@ -111,7 +132,7 @@ def float_where_faster(
             again, now = _mean_timed(timed, trial, again=True)[0], _mean_timed(timed, current, again=True)[0]
             faster = again is not None and now is not None and again < now * (1 - needed)
             ratio = now if now is not None else ratio
-        trials.append(Floated(kind, tuple(names), ratio, float("nan") if first is None else first, faster))
+        trials.append(Floated(kind, tuple(names), ratio, float("nan") if first is None else first, faster, share))
         if faster:
             current, ratio, size = trial, again, trial_size
     return current, trials

@@ -27,6 +27,7 @@ from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._latency import Latency, UserBatchTimer, worst_ratio
 from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._model import FloatModel
+from qlinear.quantize._node_cost import node_shares
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
 from qlinear.quantize._placement import plan
@@ -203,12 +204,19 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
 
     start_figure = start[pick] if goal.metric in ("sqnr", "agreement") else figure_of(requested.model)
 
-    def timed(precision: dict[str, NodePrecision], again: bool = False,
-              give_up_above: float | None = None) -> tuple[tuple[Latency, ...] | None, int]:  # fmt: skip
+    def as_written(precision: dict[str, NodePrecision]) -> onnx.ModelProto:
         model = onnx.ModelProto()
         model.CopyFrom(builder.build(precision).model)
         runtime.finalize(model)  # timed as it will be written
+        return model
+
+    def timed(precision: dict[str, NodePrecision], again: bool = False,
+              give_up_above: float | None = None) -> tuple[tuple[Latency, ...] | None, int]:  # fmt: skip
+        model = as_written(precision)
         return timer.time(model, again=again, give_up_above=give_up_above), large.byte_size(model)
+
+    def shares(precision: dict[str, NodePrecision]) -> list[dict[str, float]] | None:
+        return node_shares(as_written(precision), timer.feeds, runtime)
 
     with bars.task("promoting to the target", None) as step:
 
@@ -229,7 +237,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         precision, floated = found.precision, []
         if options.float_where_faster and options.promote:
             quantized = {p.name: p.precision for p in requested.plan.nodes}
-            precision, floated = float_where_faster(builder.fm, quantized, precision, timed)
+            precision, floated = float_where_faster(builder.fm, quantized, precision, timed, shares)
             if precision != found.precision and found.met and not goal.met(figure_of(builder.build(precision).model)):
                 precision, floated = found.precision, [replace(f, kept=False) for f in floated]  # the target first
         candidates = tradeoff(found, steps, timed, precision)

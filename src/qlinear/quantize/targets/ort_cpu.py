@@ -21,6 +21,7 @@ from qlinear.quantize._padded_codes import pad_codes
 from qlinear.quantize._precision import FULL_LADDER, Ladder
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, PROVIDERS, session
 from qlinear.quantize._signed_layout import lay_out_signed
+from qlinear.quantize.targets._ort_profile import node_times
 from qlinear.quantize.targets._target import Placement, Target
 
 __all__ = ["ORT_CPU", "prepare"]
@@ -109,6 +110,7 @@ ORT_CPU = Target(
         "output columns not a multiple of 4 wrongly",
     ),
     run_notes=_run_notes,
+    node_times=node_times,
 )
 
 
