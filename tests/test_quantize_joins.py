@@ -111,3 +111,26 @@ def test_a_join_whose_output_a_pad_shares_is_not_calibrated_again():
     r = qq.quantize_model(model, None, data, promote=False)
     ops = [n.op_type for n in optimized_graph(r.model).graph.node]
     assert "QLinearConcat" in ops and ops.count("QLinearConv") == 3 and r.report.fusion.unfused == []
+
+
+def test_the_model_is_the_same_bytes_in_every_process():
+    # The joins were once taken from a set: their parameters' order in the file followed each process's string
+    # hashing (PYTHONHASHSEED), so the same decisions wrote different bytes from one run to the next.
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import hashlib, sys; sys.path.insert(0, 'tests'); from quantize_models import feature_pyramid; "
+        "import qlinear.quantize as qq; model, data = feature_pyramid(); "
+        "r = qq.quantize_model(model, None, data, promote=False); "
+        "print(hashlib.sha256(r.model.SerializeToString(deterministic=True)).hexdigest())"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        for seed in ("1", "2", "3")
+    }  # fmt: skip
+    assert len(digests) == 1

@@ -92,7 +92,7 @@ def quantize_joins(
         quantized[y] = types.pop()
         found[node.name] = (y, reads)
     kept = _reaching_quantized_readers(fm, found, already, moves_data)
-    for name in kept:
+    for name in (n for n in found if n in kept):  # in the graph's order: the model's bytes the same in every process
         y, reads = found[name]
         if y not in shared:
             calibrated.setdefault(y, quantized[y])
