@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from qlinear._errors import QuantizationError
 from qlinear.quantize import TensorStats
 from qlinear.quantize._stats import load_stats, save_stats
+from qlinear.quantize._sums import PARALLEL_VALUES
 
 
 def _values(seed: int, n: int, scale: float) -> np.ndarray:
@@ -28,10 +29,11 @@ def test_stats_merged_halves_equal_the_whole(seed, n, scale, data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 3000), st.sampled_from([1e-30, 1e-6, 0.1, 3.0, 1e4, 3e30]),
-       st.sampled_from([np.float32, np.float64]))  # fmt: skip
+@given(st.integers(0, 2**32 - 1), st.one_of(st.integers(1, 3000), st.sampled_from([PARALLEL_VALUES, PARALLEL_VALUES + 3, 100_003])),
+       st.sampled_from([1e-30, 1e-6, 0.1, 3.0, 1e4, 3e30]), st.sampled_from([np.float32, np.float64]))  # fmt: skip
 def test_stats_bins_are_numpys_floor_and_bincount(seed, n, scale, dtype):
-    # The oracle: each value scaled by the bins' width in its own type, floored, counted by numpy.
+    # The oracle: each value scaled by the bins' width in its own type, floored, counted by numpy (from
+    # PARALLEL_VALUES values on, counted on every core).
     x = _values(seed, n, scale).astype(dtype)
     s = TensorStats.of(x)
     index = np.floor(x * dtype(2.0**-s.exponent)).astype(np.int64) - s.first

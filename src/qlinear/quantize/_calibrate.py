@@ -113,7 +113,7 @@ def calibrate(
     observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []), tuple(gram_patches or []))
     names = observed.names
     model = with_outputs(fm.model, names)
-    sess = runtime.session(model, arena=False) if names else None
+    sess = runtime.session(model, arena=False, spinning=False) if names else None
     if sess is not None and not fixed_batch:
         batch_size = held_batch_size(sess, names, data, batch_size)
     if resume is not None:
