@@ -180,6 +180,9 @@ def test_node_shares_count_each_nodes_kernels_and_the_qdq_beside_it():
     # ONNX Runtime's own profile of the model: every quantized Conv takes a share, none more than the run.
     real = node_shares(q, [{"x": data["x"][:1]}, {"x": data["x"][:16]}], qq.targets.target("ort-cpu"))
     assert len(real) == 2 and all(batch["pw0"] > 0 and sum(batch.values()) < 3 for batch in real)
+    # A model ONNX Runtime cannot load (no float4 DequantizeLinear) has no profile: every kind is then timed.
+    unloadable = qq.quantize_model(model, None, data, weights="float4e2m1", activations=None, promote=False).model
+    assert node_shares(unloadable, [{"x": data["x"][:1]}], qq.targets.target("ort-cpu")) is None
 
 
 def test_promoted_nodes_are_left_as_the_search_set_them():

@@ -32,23 +32,22 @@ _FUSED_SUFFIX = re.compile(r"(_token_\d+|_nchwc)+$")
 def node_times(model: Any, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, float], float] | None:
     """Seconds a run each node of ``model`` takes on ONNX Runtime's CPU provider, and a run's seconds.
 
-    The mean over :data:`PROFILED_RUNS` runs after two unprofiled ones.
-    None where ONNX Runtime cannot load the model.
+    The mean over :data:`PROFILED_RUNS` runs after two that are not
+    counted. None where ONNX Runtime cannot load or run the model: the
+    caller then does without a profile.
     """
-    from qlinear._errors import QuantizationError
-
     with tempfile.TemporaryDirectory(prefix="qlinear-profile-") as folder:
         try:
             s = session(model, spinning=False, profile_prefix=os.path.join(folder, "run"))
-        except QuantizationError:
+            for _ in range(2):  # the first runs at a shape plan its memory: not what a run costs
+                s.run(None, dict(feeds))
+            started = _now_us(s)
+            for _ in range(PROFILED_RUNS):
+                s.run(None, dict(feeds))
+            with open(s.end_profiling()) as f:
+                events = json.load(f)
+        except Exception:  # ONNX Runtime raises its own exception types (and QuantizationError where it cannot load)
             return None
-        for _ in range(2):  # the first runs at a shape plan its memory: not what a run costs
-            s.run(None, dict(feeds))
-        started = _now_us(s)
-        for _ in range(PROFILED_RUNS):
-            s.run(None, dict(feeds))
-        with open(s.end_profiling()) as f:
-            events = json.load(f)
     measured = [e for e in events if e.get("ts", 0) >= started]
     runs = [e["dur"] for e in measured if e.get("name") == "model_run"]
     if not runs:
