@@ -259,8 +259,8 @@ def _stream(args: argparse.Namespace) -> int:
 
 def _check_report_paths(args: argparse.Namespace) -> None:
     """Refuse, before any work, a report that cannot be written or drawn."""
-    for flag, path in (("--report", args.report), ("--json-file", args.json_file), ("--json", args.json)):
-        why = None if path in (None, "-") else unwritable(Path(path))
+    for flag, path in (("--report", args.report), ("--json-file", args.json_file)):
+        why = None if path is None else unwritable(Path(path))
         if why is not None:
             raise QuantizationError(f"{flag} {path} {why}")
     path = args.report

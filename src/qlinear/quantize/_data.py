@@ -68,9 +68,11 @@ def input_specs(fm: FloatModel) -> list[InputSpec]:
 
 
 def _fixed_beside_a_batch(shape: tuple) -> bool:
-    """Whether an input of ``shape``, beside inputs of an open batch or of a batch fixed at one, holds no samples: every
-    dimension fixed, the first over 1 (a mask, a table of positions). A fixed first dimension of 1 is a batch of one
-    (a recurrent state)."""
+    """Whether an input of ``shape`` beside batched inputs holds no samples: every dimension fixed, the first over 1.
+
+    A mask or a table of positions, fed whole. A fixed first dimension of 1
+    is a batch of one (a recurrent state), which takes samples.
+    """
     return bool(shape) and all(isinstance(d, int) and d > 0 for d in shape) and shape[0] > 1
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numba
 import onnx
 
 from qlinear._errors import QuantizationError
@@ -129,10 +130,11 @@ def _drive(batches, inboxes, outbox, procs) -> Iterator[tuple[dict[str, Any], in
 def _work(path: str, runtime: str, observed: Observed, threads: int, inbox, outbox) -> None:
     """A worker: run each batch it is given on ``runtime`` (a target's name) and send back its reduction (or the error, once)."""
     try:
-        sess = target(runtime).session(None, threads=threads, path=path, arena=False)
+        sess = target(runtime).session(None, threads=threads, path=path, arena=False, spinning=False)
     except QuantizationError as e:
         outbox.put((-1, e))
         return
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # its reductions: this worker's share of cores
     names = observed.names
     while True:
         item = inbox.get()
