@@ -147,21 +147,24 @@ def test_a_kind_that_takes_less_of_a_run_than_a_trial_must_save_is_not_timed():
     timed, calls = _timer({"dw0": -0.1, "dw1": -0.1, "pw0": 0.05, "pw1": 0.05})
     profiled = []
 
-    def shares(precision):
+    def shares(precision):  # the runtime's own kernels ("") count once toward every kind's bound
         profiled.append(dict(precision))
-        return [{"dw0": 0.01, "dw1": 0.01, "pw0": 0.2, "pw1": 0.2}, {"dw0": 0.005, "dw1": 0.005, "pw0": 0.3, "pw1": 0.3}]
+        return [
+            {"dw0": 0.01, "dw1": 0.005, "pw0": 0.2, "pw1": 0.2, "": 0.005},
+            {"dw0": 0.005, "dw1": 0.005, "pw0": 0.3, "pw1": 0.3, "": 0.002},
+        ]
 
     precision, trials = float_where_faster(fm, nodes, {}, timed, shares)
     assert precision == {} and profiled == [{}]  # the model as it stood, profiled once
     by_kind = {t.kind: t for t in trials}
     depthwise, pointwise = by_kind["Conv depthwise 3x3"], by_kind["Conv 1x1"]
     assert depthwise.share == pytest.approx(0.02) and np.isnan(depthwise.after) and not depthwise.kept
-    assert pointwise.share == pytest.approx(0.6) and pointwise.after == pytest.approx(1.1)
+    assert pointwise.share == pytest.approx(0.602) and pointwise.after == pytest.approx(1.1)
     assert not any(not p.quantized for precision, _, _ in calls for n, p in precision.items() if n.startswith("dw"))
 
 
 def test_node_shares_count_each_nodes_kernels_and_the_qdq_beside_it():
-    from qlinear.quantize._node_cost import node_shares
+    from qlinear.quantize._node_cost import ADDED, node_shares
 
     model, data = _mobile_block()
     q = qq.quantize_model(model, None, data, promote=False).model
@@ -171,10 +174,11 @@ def test_node_shares_count_each_nodes_kernels_and_the_qdq_beside_it():
     class Runtime:  # a profile: dw1's kernel 1 ms and the DequantizeLinear before it 1 ms of a 10 ms run
         @staticmethod
         def node_times(model, feeds):
-            return {"dw1": 1e-3, dq_of_dw1.name: 1e-3, "pw1": 2e-3}, 10e-3
+            return [({"dw1": 1e-3, dq_of_dw1.name: 1e-3, "pw1": 2e-3, "ReorderInput": 0.5e-3}, 10e-3)]
 
     shares = node_shares(q, [{"x": data["x"][:1]}], Runtime)
     assert shares[0]["dw1"] == pytest.approx(0.2) and shares[0]["head"] == 0.0
+    assert shares[0][ADDED] == pytest.approx(0.05)  # a kernel the runtime added, named by no node: once, apart
     # That DequantizeLinear gives dw1 the codes of pw0's output: floating pw0 could remove it too, so pw0 counts it.
     assert shares[0]["pw0"] == pytest.approx(0.1) and shares[0]["pw1"] == pytest.approx(0.2)
     # ONNX Runtime's own profile of the model: every quantized Conv takes a share, none more than the run.

@@ -150,7 +150,10 @@ def run(args: argparse.Namespace) -> int:
 def _demo_output() -> Path:
     """Where the demo writes without ``-o``: a folder of the system's temporary one, not the folder it was run from."""
     folder = Path(tempfile.gettempdir()) / "qlinear-demo"
-    folder.mkdir(exist_ok=True)
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as e:
+        raise QuantizationError(f"--demo writes into {folder}, which cannot be made ({e.strerror}); give -o OUT.onnx") from None
     return folder / "digits_cnn.qdq.onnx"
 
 

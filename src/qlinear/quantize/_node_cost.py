@@ -5,8 +5,10 @@ it could pay: a kind saves at most what its kernels and the Q/DQ next to
 them take, so a kind whose share of the run is under the least saving a
 trial must show is not timed. A Q/DQ node the runtime left unfused counts
 in full for every node it quantizes for or dequantizes to, since floating
-any of them could remove it: the share is an upper bound, as the rule
-needs.
+any of them could remove it; so does the time of the kernels the runtime
+adds (layout reorders, Transposes around an NHWC region), which floating a
+kind can also remove, once for each kind. The share is an upper bound, as the rule needs, up
+to the profile's own noise.
 """
 
 from __future__ import annotations
@@ -17,31 +19,36 @@ from typing import Any
 import numpy as np
 import onnx
 
-__all__ = ["node_shares"]
+__all__ = ["ADDED", "node_shares"]
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+# The key of the share of the kernels the runtime added, which name no node of the model.
+ADDED = ""
 
 
 def node_shares(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], runtime: Any) -> list[dict[str, float]] | None:
     """For each batch of ``feeds``, each compute node's share of a run of ``model`` (0 to 1), its Q/DQ's included.
 
-    None where the runtime cannot tell (no profile, or it cannot load the model).
+    The kernels the runtime added are under :data:`ADDED`, once: a kind of
+    node's bound is its nodes' shares and that. None where the runtime
+    cannot tell (no profile, or it cannot load or run the model).
     """
     if runtime.node_times is None:
         return None
+    timed = runtime.node_times(model, feeds)
+    if timed is None:
+        return None
     neighbours = _qdq_neighbours(model.graph)
+    names = {n.name for n in model.graph.node}
     shares = []
-    for batch in feeds:
-        timed = runtime.node_times(model, batch)
-        if timed is None:
+    for times, run in timed:
+        if run <= 0:
             return None
-        times, run = timed
-        share = {}
+        share = {ADDED: sum(t for name, t in times.items() if name not in names) / run}  # kernels of no model node
         for node in model.graph.node:
-            if node.op_type in _QDQ:
-                continue
-            own = times.get(node.name, 0.0) + sum(times.get(q, 0.0) for q in neighbours.get(node.name, ()))
-            share[node.name] = own / run if run > 0 else 0.0
+            if node.op_type not in _QDQ:
+                own = times.get(node.name, 0.0) + sum(times.get(q, 0.0) for q in neighbours.get(node.name, ()))
+                share[node.name] = own / run
         shares.append(share)
     return shares
 

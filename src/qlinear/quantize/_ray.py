@@ -84,11 +84,13 @@ class OnRay:
                     in_flight.append(task.remote(key, self.runtime, source, observed, ray.put(shard)))
                     shard = []
                     if len(in_flight) >= window:
-                        yield from _results(ray, in_flight.popleft())
+                        yield from _results(ray, in_flight[0])
+                        in_flight.popleft()  # only once its results are in: a run stopped while waiting cancels it
             if shard:
                 in_flight.append(task.remote(key, self.runtime, source, observed, ray.put(shard)))
             while in_flight:
-                yield from _results(ray, in_flight.popleft())
+                yield from _results(ray, in_flight[0])
+                in_flight.popleft()
         finally:
             for ref in in_flight:  # a stopped run (Ctrl-C, an error): its tasks end with it
                 try:

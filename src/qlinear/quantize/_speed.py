@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from qlinear.dtypes import element_type
 from qlinear.quantize._latency import Latency, mean_ratio
 from qlinear.quantize._model import FloatModel
+from qlinear.quantize._node_cost import ADDED
 from qlinear.quantize._precision import NodePrecision
 
 __all__ = ["FASTER_IN_FLOAT", "Floated", "Shares", "float_where_faster", "node_kind"]
 
 FASTER_IN_FLOAT = NodePrecision(None, None, quantized=False, why="faster in float on the runtime at the users' batch (timed)")
-# A precision assignment's nodes' shares of a run at each batch the users run, their Q/DQ's included (the runtime's
-# profile); None where the runtime gives none.
+# A precision assignment's nodes' shares of a run at each batch the users run, their Q/DQ's included, and the kernels
+# the runtime added under ADDED (the runtime's profile); None where the runtime gives none.
 Shares = Callable[[dict[str, NodePrecision]], list[dict[str, float]] | None]
 # A precision assignment's latency at each batch the users run (None: the runtime cannot load it) and its size in bytes;
 # its second argument true: timed anew, not an earlier timing of the same model given back; its third: a ratio past
@@ -114,12 +115,14 @@ def float_where_faster(
     if start is None:  # the runtime cannot load the model: nothing to time
         return current, []
     ratio, trials = mean_ratio(start), []
-    profiled, profiled_ratio = (None if shares is None else shares(current)), ratio
+    profiled = None if shares is None or not kinds else shares(current)
+    profiled_ratio = ratio
     for kind, names in sorted(kinds.items(), key=lambda item: -len(item[1])):
         share = None
         if profiled is not None:
             # Of the model as it stands now: the same seconds, of a run that floating faster kinds has shortened.
-            share = max(sum(batch.get(n, 0.0) for n in names) for batch in profiled) * profiled_ratio / ratio
+            share = max(sum(batch.get(n, 0.0) for n in names) + batch.get(ADDED, 0.0) for batch in profiled)
+            share *= profiled_ratio / ratio
             if share < MARGIN:
                 trials.append(Floated(kind, tuple(names), ratio, float("nan"), False, share))
                 continue

@@ -89,6 +89,10 @@ def _stop(procs: list, inboxes: list, finished: bool) -> None:
                 pass
         for p in procs:
             p.join(timeout=5)
+    else:  # a batch half written into a worker's pipe would hold this process at exit, waiting for its reader
+        for box in inboxes:
+            box.cancel_join_thread()
+            box.close()
     for p in procs:
         if p.is_alive():
             p.kill()

@@ -5,7 +5,7 @@ came from: a QLinearConv fused from ``conv``'s Q/DQ group runs as
 ``conv_token_85``, a Conv moved to its blocked layout as ``conv_nchwc``.
 Those suffixes taken off, a kernel's time is its model node's. Kernels
 it adds (layout reorders, Transposes around an NHWC region) name no node
-of the model: their time is the run's, not a node's.
+of the model: their times are under their own names.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import json
 import os
 import re
 import tempfile
-import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,42 +23,48 @@ from qlinear.quantize._session import session
 
 __all__ = ["PROFILED_RUNS", "node_times"]
 
-# Runs profiled after the warm-up: a few suffice, since a share, not a latency, is read from them.
+# Runs profiled a batch after two that are not counted: a few suffice, since a share, not a latency, is read.
 PROFILED_RUNS = 4
+_WARM_UP = 2
+# The profile's durations are whole microseconds, rounded down: each kernel is counted 1 us more, so that a share
+# read from them is not below the kernels' own.
+_ROUNDING_S = 1e-6
 _FUSED_SUFFIX = re.compile(r"(_token_\d+|_nchwc)+$")
 
 
-def node_times(model: Any, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, float], float] | None:
-    """Seconds a run each node of ``model`` takes on ONNX Runtime's CPU provider, and a run's seconds.
+def node_times(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[tuple[dict[str, float], float]] | None:
+    """For each batch of ``feeds``: the seconds a run of ``model`` takes in each of its nodes, and a run's seconds.
 
-    The mean over :data:`PROFILED_RUNS` runs after two that are not
-    counted. None where ONNX Runtime cannot load or run the model: the
-    caller then does without a profile.
+    One session for every batch, its runs in turn: :data:`PROFILED_RUNS`
+    counted a batch, after two that are not. None where ONNX Runtime cannot
+    load or run the model: the caller then does without a profile.
     """
-    with tempfile.TemporaryDirectory(prefix="qlinear-profile-") as folder:
+    with tempfile.TemporaryDirectory(prefix="qlinear-profile-", ignore_cleanup_errors=True) as folder:
+        s = None
         try:
             s = session(model, spinning=False, profile_prefix=os.path.join(folder, "run"))
-            for _ in range(2):  # the first runs at a shape plan its memory: not what a run costs
-                s.run(None, dict(feeds))
-            started = _now_us(s)
-            for _ in range(PROFILED_RUNS):
-                s.run(None, dict(feeds))
+            for batch in feeds:
+                for _ in range(_WARM_UP + PROFILED_RUNS):
+                    s.run(None, dict(batch))
             with open(s.end_profiling()) as f:
                 events = json.load(f)
         except Exception:  # ONNX Runtime raises its own exception types (and QuantizationError where it cannot load)
             return None
-    measured = [e for e in events if e.get("ts", 0) >= started]
-    runs = [e["dur"] for e in measured if e.get("name") == "model_run"]
-    if not runs:
+        finally:
+            del s  # the session writes nothing more into the folder once it is gone
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    if len(runs) != len(feeds) * (_WARM_UP + PROFILED_RUNS):
         return None
-    times: dict[str, float] = {}
-    for e in measured:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
-            node = _FUSED_SUFFIX.sub("", e["name"].removesuffix("_kernel_time"))
-            times[node] = times.get(node, 0.0) + e["dur"] * 1e-6 / len(runs)
-    return times, float(np.mean(runs)) * 1e-6
-
-
-def _now_us(s: Any) -> int:
-    """The session's profiling clock now: microseconds since its profiling started, as its events' ``ts`` count."""
-    return (time.time_ns() - s.get_profiling_start_time_ns()) // 1000
+    kernels = sorted((e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")),
+                     key=lambda e: e["ts"])  # fmt: skip
+    out = []
+    for b in range(len(feeds)):
+        counted = runs[b * (_WARM_UP + PROFILED_RUNS) + _WARM_UP : (b + 1) * (_WARM_UP + PROFILED_RUNS)]
+        start, end = counted[0]["ts"], counted[-1]["ts"] + counted[-1]["dur"]
+        times: dict[str, float] = {}
+        for e in kernels:
+            if start <= e["ts"] <= end:
+                node = _FUSED_SUFFIX.sub("", e["name"].removesuffix("_kernel_time"))
+                times[node] = times.get(node, 0.0) + (e["dur"] * 1e-6 + _ROUNDING_S) / len(counted)
+        out.append((times, float(np.mean([r["dur"] for r in counted])) * 1e-6))
+    return out

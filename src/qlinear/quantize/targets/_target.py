@@ -125,10 +125,11 @@ class Target:
         run_notes: what a user must set where the model runs for it to
             compute as the report's figures say, from the fusion check
             (one warning a line; none where nothing is needed).
-        node_times: the seconds a run of a model on given feeds takes in
-            each of its nodes (the kernels the runtime fused counted to the
-            node they came from), and a run's seconds, from the runtime's
-            own profile; None where it cannot load the model. None: the
+        node_times: for each batch of feeds given, the seconds a run of a
+            model takes in each of its nodes (the kernels the runtime fused
+            counted to the node they came from; the ones it added under
+            their own names) and a run's seconds, from the runtime's own
+            profile; None where it cannot load or run the model. None: the
             runtime gives no profile (every kind of node is then timed).
     """
 
@@ -143,4 +144,4 @@ class Target:
     ladder: Ladder
     placement: Placement
     run_notes: Callable[[Any], list[str]]
-    node_times: Callable[[Any, Any], tuple[dict[str, float], float] | None] | None = None
+    node_times: Callable[[Any, Any], list[tuple[dict[str, float], float]] | None] | None = None
