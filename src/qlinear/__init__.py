@@ -7,10 +7,10 @@
 
 from __future__ import annotations
 
+import importlib
+
 import qlinear._builtins  # noqa: F401 - first: the true min/max for numba (see the module)
 from qlinear._errors import QuantizationError
-from qlinear.dtypes import from_tensor_proto, pack, to_tensor_proto, unpack
-from qlinear.ops import dequantize_linear, dynamic_quantize_linear, quantize_linear
 
 __all__ = [
     "QuantizationError",
@@ -24,3 +24,29 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# Where each function of the package's API lives. They are imported on first use: numpy, ml_dtypes and the kernels
+# load then, not when ``qlinear`` does, so the command line is in its own code (where Ctrl-C is one line) within
+# milliseconds of starting.
+_LAZY = {
+    "dequantize_linear": "qlinear.ops",
+    "dynamic_quantize_linear": "qlinear.ops",
+    "from_tensor_proto": "qlinear.dtypes",
+    "pack": "qlinear.dtypes",
+    "quantize_linear": "qlinear.ops",
+    "to_tensor_proto": "qlinear.dtypes",
+    "unpack": "qlinear.dtypes",
+}
+
+
+def __getattr__(name: str) -> object:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'qlinear' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value  # once: later reads find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
