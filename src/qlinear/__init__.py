@@ -40,12 +40,19 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
+    """A function of the API, or a subpackage (``qlinear.kernels``), imported where it is first read."""
     where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module 'qlinear' has no attribute {name!r}")
-    value = getattr(importlib.import_module(where), name)
-    globals()[name] = value  # once: later reads find it without this function
-    return value
+    if where is not None:
+        value = getattr(importlib.import_module(where), name)
+        globals()[name] = value  # once: later reads find it without this function
+        return value
+    if not name.startswith("_"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")  # the import sets it on this module too
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":  # a module it imports is missing: that is the error to see
+                raise
+    raise AttributeError(f"module 'qlinear' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
