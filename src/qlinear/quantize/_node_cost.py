@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from qlinear.onnx._graph import producers, readers
+
 __all__ = ["ADDED", "node_shares"]
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -55,18 +57,14 @@ def node_shares(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]
 
 def _qdq_neighbours(graph: onnx.GraphProto) -> dict[str, set[str]]:
     """For each compute node, the Q and DQ nodes on the tensors it reads and writes (through a Q -> DQ pair)."""
-    producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
+    producer, reading = producers(graph), readers(graph)
     qdq = {n.name for n in graph.node if n.op_type in _QDQ}
     out: dict[str, set[str]] = {}
 
     def chain(tensor: str, seen: set[str]) -> set[str]:
         """The Q/DQ nodes a tensor passes through, both ways, and the compute nodes at its ends."""
         found: set[str] = set()
-        for n in [producer.get(tensor), *readers.get(tensor, ())]:
+        for n in [producer.get(tensor), *reading.get(tensor, ())]:
             if n is None or n.name in seen:
                 continue
             seen.add(n.name)
