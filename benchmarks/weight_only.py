@@ -50,8 +50,10 @@ BLOCK = 32
 METHODS = {
     "qlinear int4, round to nearest": {"quantizer": "qlinear", "weights": "int4", "weight_clip": "minmax"},
     "qlinear int4, mse clip": {"quantizer": "qlinear", "weights": "int4", "weight_clip": "mse"},
+    "qlinear int4, search": {"quantizer": "qlinear", "weights": "int4", "weight_clip": "search"},
     "qlinear uint4, round to nearest": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "minmax"},
     "qlinear uint4, mse clip": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "mse"},
+    "qlinear uint4, search": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "search"},
     "ORT RTN, asymmetric": {"quantizer": "ort", "algo": "rtn", "symmetric": False},
     "ORT RTN, symmetric": {"quantizer": "ort", "algo": "rtn", "symmetric": True},
     "ORT HQQ": {"quantizer": "ort", "algo": "hqq"},

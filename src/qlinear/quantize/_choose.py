@@ -33,6 +33,7 @@ from onnx import TensorProto
 
 from qlinear.dtypes import ElementType
 from qlinear.quantize._stats import TensorStats
+from qlinear.quantize._weight_search import searched_params
 
 __all__ = ["QuantParams", "activation_params", "clipped_range", "in_float_type", "scale_and_zero_point", "weight_params"]
 
@@ -193,7 +194,9 @@ def weight_params(
     Symmetric or not as :func:`symmetric_weights` says (``weight_only``: the
     node's activations stay float). ``clip="mse"`` shrinks
     each channel's or block's range by the factor (1 to 0.5) with the least
-    squared error.
+    squared error; ``clip="search"`` searches each one's scale and integer
+    zero point (:mod:`qlinear.quantize._weight_search`; float types as
+    ``mse``).
     """
     w = np.asarray(w, np.float32)
     symmetric = symmetric_weights(t, weight_only=weight_only)
@@ -213,10 +216,13 @@ def weight_params(
         padded[..., :n] = moved
         groups = padded.reshape(-1, block)
         shape = tuple(np.moveaxis(np.empty((*moved.shape[:-1], nblocks), np.uint8), -1, axis).shape)
-    low, high = groups.min(axis=1).astype(np.float64), groups.max(axis=1).astype(np.float64)
-    if clip == "mse":
-        low, high = clipped_range(groups, low, high, t, symmetric)
-    scale, zp = scale_and_zero_point(low, high, t, symmetric)
+    if clip == "search" and t.is_integer:
+        scale, zp = searched_params(groups, t.qmin, t.qmax, symmetric)
+    else:
+        low, high = groups.min(axis=1).astype(np.float64), groups.max(axis=1).astype(np.float64)
+        if clip in ("mse", "search"):  # a float type's grid has no step to search: its least-error range
+            low, high = clipped_range(groups, low, high, t, symmetric)
+        scale, zp = scale_and_zero_point(low, high, t, symmetric)
     if granularity == "blocked":
         blocked_shape = (*moved.shape[:-1], nblocks)
         scale = np.moveaxis(scale.reshape(blocked_shape), -1, axis)

@@ -37,7 +37,7 @@ WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "float8e4m3fn
 ACTIVATION_TYPES = ("uint8", "int8", "uint16", "int16", "float8e4m3fn")
 METHODS = ("minmax", "percentile", "entropy", "mse")
 GRANULARITIES = ("per-tensor", "per-channel", "blocked")
-WEIGHT_CLIPS = ("minmax", "mse")
+WEIGHT_CLIPS = ("minmax", "mse", "search")
 # The target promotions reach when none is given: top-1 agreement for outputs that classify, else output SQNR.
 DEFAULT_AGREEMENT = 0.99
 DEFAULT_SQNR_DB = 30.0
@@ -88,7 +88,7 @@ _CORE_FIELDS = (
             choices=WEIGHT_CLIPS,
             metavar="C",
             shown=True,
-            help="weight ranges: minmax, or mse (least-error clipping per channel or block; default {default})",
+            help="weight ranges: minmax, mse (least-error clipping per channel or block) or search (least-error scale and zero point; default {default})",
         ),
     ),
     (
