@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -215,3 +216,45 @@ def test_the_command_line_names_the_tables_a_streamed_4_bit_run_stores_at_8_bits
     assert (
         "stored wider than asked: table at int8 (ONNX Runtime gathers 8-bit codes, not narrower ones)" in capsys.readouterr().out
     )
+
+
+def test_streaming_is_chosen_by_the_memory_the_in_memory_path_would_take(tmp_path):
+    src = _external_model(tmp_path / "in", [np.ones((ROWS, ROWS), np.float32)])
+    size = sum(f.stat().st_size for f in (tmp_path / "in").iterdir())
+    options = qq.QuantizeOptions(weights="int4", activations=None, granularity="blocked")
+    # Six copies of the model past half the memory: one weight at a time; within it: in memory.
+    why = qq.streaming_choice(src, options, memory_bytes=2 * 6 * size - 2)
+    assert why is not None and "would take about" in why
+    assert qq.streaming_choice(src, options, memory_bytes=2 * 6 * size) is None
+    # What only the in-memory path does keeps a large model there.
+    for asked in ({"exclude": ("mm0",)}, {"equalize": True}, {"opset": 22}, {"weights": "int2"}):
+        assert qq.streaming_choice(src, qq.QuantizeOptions(**{**options.__dict__, **asked}), memory_bytes=1) is None
+    assert qq.streaming_choice(src, qq.QuantizeOptions(weights="int4"), memory_bytes=1) is None  # activations quantized
+
+
+def test_the_command_line_streams_a_weight_only_run_given_no_data_that_memory_cannot_hold(tmp_path, monkeypatch, capsys):
+    src = _external_model(tmp_path / "in", [np.random.default_rng(0).standard_normal((ROWS, ROWS)).astype(np.float32)])
+    args = ["--weights", "int4", "--granularity", "blocked", "--activations", "none", "--json"]
+    assert main(["quantize", str(src), "-o", str(tmp_path / "memory.onnx"), *args]) == 0
+    assert "streamed" not in json.loads(capsys.readouterr().out)  # it fits: the in-memory path and its report
+    monkeypatch.setattr("qlinear.quantize._stream._memory_bytes", lambda: 1 << 20)
+    assert main(["quantize", str(src), "-o", str(tmp_path / "streamed.onnx"), *args]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["streamed"] and summary["judged"] is False and "would take about" in summary["streamed_because"]
+    assert np.array_equal(_codes(tmp_path / "streamed.onnx", "w0"), _codes(tmp_path / "memory.onnx", "w0"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--exclude", "mm0"], "--exclude is not for streaming weights"),
+        (["--target-sqnr", "30"], "--target-sqnr needs data"),
+        (["--calibrate-random", "4"], "leave out --calibrate-random"),
+    ],
+)
+def test_stream_weights_refuses_what_it_cannot_do_naming_the_flag(tmp_path, capsys, extra, named):
+    src = _external_model(tmp_path / "in", [np.ones((ROWS, ROWS), np.float32)])
+    out = tmp_path / "q.onnx"
+    args = ["--stream-weights", "--weights", "int4", "--activations", "none", *extra]
+    assert main(["quantize", str(src), "-o", str(out), *args]) == 2
+    assert named in capsys.readouterr().err and not out.exists()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -32,9 +31,10 @@ from qlinear.quantize._execution import unwritable
 from qlinear.quantize._html import render_html
 from qlinear.quantize._option_fields import add_arguments as add_option_arguments
 from qlinear.quantize._option_fields import in_flags, values_from_args
+from qlinear.quantize._refusals import check_without_data
 from qlinear.quantize._report import UNLOADABLE
 from qlinear.quantize._report_print import print_profile
-from qlinear.quantize._stream import quantize_weights_streaming
+from qlinear.quantize._stream import quantize_weights_streaming, streaming_choice
 
 _DEMO = "digits_cnn.onnx"
 # quantize_model's arguments that are flags of the command (their names in flag form) but not options.
@@ -105,8 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-weights",
         action="store_true",
         help="weight-only, one weight at a time from the external data to the output's: for models larger than memory "
-        "(int8/uint8/int4/uint4; chosen by itself when the model passes half the memory with --activations none); "
-        "no calibration or evaluation",
+        "(int8/uint8/int4/uint4; chosen by itself for --activations none given no data when holding the model in memory, "
+        "six times its bytes, would pass half the memory); no calibration or evaluation",
     )
     add_json(out, "the report")
     out.add_argument("--quiet", action="store_true", help="no progress bars and no printed report")
@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         _check_report_paths(args)
-        if _streams(args):
-            return _stream(args)
+        why = _streaming(args)
+        if why is not None:
+            return _stream(args, why)
         result = _quantize(args, err)
         if args.report:
             if args.report.lower().endswith((".html", ".htm")):
@@ -197,43 +198,33 @@ def _quantize(args: argparse.Namespace, err: Console):
     )
 
 
-def _streams(args: argparse.Namespace) -> bool:
-    """Whether to quantize weights one at a time: asked for, or weight-only on a model whose weights pass half the memory."""
+def _streaming(args: argparse.Namespace) -> str | None:
+    """Why the weights are quantized one at a time (asked, or a weight-only run given no data too large for memory)."""
     if args.stream_weights:
-        return True
-    if args.activations != "none" or args.model is None or args.demo or args.calibration or args.eval:
-        return False
-    return _model_bytes(Path(args.model)) > _memory_bytes() // 2
+        return "--stream-weights asked for it"
+    if args.activations != "none" or args.model is None or args.demo:
+        return None
+    if args.calibration or args.eval or args.stats or args.calibrate_random:
+        return None
+    return streaming_choice(args.model, QuantizeOptions(**values_from_args(args, QuantizeOptions)))
 
 
-def _model_bytes(path: Path) -> int:
-    """The model file and the external data files beside it that share its name."""
-    try:
-        return sum(f.stat().st_size for f in path.parent.glob(f"{path.name}*") if f.is_file())
-    except OSError:
-        return 0
-
-
-def _memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 1 << 62
-
-
-def _stream(args: argparse.Namespace) -> int:
+def _stream(args: argparse.Namespace, why: str) -> int:
     if args.activations != "none":
         raise QuantizationError("--stream-weights quantizes weights only: add --activations none")
     if args.model is None or args.output is None:
         raise QuantizationError("--stream-weights needs MODEL.onnx and -o OUT.onnx")
-    options = QuantizeOptions(
-        weights=args.weights, activations=None, granularity=args.granularity, block_size=args.block_size,
-        weight_clip=args.weight_clip, promote=False, target=args.target,
-    )  # fmt: skip
+    for flag in ("calibration", "eval", "stats", "calibrate_random"):
+        if getattr(args, flag):
+            raise QuantizationError(f"--stream-weights reads no data: leave out --{flag.replace('_', '-')}")
+    options = QuantizeOptions(**values_from_args(args, QuantizeOptions))
+    check_without_data(options)  # a target, a budget, an algorithm that reads data: refused, naming its flag
     r = quantize_weights_streaming(args.model, args.output, options)
     summary = {
         "model": {"input": args.model, "output": str(r.path)},
         "streamed": True,
+        "streamed_because": why,
+        "judged": False,  # no data: no accuracy target checked, nothing timed
         "weights": r.weights,
         "weight_bytes": {"before": r.bytes_before, "after": r.bytes_after},
         "seconds": r.seconds,
@@ -245,8 +236,8 @@ def _stream(args: argparse.Namespace) -> int:
     if not args.json and not args.quiet:
         Console().print(
             f"qlinear quantize: {r.weights} weights, {r.bytes_before / 2**20:.1f} MiB -> {r.bytes_after / 2**20:.1f} MiB, "
-            f"one at a time, in {r.seconds:.1f} s, peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB -> {r.path} "
-            "(no calibration or evaluation: run the model on your runtime to check it)"
+            f"one at a time ({why}), in {r.seconds:.1f} s, peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB -> {r.path} "
+            "(no data given: no accuracy target checked and nothing timed; run the model on your runtime to check it)"
             + (
                 "; stored wider than asked: "
                 + ", ".join(f"{name} at {stored}" for name, stored, _ in r.widened)

@@ -24,11 +24,12 @@ from qlinear.quantize._report import report_json
 from qlinear.quantize._report_print import print_report
 from qlinear.quantize._report_schema import Report
 from qlinear.quantize._stats import TensorStats
-from qlinear.quantize._stream import StreamResult, quantize_weights_streaming
+from qlinear.quantize._stream import StreamResult, quantize_weights_streaming, streaming_choice
 
 __all__ = [
     "quantize_model",
     "quantize_weights_streaming",
+    "streaming_choice",
     "StreamResult",
     "QuantizeOptions",
     "QuantizeResult",

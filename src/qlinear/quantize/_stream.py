@@ -51,10 +51,15 @@ if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithm
     from qlinear.quantize._options import QuantizeOptions
 
 
-__all__ = ["StreamResult", "quantize_weights_streaming"]
+__all__ = ["StreamResult", "quantize_weights_streaming", "streaming_choice", "unstreamable"]
 
 _FLOATS = ("FLOAT", "FLOAT16", "BFLOAT16")
 _WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4")
+# The options that change what a weight-only run given no data writes, and that this path does not take.
+_IN_MEMORY_ONLY = ("exclude", "opset", "equalize")
+# What the in-memory path holds of a weight-only model, in copies of its weights: the float weights, their codes,
+# the weights read back for the report and the written model (a 205 MB decoder peaked at 1.1 GB).
+IN_MEMORY_COPIES = 6
 # Bytes onnx-ir may hold in flight while writing; a few times the largest weight is enough.
 _IN_FLIGHT = 64 << 20
 
@@ -71,13 +76,59 @@ class StreamResult:
     widened: list[tuple[str, str, str]] = field(default_factory=list)
 
 
+def unstreamable(options: QuantizeOptions) -> str | None:
+    """The first option (its field's name) that one weight at a time cannot honour; None: it honours them all."""
+    if options.activations is not None:
+        return "activations"
+    if options.weights not in _WEIGHT_TYPES:
+        return "weights"
+    defaults = type(options)()
+    return next((name for name in _IN_MEMORY_ONLY if getattr(options, name) != getattr(defaults, name)), None)
+
+
+def streaming_choice(model_path: str | os.PathLike, options: QuantizeOptions, memory_bytes: int | None = None) -> str | None:
+    """Why a weight-only run given no data takes its weights one at a time; None: it runs in memory.
+
+    It streams when the in-memory path would hold more than half the
+    machine's memory (:data:`IN_MEMORY_COPIES` times the model's bytes),
+    unless an option asks for what only the in-memory path does.
+    """
+    if unstreamable(options) is not None:
+        return None
+    size = model_bytes(Path(model_path))
+    memory = _memory_bytes() if memory_bytes is None else memory_bytes
+    if IN_MEMORY_COPIES * size <= memory // 2:
+        return None
+    return (
+        f"the model's {size / 2**30:.1f} GiB would take about {IN_MEMORY_COPIES * size / 2**30:.0f} GiB in memory, "
+        f"more than half of this machine's {memory / 2**30:.0f} GiB"
+    )
+
+
+def model_bytes(path: Path) -> int:
+    """The model file and the external data files beside it that share its name."""
+    try:
+        return sum(f.stat().st_size for f in path.parent.glob(f"{path.name}*") if f.is_file())
+    except OSError:
+        return 0
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 62
+
+
 def quantize_weights_streaming(
     model_path: str | os.PathLike, output: str | os.PathLike, options: QuantizeOptions
 ) -> StreamResult:
     """Quantize the weights of the model at ``model_path`` into ``output`` (with ``output``.data beside it), one at a time.
 
     Raises:
-        QuantizationError: a type other than int8/uint8/int4/uint4, a file
+        QuantizationError: a type other than int8/uint8/int4/uint4,
+            quantized activations, an option only the in-memory path takes
+            (``exclude``, ``opset``, ``equalize``), a file
             that is no model, external data that is missing, short, or
             outside the model's folder, an opset too old for the type whose
             operators changed since, or an output that cannot be written
@@ -86,8 +137,16 @@ def quantize_weights_streaming(
     import onnx_ir as ir
 
     start = time.perf_counter()
-    if options.weights not in _WEIGHT_TYPES:
+    refused = unstreamable(options)
+    if refused == "weights":
         raise QuantizationError(f"quantize: streaming weights takes int8, uint8, int4 or uint4, got {options.weights!r}")
+    if refused == "activations":
+        raise QuantizationError(f"quantize: streaming quantizes weights only: give activations None, not {options.activations!r}")
+    if refused is not None:
+        raise QuantizationError(
+            f"quantize: {refused}= is not for streaming weights (weights only, one at a time), got "
+            f"{getattr(options, refused)!r}: leave it out, or quantize in memory"
+        )
     src, out = Path(model_path), Path(output)
     try:
         model = ir.load(src)
