@@ -96,6 +96,8 @@ class FusionCheck:
     qdq_nodes_left: int
     # Unfused nodes whose layout after ONNX Runtime's own rewrites has no integer kernel, and why.
     by_layout: dict[str, str] = field(default_factory=dict)
+    # Nodes the model holds as ONNX Runtime's kernels already (a MatMulNBits form), not fused from Q/DQ by it.
+    written: frozenset[str] = frozenset()
 
     @property
     def unfused(self) -> list[str]:
@@ -117,7 +119,8 @@ def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None
         runs_as[name] = GATHER_CODES if codes else (integer or match)[0].op_type if match else "removed"
     fused = {n: op in INTEGER_KERNELS or op == GATHER_CODES for n, op in runs_as.items()}
     left = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
-    return FusionCheck(runs_as, fused, left, _layout_reasons(optimized, [n for n, f in fused.items() if not f]))
+    written = frozenset(n.name for n in model.graph.node if n.op_type in INTEGER_KERNELS)
+    return FusionCheck(runs_as, fused, left, _layout_reasons(optimized, [n for n, f in fused.items() if not f]), written)
 
 
 def _layout_reasons(optimized: onnx.ModelProto, unfused: list[str]) -> dict[str, str]:

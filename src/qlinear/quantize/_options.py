@@ -20,7 +20,7 @@ from qlinear.dtypes import ElementType, element_type
 from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._option_fields import default_of, option, option_fields
 from qlinear.quantize.algorithms import ALGORITHMS, Facts
-from qlinear.quantize.targets import DEFAULT_TARGET, TARGETS
+from qlinear.quantize.targets import DEFAULT_TARGET, FORMS, QDQ_FORM, TARGETS
 
 __all__ = [
     "ACTIVATION_TYPES",
@@ -209,6 +209,18 @@ _CORE_FIELDS = (
             help="the runtime the model is placed for: {choices} (default {default})",
         ),
     ),
+    (
+        "format",
+        str,
+        option(
+            QDQ_FORM,
+            choices=FORMS,
+            metavar="FORM",
+            group="target runtime",
+            help="the model's form: qdq (standard ONNX), or one its target runtime reads: matmulnbits (ort-cpu: blocked "
+            "weight-only MatMuls as com.microsoft.MatMulNBits, computing the same) (default {default})",
+        ),
+    ),
 )
 
 
@@ -223,6 +235,12 @@ class _Checked:
         _one_of("granularity", self.granularity, GRANULARITIES)
         _one_of("weight_clip", self.weight_clip, WEIGHT_CLIPS)
         _one_of("target", self.target, tuple(TARGETS))
+        if self.format != QDQ_FORM and self.format not in TARGETS[self.target].forms:
+            readers = ", ".join(t.name for t in TARGETS.values() if self.format in t.forms) or "none"
+            raise QuantizationError(
+                f"quantize: format must be {QDQ_FORM!r} or a form target {self.target!r} reads "
+                f"({', '.join(TARGETS[self.target].forms) or 'none'}), got {self.format!r} (read by: {readers})"
+            )
         if not isinstance(self.block_size, int) or self.block_size < 0:
             raise QuantizationError(f"quantize: block_size must be an int >= 0, got {self.block_size!r}")
         if self.granularity == "blocked" and self.block_size == 0:

@@ -137,7 +137,7 @@ def quantize_model(
     with bars.stage("refine"):
         qmodel, refined = stage.refine(fm, met.built.model, data.calibration, reference, options, bars)
     with bars.stage("finalize"):
-        runtime.finalize(qmodel)
+        runtime.as_written(qmodel, options.format)
         fusion = runtime.check_fusion(qmodel, [p.name for p in met.built.plan.nodes])
         unloadable = load_error(qmodel, runtime) if fusion is None else None  # the fusion check loads it as written
     with bars.stage("evaluate"):
@@ -167,7 +167,7 @@ def _without_data(model: Any, fm: FloatModel, out_path: Path | None, options: Qu
         _, built = stage.build(fm, options, None, bars)
     qmodel = built.model
     with bars.stage("finalize"):
-        runtime.finalize(qmodel)
+        runtime.as_written(qmodel, options.format)
         fusion = runtime.check_fusion(qmodel, [p.name for p in built.plan.nodes])
         unloadable = load_error(qmodel, runtime) if fusion is None else None
     with bars.stage("report"):

@@ -14,6 +14,7 @@ from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, list
 from qlinear.quantize._report_schema import Report
 from qlinear.quantize._report_text import db_text, figure_text, share_text
 from qlinear.quantize._tradeoff import latency_text
+from qlinear.quantize.targets import QDQ_FORM
 
 __all__ = ["MOST_DEGRADED", "print_profile", "print_report"]
 
@@ -43,7 +44,8 @@ def _types_text(report: Report) -> str:
     weights = f"weights {settings.weights} {settings.granularity}" + side(settings.weights, "weight_type")
     acts = settings.activations
     activations = f"activations {acts}" + side(acts, "activation_type") if acts else "activations float (weight-only)"
-    return f"{weights}, {activations}, opset {settings.opset}"
+    form = f", form {settings.format}" if settings.format != QDQ_FORM else ""  # a runtime's own op, not standard QDQ
+    return f"{weights}, {activations}, opset {settings.opset}{form}"
 
 
 def _print_tradeoff(report: Report, console: Console) -> None:

@@ -207,7 +207,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     def as_written(precision: dict[str, NodePrecision]) -> onnx.ModelProto:
         model = onnx.ModelProto()
         model.CopyFrom(builder.build(precision).model)
-        runtime.finalize(model)  # timed as it will be written
+        runtime.as_written(model, options.format)  # timed as it will be written
         return model
 
     def timed(precision: dict[str, NodePrecision], again: bool = False,

@@ -56,7 +56,7 @@ __all__ = ["StreamResult", "quantize_weights_streaming", "streaming_choice", "un
 _FLOATS = ("FLOAT", "FLOAT16", "BFLOAT16")
 _WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4")
 # The options that change what a weight-only run given no data writes, and that this path does not take.
-_IN_MEMORY_ONLY = ("exclude", "opset", "equalize")
+_IN_MEMORY_ONLY = ("exclude", "opset", "equalize", "format")
 # What the in-memory path holds of a weight-only model, in copies of its weights: the float weights, their codes,
 # the weights read back for the report and the written model (a 205 MB decoder peaked at 1.1 GB).
 IN_MEMORY_COPIES = 6

@@ -7,13 +7,15 @@ one module here and one line in :data:`TARGETS`.
 from __future__ import annotations
 
 from qlinear._errors import QuantizationError
-from qlinear.quantize.targets._target import Placement, Target
+from qlinear.quantize.targets._target import QDQ_FORM, Placement, Target
 from qlinear.quantize.targets.ort_cpu import ORT_CPU
 
-__all__ = ["DEFAULT_TARGET", "ORT_CPU", "TARGETS", "Placement", "Target", "target"]
+__all__ = ["DEFAULT_TARGET", "FORMS", "ORT_CPU", "QDQ_FORM", "TARGETS", "Placement", "Target", "target"]
 
 TARGETS: dict[str, Target] = {t.name: t for t in (ORT_CPU,)}
 DEFAULT_TARGET = ORT_CPU.name
+# Every form a model can be written in: standard QDQ, then each target's own.
+FORMS = (QDQ_FORM, *dict.fromkeys(f for t in TARGETS.values() for f in t.forms))
 
 
 def target(name: str) -> Target:

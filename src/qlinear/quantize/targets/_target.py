@@ -16,13 +16,16 @@ planner's, the same on every target.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from qlinear.onnx._passes import Pass
 from qlinear.quantize._precision import Ladder
 
-__all__ = ["Placement", "Target"]
+__all__ = ["QDQ_FORM", "Placement", "Target"]
+
+# The form every target reads: standard QuantizeLinear/DequantizeLinear around standard operators.
+QDQ_FORM = "qdq"
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,9 @@ class Target:
             their own names) and a run's seconds, from the runtime's own
             profile; None where it cannot load or run the model. None: the
             runtime gives no profile (every kind of node is then timed).
+        forms: the forms of a finished model the runtime reads besides
+            standard QDQ, by name (``format`` of the options), each a pass
+            that rewrites the finalized model into it, computing the same.
     """
 
     name: str
@@ -145,3 +151,10 @@ class Target:
     placement: Placement
     run_notes: Callable[[Any], list[str]]
     node_times: Callable[[Any, Any], list[tuple[dict[str, float], float]] | None] | None = None
+    forms: Mapping[str, Pass] = field(default_factory=dict)
+
+    def as_written(self, model: Any, form: str = QDQ_FORM) -> None:
+        """``model`` (a quantized model, in place) laid out as the runtime runs it fastest, in ``form``."""
+        self.finalize(model)
+        if form != QDQ_FORM:
+            self.forms[form](model)

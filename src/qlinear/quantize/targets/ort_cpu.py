@@ -21,6 +21,7 @@ from qlinear.quantize._padded_codes import pad_codes
 from qlinear.quantize._precision import FULL_LADDER, Ladder
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, PROVIDERS, session
 from qlinear.quantize._signed_layout import lay_out_signed
+from qlinear.quantize.targets._matmul_nbits import to_matmul_nbits
 from qlinear.quantize.targets._ort_profile import node_times
 from qlinear.quantize.targets._target import Placement, Target
 
@@ -52,8 +53,11 @@ def _prepare(weight_only: bool) -> Sequential:
 
 
 def _run_notes(fusion: FusionCheck) -> list[str]:
-    """The session setting MatMulNBits needs to compute as measured (its default quantizes its input to int8)."""
-    nbits = sum(op == "MatMulNBits" for op in fusion.runs_as.values())
+    """The session setting the MatMulNBits it fuses need to compute as measured (its default quantizes their input to int8).
+
+    The MatMulNBits form's own nodes say their accuracy level themselves.
+    """
+    nbits = sum(op == "MatMulNBits" and name not in fusion.written for name, op in fusion.runs_as.items())
     if not nbits:
         return []
     return [
@@ -111,6 +115,8 @@ ORT_CPU = Target(
     ),
     run_notes=_run_notes,
     node_times=node_times,
+    # Its own op for a blocked weight-only MatMul, which it fuses the QDQ form into; some tools read only this.
+    forms={"matmulnbits": FunctionPass(lambda model: bool(to_matmul_nbits(model)), name="to_matmul_nbits")},
 )
 
 

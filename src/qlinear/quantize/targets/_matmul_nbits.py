@@ -1,0 +1,148 @@
+"""The MatMulNBits form: blocked weight-only MatMuls written as ONNX Runtime's own ``com.microsoft.MatMulNBits``.
+
+ONNX Runtime fuses a blocked 2/4/8-bit DequantizeLinear of a constant
+``(K, N)`` weight into the MatMul (or the untransposed Gemm) that reads it:
+one MatMulNBits whose weight is the codes transposed to ``(N, blocks,
+bytes a block)``, as unsigned codes packed lowest bits first, its scales
+``(N, blocks)`` and its zero points packed the same way a column. Some
+runtimes and tools read only that form. This pass writes it from the QDQ
+model: the same codes, scales and zero points, so the node computes what
+the QDQ form computes (a signed code ``c`` of zero point ``z`` is the
+unsigned code ``c + 2**(bits-1)`` of zero point ``z + 2**(bits-1)``: the
+same ``c - z``). Its ``accuracy_level`` is 0, its input stays float as
+the QDQ model says, as the sessions qlinear measures with run the fused
+one; it needs no session setting where the model runs.
+
+A MatMulNBits takes a block size that is a power of two of 16 or more;
+other blocks, weights read by other nodes, and every other DequantizeLinear
+stay in the QDQ form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from qlinear.dtypes import element_type, from_tensor_proto, to_tensor_proto
+from qlinear.onnx._graph import producers, readers
+from qlinear.onnx._large import is_marker, value_of
+
+__all__ = ["CONTRIB_DOMAIN", "to_matmul_nbits"]
+
+CONTRIB_DOMAIN = "com.microsoft"
+_CODES = {TensorProto.INT2, TensorProto.UINT2, TensorProto.INT4, TensorProto.UINT4, TensorProto.INT8, TensorProto.UINT8}
+_FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+
+
+def to_matmul_nbits(model: onnx.ModelProto) -> int:
+    """Rewrite ``model``'s blocked DequantizeLinear -> MatMul (and plain Gemm) pairs into MatMulNBits; how many."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    made, reading = producers(graph), readers(graph)
+    done = 0
+    for node in list(graph.node):
+        dq = _weight_dequantize(node, made, reading, inits)
+        if dq is None:
+            continue
+        codes, scale = inits[dq.input[0]], inits[dq.input[1]]
+        zero_point = inits[dq.input[2]] if len(dq.input) > 2 and dq.input[2] else None
+        block = next(a.i for a in dq.attribute if a.name == "block_size")
+        packed, scales, zero_points, bits = _packed(codes, scale, zero_point, block)
+        stem = node.name or node.output[0]
+        new = [to_tensor_proto(packed, f"{stem}_nbits"), to_tensor_proto(scales, f"{stem}_nbits_scale")]
+        inputs = [node.input[0], new[0].name, new[1].name]
+        if zero_points is not None:
+            new.append(to_tensor_proto(zero_points, f"{stem}_nbits_zp"))
+            inputs.append(new[2].name)
+        if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+            inputs += [""] * (5 - len(inputs)) + [node.input[2]]  # MatMulNBits' bias is its input 5
+        k, n = codes.dims
+        nbits = helper.make_node(
+            "MatMulNBits", inputs, list(node.output), name=node.name, domain=CONTRIB_DOMAIN,
+            K=k, N=n, bits=bits, block_size=block, accuracy_level=0,
+        )  # fmt: skip
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(at, nbits)
+        graph.initializer.extend(new)
+        done += 1
+        reading[dq.output[0]].remove(node)
+        if not reading[dq.output[0]]:  # no other reader: the DequantizeLinear and its tensors go
+            graph.node.remove(dq)
+            for name in dq.input:
+                if name and not any(name in n.input for n in graph.node):
+                    graph.initializer.remove(inits.pop(name))
+    if done and not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return done
+
+
+def _weight_dequantize(node: onnx.NodeProto, made: dict, reading: dict, inits: dict) -> onnx.NodeProto | None:
+    """The blocked DequantizeLinear of ``node``'s constant 2-D weight that a MatMulNBits can take, or None."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+        return None
+    dq = made.get(node.input[1])
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx"):
+        return None
+    attrs = {a.name: a.i for a in dq.attribute}
+    block = attrs.get("block_size", 0)
+    codes = inits.get(dq.input[0])
+    scale = inits.get(dq.input[1]) if len(dq.input) > 1 else None
+    if codes is None or scale is None or len(codes.dims) != 2 or codes.data_type not in _CODES:
+        return None
+    if scale.data_type not in _FLOATS or attrs.get("axis", 1) % 2 != 0 or block < 16 or block & (block - 1):
+        return None
+    if len(dq.input) > 2 and dq.input[2] and dq.input[2] not in inits:
+        return None
+    if node.op_type == "Gemm" and not _plain_gemm(node, inits, codes.dims[1]):
+        return None
+    if any(r.op_type not in ("MatMul", "Gemm") for r in reading.get(dq.output[0], [])):
+        return None  # the weight is read as values elsewhere too: it stays a DequantizeLinear for them
+    return dq
+
+
+def _plain_gemm(node: onnx.NodeProto, inits: dict, columns: int) -> bool:
+    """Whether a Gemm is ``A @ B + bias``: no transpose, no scaling, a bias (if any) of one value an output column."""
+    for a in node.attribute:
+        if (a.name in ("transA", "transB") and a.i) or (a.name in ("alpha", "beta") and a.f != 1.0):
+            return False
+    if len(node.input) < 3 or not node.input[2]:
+        return True
+    bias = inits.get(node.input[2])
+    return bias is not None and list(bias.dims) == [columns] and bias.data_type in _FLOATS
+
+
+def _values(t: TensorProto) -> np.ndarray:
+    return value_of(t) if is_marker(t) else from_tensor_proto(t)
+
+
+def _packed(codes: TensorProto, scale: TensorProto, zero_point: TensorProto | None, block: int):
+    """MatMulNBits' weight ``(N, blocks, bytes)``, scales ``(N, blocks)``, packed zero points (None: its default) and bits."""
+    t = element_type(codes.data_type)
+    bits, offset = t.bits, (1 << (t.bits - 1)) if t.qmin < 0 else 0
+    k, n = codes.dims
+    blocks = -(-k // block)
+    q = np.asarray(_values(codes)).astype(np.int16) + offset
+    z = np.zeros((blocks, n), np.int16) if zero_point is None else np.asarray(_values(zero_point)).astype(np.int16)
+    z = z + offset
+    padded = np.repeat(z, block, axis=0)  # the rows past K hold their block's zero point: they dequantize to 0
+    padded[:k] = q
+    weight = _pack_rows(padded.T.reshape(n, blocks, block).astype(np.uint8), bits)
+    scales = np.ascontiguousarray(np.asarray(_values(scale)).T)
+    default = 1 << (bits - 1)
+    zeros = None if np.all(z == default) else _pack_rows(np.ascontiguousarray(z.T).astype(np.uint8), bits)
+    return weight, scales, zeros, bits
+
+
+def _pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
+    """The last axis of ``codes`` packed ``8 // bits`` to a byte, lowest bits first (a row's last byte padded with 0)."""
+    per = 8 // bits
+    width = -(-codes.shape[-1] // per) * per
+    padded = np.zeros((*codes.shape[:-1], width), np.uint8)
+    padded[..., : codes.shape[-1]] = codes
+    grouped = padded.reshape(*codes.shape[:-1], width // per, per)
+    out = np.zeros(grouped.shape[:-1], np.uint8)
+    for i in range(per):
+        out |= grouped[..., i] << (i * bits)
+    return out
