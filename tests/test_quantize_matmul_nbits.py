@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qlinear.quantize as qq
 from qlinear._errors import QuantizationError
-from qlinear.dtypes import to_tensor_proto
 from qlinear.cli import main
+from qlinear.dtypes import to_tensor_proto
 from qlinear.quantize._session import session
 from qlinear.quantize.targets._matmul_nbits import to_matmul_nbits
 
@@ -111,6 +111,6 @@ def test_the_form_is_checked_and_the_command_line_writes_it(tmp_path, capsys):
     args = ["--weights", "int4", "--activations", "none", "--granularity", "blocked", "--format", "matmulnbits"]
     assert main(["quantize", str(path), "-o", str(out), *args]) == 0
     assert "form matmulnbits" in capsys.readouterr().out
-    assert [node.op_type for node in onnx.load(out).graph.node][0] == "MatMulNBits"
+    assert onnx.load(out).graph.node[0].op_type == "MatMulNBits"
     assert main(["quantize", str(path), "-o", str(tmp_path / "s.onnx"), *args, "--stream-weights"]) == 2
     assert "--format is not for streaming weights" in capsys.readouterr().err
