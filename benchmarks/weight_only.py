@@ -6,7 +6,9 @@ channels, 4-bit weights, float activations. The rows:
 - qlinear's command, ``--weights int4 --activations none --granularity
   blocked --block-size 32``, with each weight range method
   (``--weight-clip minmax``: round to nearest; ``mse``: the least-error
-  clip per block);
+  clip per block; ``search``: the least-error scale and integer zero
+  point per block), and round to nearest written as MatMulNBits
+  (``--format matmulnbits``);
 - ONNX Runtime's ``MatMulNBitsQuantizer`` with round to nearest
   (``DefaultWeightOnlyQuantConfig``, asymmetric and symmetric), HQQ
   (``HQQWeightOnlyQuantConfig``) and k-quant
@@ -51,6 +53,12 @@ METHODS = {
     "qlinear int4, round to nearest": {"quantizer": "qlinear", "weights": "int4", "weight_clip": "minmax"},
     "qlinear int4, mse clip": {"quantizer": "qlinear", "weights": "int4", "weight_clip": "mse"},
     "qlinear int4, search": {"quantizer": "qlinear", "weights": "int4", "weight_clip": "search"},
+    "qlinear int4, MatMulNBits form": {
+        "quantizer": "qlinear",
+        "weights": "int4",
+        "weight_clip": "minmax",
+        "format": "matmulnbits",
+    },
     "qlinear uint4, round to nearest": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "minmax"},
     "qlinear uint4, mse clip": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "mse"},
     "qlinear uint4, search": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "search"},
@@ -112,7 +120,7 @@ def worker(spec: dict) -> dict:
 
         qq.quantize_model(
             spec["model"], spec["out"], None, weights=spec["weights"], activations=None, granularity="blocked",
-            block_size=BLOCK, weight_clip=spec["weight_clip"],
+            block_size=BLOCK, weight_clip=spec["weight_clip"], format=spec.get("format", "qdq"),
         )  # fmt: skip
     else:
         from onnxruntime.quantization import matmul_nbits_quantizer as nbits

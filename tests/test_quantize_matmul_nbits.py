@@ -112,5 +112,19 @@ def test_the_form_is_checked_and_the_command_line_writes_it(tmp_path, capsys):
     assert main(["quantize", str(path), "-o", str(out), *args]) == 0
     assert "form matmulnbits" in capsys.readouterr().out
     assert onnx.load(out).graph.node[0].op_type == "MatMulNBits"
-    assert main(["quantize", str(path), "-o", str(tmp_path / "s.onnx"), *args, "--stream-weights"]) == 2
-    assert "--format is not for streaming weights" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("weights", "k", "block"), [("int4", 96, 32), ("uint4", 100, 16), ("int8", 64, 64)])
+def test_streamed_weights_write_the_same_matmulnbits_form(tmp_path, weights, k, block):
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(k, 24), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    options = dict(weights=weights, activations=None, granularity="blocked", block_size=block, format="matmulnbits")
+    qq.quantize_weights_streaming(path, tmp_path / "s.onnx", qq.QuantizeOptions(**options))
+    streamed = onnx.load(tmp_path / "s.onnx")
+    in_memory = qq.quantize_model(path, None, **options).model
+    assert [n.op_type for n in streamed.graph.node] == ["MatMulNBits", "Relu"]
+    stored = {t.name: numpy_helper.to_array(t) for t in streamed.graph.initializer}
+    expected = {t.name: numpy_helper.to_array(t) for t in in_memory.graph.initializer}
+    assert stored.keys() == expected.keys() and "fc_nbits" in stored  # packed as the in-memory form, byte for byte
+    assert all(np.array_equal(stored[name], expected[name]) for name in stored)
+    assert all(np.array_equal(a, b) for a, b in zip(_outputs(streamed, k), _outputs(in_memory, k), strict=True))

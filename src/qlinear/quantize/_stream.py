@@ -44,7 +44,7 @@ from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._gathered_table import gather_streamed, gathers_codes
 from qlinear.quantize._memory import peak_rss_bytes
 from qlinear.quantize._qdq_names import CODES, SCALE, VALUES, ZERO_POINT
-from qlinear.quantize.targets import target
+from qlinear.quantize.targets import QDQ_FORM, target
 from qlinear.spec import type_opset
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
@@ -56,7 +56,7 @@ __all__ = ["StreamResult", "quantize_weights_streaming", "streaming_choice", "un
 _FLOATS = ("FLOAT", "FLOAT16", "BFLOAT16")
 _WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4")
 # The options that change what a weight-only run given no data writes, and that this path does not take.
-_IN_MEMORY_ONLY = ("exclude", "opset", "equalize", "format")
+_IN_MEMORY_ONLY = ("exclude", "opset", "equalize")
 # What the in-memory path holds of a weight-only model, in copies of its weights: the float weights, their codes,
 # the weights read back for the report and the written model (a 205 MB decoder peaked at 1.1 GB).
 IN_MEMORY_COPIES = 6
@@ -154,7 +154,8 @@ def quantize_weights_streaming(
         raise QuantizationError(f"quantize: {src} is not a readable ONNX model: {str(e).splitlines()[0]}") from None
     base = src.resolve().parent
     opset = _opset_for(model, options)
-    placement = target(options.target).placement  # the types the runtime runs each weight in
+    runtime = target(options.target)
+    placement = runtime.placement  # the types the runtime runs each weight in
     done: dict[str, ir.Value] = {}  # weight name -> its DequantizeLinear's output
     centred: dict[str, bool] = {}  # weight name -> whether some zero point is not 0
     widened: list[tuple[str, str, str]] = []
@@ -207,6 +208,8 @@ def quantize_weights_streaming(
         for name in unread:
             if name in graph.initializers and not list(graph.initializers[name].uses()):  # one still read stays
                 graph.initializers.pop(name)
+        if options.format != QDQ_FORM:
+            runtime.forms[options.format].streamed(ir, model)
         _set_opset(model, opset)
         _write(ir, model, out)
     finally:

@@ -24,11 +24,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from qlinear.dtypes import element_type, from_tensor_proto, to_tensor_proto
+from qlinear.dtypes import ElementType, element_type, from_tensor_proto, to_tensor_proto
 from qlinear.onnx._graph import producers, readers
 from qlinear.onnx._large import is_marker, value_of
 
-__all__ = ["CONTRIB_DOMAIN", "to_matmul_nbits"]
+__all__ = ["CONTRIB_DOMAIN", "packed_codes", "packed_zero_points", "streamed_to_matmul_nbits", "to_matmul_nbits"]
 
 CONTRIB_DOMAIN = "com.microsoft"
 _CODES = {TensorProto.INT2, TensorProto.UINT2, TensorProto.INT4, TensorProto.UINT4, TensorProto.INT8, TensorProto.UINT8}
@@ -120,19 +120,37 @@ def _values(t: TensorProto) -> np.ndarray:
 def _packed(codes: TensorProto, scale: TensorProto, zero_point: TensorProto | None, block: int):
     """MatMulNBits' weight ``(N, blocks, bytes)``, scales ``(N, blocks)``, packed zero points (None: its default) and bits."""
     t = element_type(codes.data_type)
-    bits, offset = t.bits, (1 << (t.bits - 1)) if t.qmin < 0 else 0
-    k, n = codes.dims
+    zeros = None if zero_point is None else _values(zero_point)
+    weight = packed_codes(_values(codes), zeros, block, t)
+    return weight, np.ascontiguousarray(np.asarray(_values(scale)).T), packed_zero_points(zeros, codes.dims, block, t), t.bits
+
+
+def packed_codes(codes: np.ndarray, zero_point: np.ndarray | None, block: int, t: ElementType) -> np.ndarray:
+    """A ``(K, N)`` weight's codes of type ``t`` as MatMulNBits' unsigned ``(N, blocks, bytes a block)``."""
+    k, n = codes.shape
     blocks = -(-k // block)
-    q = np.asarray(_values(codes)).astype(np.int16) + offset
-    z = np.zeros((blocks, n), np.int16) if zero_point is None else np.asarray(_values(zero_point)).astype(np.int16)
-    z = z + offset
-    padded = np.repeat(z, block, axis=0)  # the rows past K hold their block's zero point: they dequantize to 0
-    padded[:k] = q
-    weight = _pack_rows(padded.T.reshape(n, blocks, block).astype(np.uint8), bits)
-    scales = np.ascontiguousarray(np.asarray(_values(scale)).T)
-    default = 1 << (bits - 1)
-    zeros = None if np.all(z == default) else _pack_rows(np.ascontiguousarray(z.T).astype(np.uint8), bits)
-    return weight, scales, zeros, bits
+    padded = np.repeat(_unsigned(zero_point, (blocks, n), t), block, axis=0)  # past K: the zero point, dequantizing to 0
+    padded[:k] = np.asarray(codes).astype(np.int16) + _offset(t)
+    return _pack_rows(padded.T.reshape(n, blocks, block).astype(np.uint8), t.bits)
+
+
+def packed_zero_points(zero_point: np.ndarray | None, shape, block: int, t: ElementType) -> np.ndarray | None:
+    """The zero points ``(blocks, N)`` packed a column at a time, or None where each is MatMulNBits' default."""
+    k, n = shape
+    z = _unsigned(zero_point, (-(-k // block), n), t)
+    if np.all(z == 1 << (t.bits - 1)):
+        return None
+    return _pack_rows(np.ascontiguousarray(z.T).astype(np.uint8), t.bits)
+
+
+def _offset(t: ElementType) -> int:
+    """What makes a code of ``t`` unsigned: ``c - z`` is ``(c + o) - (z + o)``."""
+    return 1 << (t.bits - 1) if t.qmin < 0 else 0
+
+
+def _unsigned(zero_point: np.ndarray | None, shape: tuple[int, int], t: ElementType) -> np.ndarray:
+    z = np.zeros(shape, np.int16) if zero_point is None else np.asarray(zero_point).astype(np.int16)
+    return z + _offset(t)
 
 
 def _pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -146,3 +164,60 @@ def _pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
     for i in range(per):
         out |= grouped[..., i] << (i * bits)
     return out
+
+
+def streamed_to_matmul_nbits(ir, model) -> int:
+    """The same rewrite on an onnx-ir model whose codes are lazy (weights streamed): each packed as it is written."""
+    graph, done = model.graph, 0
+    for dq in [n for n in graph if n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx")]:
+        codes = dq.inputs[0]
+        block, axis = dq.attributes.get_int("block_size", 0), dq.attributes.get_int("axis", 1)
+        uses = list(dq.outputs[0].uses())
+        if codes.const_value is None or len(codes.shape) != 2 or block < 16 or block & (block - 1) or axis % 2:
+            continue
+        if not uses or any(node.op_type != "MatMul" or index != 1 for node, index in uses):
+            continue
+        for node, _ in uses:
+            new = ir.node(
+                "MatMulNBits", [node.inputs[0], *_lazy_inputs(ir, graph, dq, node.name or node.outputs[0].name, block)],
+                attributes={"K": codes.shape[0], "N": codes.shape[1], "bits": element_type(codes.dtype.name.lower()).bits,
+                            "block_size": block, "accuracy_level": 0},
+                domain=CONTRIB_DOMAIN, name=node.name,
+            )  # fmt: skip
+            ir.convenience.replace_nodes_and_values(graph, node, [node], [new], list(node.outputs), list(new.outputs))
+            done += 1
+        read = list(dq.inputs)  # removing the node lets go of its inputs
+        graph.remove(dq, safe=True)
+        for value in read:
+            if value is not None and not list(value.uses()):
+                graph.initializers.pop(value.name)
+    if done:
+        model.opset_imports[CONTRIB_DOMAIN] = 1
+    return done
+
+
+def _lazy_inputs(ir, graph, dq, stem: str, block: int) -> list:
+    """MatMulNBits' weight, scales and zero points from ``dq``'s lazy tensors, each computed as it is written."""
+    codes, scale = dq.inputs[0], dq.inputs[1]
+    zero_point = dq.inputs[2] if len(dq.inputs) > 2 else None
+    t = element_type(codes.dtype.name.lower())
+    k, n = codes.shape
+    blocks, per = -(-k // block), 8 // t.bits
+
+    def zeros() -> np.ndarray | None:
+        return None if zero_point is None else zero_point.const_value.numpy()
+
+    tensors = [
+        ir.LazyTensor(lambda: ir.Tensor(packed_codes(codes.const_value.numpy(), zeros(), block, t)), dtype=ir.DataType.UINT8,
+                      shape=ir.Shape((n, blocks, block // per)), name=f"{stem}_nbits"),
+        ir.LazyTensor(lambda: ir.Tensor(np.ascontiguousarray(scale.const_value.numpy().T)), dtype=scale.dtype,
+                      shape=ir.Shape((n, blocks)), name=f"{stem}_nbits_scale"),
+    ]  # fmt: skip
+    if zero_point is not None:
+        packed = packed_zero_points(zeros(), (k, n), block, t)  # a byte a column's two blocks: 1/64 of the weight's
+        if packed is not None:
+            tensors.append(ir.Tensor(packed, name=f"{stem}_nbits_zp"))
+    values = [ir.Value(name=c.name, const_value=c, type=ir.TensorType(c.dtype), shape=c.shape) for c in tensors]
+    for value in values:
+        graph.register_initializer(value)
+    return values

@@ -22,7 +22,7 @@ from typing import Any
 from qlinear.onnx._passes import Pass
 from qlinear.quantize._precision import Ladder
 
-__all__ = ["QDQ_FORM", "Placement", "Target"]
+__all__ = ["QDQ_FORM", "Form", "Placement", "Target"]
 
 # The form every target reads: standard QuantizeLinear/DequantizeLinear around standard operators.
 QDQ_FORM = "qdq"
@@ -97,6 +97,20 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Form:
+    """A form of a finished model that a runtime reads besides standard QDQ, computing the same.
+
+    Attributes:
+        rewrite: the pass that rewrites a finalized model into it.
+        streamed: the same on an onnx-ir model whose codes are lazy (the
+            weights streamed one at a time), as ``streamed(onnx_ir, model)``.
+    """
+
+    rewrite: Pass
+    streamed: Callable[[Any, Any], int]
+
+
+@dataclass(frozen=True)
 class Target:
     """One runtime's rules.
 
@@ -135,8 +149,7 @@ class Target:
             profile; None where it cannot load or run the model. None: the
             runtime gives no profile (every kind of node is then timed).
         forms: the forms of a finished model the runtime reads besides
-            standard QDQ, by name (``format`` of the options), each a pass
-            that rewrites the finalized model into it, computing the same.
+            standard QDQ, by name (``format`` of the options).
     """
 
     name: str
@@ -151,10 +164,10 @@ class Target:
     placement: Placement
     run_notes: Callable[[Any], list[str]]
     node_times: Callable[[Any, Any], list[tuple[dict[str, float], float]] | None] | None = None
-    forms: Mapping[str, Pass] = field(default_factory=dict)
+    forms: Mapping[str, Form] = field(default_factory=dict)
 
     def as_written(self, model: Any, form: str = QDQ_FORM) -> None:
         """``model`` (a quantized model, in place) laid out as the runtime runs it fastest, in ``form``."""
         self.finalize(model)
         if form != QDQ_FORM:
-            self.forms[form](model)
+            self.forms[form].rewrite(model)

@@ -21,9 +21,9 @@ from qlinear.quantize._padded_codes import pad_codes
 from qlinear.quantize._precision import FULL_LADDER, Ladder
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, PROVIDERS, session
 from qlinear.quantize._signed_layout import lay_out_signed
-from qlinear.quantize.targets._matmul_nbits import to_matmul_nbits
+from qlinear.quantize.targets._matmul_nbits import streamed_to_matmul_nbits, to_matmul_nbits
 from qlinear.quantize.targets._ort_profile import node_times
-from qlinear.quantize.targets._target import Placement, Target
+from qlinear.quantize.targets._target import Form, Placement, Target
 
 __all__ = ["ORT_CPU", "prepare"]
 
@@ -116,7 +116,11 @@ ORT_CPU = Target(
     run_notes=_run_notes,
     node_times=node_times,
     # Its own op for a blocked weight-only MatMul, which it fuses the QDQ form into; some tools read only this.
-    forms={"matmulnbits": FunctionPass(lambda model: bool(to_matmul_nbits(model)), name="to_matmul_nbits")},
+    forms={
+        "matmulnbits": Form(
+            FunctionPass(lambda model: bool(to_matmul_nbits(model)), name="to_matmul_nbits"), streamed_to_matmul_nbits
+        )
+    },
 )
 
 
