@@ -14,10 +14,13 @@ pytest.importorskip("onnxruntime")
 
 
 def _int4_weight_only(tmp_path) -> tuple[onnx.ModelProto, dict, np.ndarray]:
-    """A MatMul quantized with int4 weights in blocks of 32 along K and float activations, its report and its data."""
+    """A MatMul quantized with int4 weights in blocks of 32 along K and float activations, its report and its data.
+
+    No search, so no runtime setting is tried by speed: the model runs at level 0 (see test_quantize_run_settings).
+    """
     model, data = single_op("MatMul", opset=21)
     out = tmp_path / "q.onnx"
-    report = qq.quantize_model(model, out, data, weights="int4", granularity="blocked", activations=None).report
+    report = qq.quantize_model(model, out, data, weights="int4", granularity="blocked", activations=None, promote=False).report
     return onnx.load(out), report, data["x"]
 
 

@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto
 
 from qlinear.onnx._graph import readers
-from qlinear.quantize._session import optimized_graph
+from qlinear.quantize._session import nbits_level, optimized_graph
 
 __all__ = ["GATHER_CODES", "INTEGER_KERNELS", "FusionCheck", "check_fusion", "float_by_design"]
 
@@ -98,6 +98,7 @@ class FusionCheck:
     by_layout: dict[str, str] = field(default_factory=dict)
     # Nodes the model holds as ONNX Runtime's kernels already (a MatMulNBits form), not fused from Q/DQ by it.
     written: frozenset[str] = frozenset()
+    nbits_level: int = 0  # the accuracy level its MatMulNBits were fused at (the model's own: _session.nbits_level)
 
     @property
     def unfused(self) -> list[str]:
@@ -120,7 +121,8 @@ def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None
     fused = {n: op in INTEGER_KERNELS or op == GATHER_CODES for n, op in runs_as.items()}
     left = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
     written = frozenset(n.name for n in model.graph.node if n.op_type in INTEGER_KERNELS)
-    return FusionCheck(runs_as, fused, left, _layout_reasons(optimized, [n for n, f in fused.items() if not f]), written)
+    reasons = _layout_reasons(optimized, [n for n, f in fused.items() if not f])
+    return FusionCheck(runs_as, fused, left, reasons, written, nbits_level(model))
 
 
 def _layout_reasons(optimized: onnx.ModelProto, unfused: list[str]) -> dict[str, str]:

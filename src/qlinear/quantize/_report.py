@@ -41,6 +41,7 @@ from qlinear.quantize._report_schema import (
     algorithm_results,
 )
 from qlinear.quantize._report_text import figure_text, share_text
+from qlinear.quantize._run_settings import RunSetting
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._speed import Floated
 from qlinear.quantize._to_qdq import ConvertedNode
@@ -94,6 +95,7 @@ class ReportInputs:
     kept_float_weights: list[str] = field(default_factory=list)  # quantized weights float nodes still read whole
     measures: dict[str, Any] = field(default_factory=dict)  # the written model's other measures (_stages.measures)
     floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
+    run_settings: list[RunSetting] = field(default_factory=list)  # the runtime's settings tried for speed
     data_flags: list[str] = field(default_factory=list)  # the data flags that repeat the run
     judged: bool = True  # False: no data was given, so nothing was judged or timed
 
@@ -111,6 +113,7 @@ class ReportInputs:
             plan=built.plan, converted=built.converted, calibration=run, calibration_data=data.calibration,
             stats_path=str(stats) if stats is not None else None, eval_data=eval_data, evaluation=evaluation,
             fusion=fusion, latency=latency, sensitivity=met.sensitivity, tradeoff=met.tradeoff, floated=met.floated,
+            run_settings=met.settings,
             requested_figures=met.requested_figures, search=met.search, smoothed=algorithms.get("smoothquant", []),
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
@@ -237,6 +240,7 @@ def build_report(r: ReportInputs) -> Report:
         latency_ms=list(r.latency),
         tradeoff=list(r.tradeoff),
         float_where_faster=list(r.floated),
+        run_settings=list(r.run_settings),
         calibration=CalibrationSummary(
             method=options.method if options.activations else None,
             source=None if options.activations is None or r.stats_path else r.calibration_data.source,

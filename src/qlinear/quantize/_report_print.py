@@ -184,6 +184,9 @@ def print_report(
             "; ".join(f"{f.kind} x{len(f.nodes)} ({f.before:.2f}x -> {f.after:.2f}x)" for f in kept)
             + " (--no-float-where-faster keeps them quantized)",
         )
+    settings = [f"{t.setting} ({t.before:.2f}x -> {t.after:.2f}x)" for t in report.run_settings if t.kept]
+    if settings:
+        summary.add_row("runtime setting", "; ".join(settings) + " (the model's metadata says so; figures measured with it)")
     if report.profile:
         summary.add_row("time", _time_text(report))
     console.print(summary)

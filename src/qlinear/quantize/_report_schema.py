@@ -21,6 +21,7 @@ from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._profile import StageTime
 from qlinear.quantize._records import from_plain, plain
 from qlinear.quantize._report_text import share_text
+from qlinear.quantize._run_settings import RunSetting
 from qlinear.quantize._speed import Floated
 from qlinear.quantize._tradeoff import Candidate
 from qlinear.quantize.algorithms import ALGORITHMS
@@ -260,6 +261,7 @@ class Report:
     analysis: list[NodeAnalysis] = field(default_factory=list)
     requested: Requested = field(default_factory=Requested)
     promotions: Promotions | None = None
+    run_settings: list[RunSetting] = field(default_factory=list)  # the runtime's settings tried for speed
     smoothquant: list[ScaledActivation] = field(default_factory=list)
     awq: list[ScaledActivation] = field(default_factory=list)
     equalized: list[Equalized] = field(default_factory=list)
@@ -289,7 +291,7 @@ class Report:
         if isinstance(data.get("latency_ms"), dict):  # saved when one batch was timed: its ratio computed
             one = data["latency_ms"]
             data["latency_ms"] = [{**one, "ratio": one["after"] / one["before"]}]
-        for key in ("latency_ms", "tradeoff", "float_where_faster"):
+        for key in ("latency_ms", "tradeoff", "float_where_faster", "run_settings"):
             data[key] = data.get(key) or []
         # Saved when the trade-off was timed at one batch: each row's latency an object, not a list of them.
         data["tradeoff"] = [_batches_listed(row) for row in data["tradeoff"]]

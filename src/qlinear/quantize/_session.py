@@ -17,13 +17,23 @@ if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
 __all__ = [
-    "MATMUL_NBITS_ACCURACY_LEVEL", "PROVIDERS", "load_error", "optimized_graph", "run_batch", "session", "with_outputs",
+    "MATMUL_NBITS_ACCURACY_LEVEL", "NBITS_LEVEL_KEY", "PROVIDERS", "nbits_level", "load_error", "optimized_graph", "run_batch", "session", "with_outputs",
 ]  # fmt: skip
 
 # The quantizer's figures are ONNX Runtime's CPU provider's.
 PROVIDERS = ["CPUExecutionProvider"]
 # ONNX Runtime's session setting for the precision of the MatMulNBits it fuses from blocked DequantizeLinear + MatMul.
 MATMUL_NBITS_ACCURACY_LEVEL = "session.qdq_matmulnbits_accuracy_level"
+# The level a quantized model was measured at and is meant to run at, where the quantizer chose one by speed
+# (qlinear.quantize._run_settings): in the model's metadata, read by qlinear's sessions of it. Absent: level 0.
+NBITS_LEVEL_KEY = "qlinear.matmulnbits_accuracy_level"
+
+
+def nbits_level(model: onnx.ModelProto | None) -> int:
+    """The MatMulNBits accuracy level ``model`` says it runs at (0: its input float, as the QDQ model says)."""
+    if model is None:
+        return 0
+    return next((int(p.value) for p in model.metadata_props if p.key == NBITS_LEVEL_KEY), 0)
 
 
 def session(
@@ -70,8 +80,9 @@ def session(
     # ONNX Runtime fuses a 2/4/8-bit blocked DequantizeLinear into its MatMul (MatMulNBits) and, by default
     # (level 4), quantizes that MatMul's float input to int8 in blocks: not what the QDQ model says, and on
     # small layers slower (the character transformer's int4 MatMuls, batch 16: 1.78 ms at level 4, 1.15 ms
-    # at 0, float 1.0). Level 0 keeps the input float, so the figures qlinear reports are the model's own.
-    so.add_session_config_entry(MATMUL_NBITS_ACCURACY_LEVEL, "0")
+    # at 0, float 1.0). Level 0 keeps the input float, so the figures qlinear reports are the model's own,
+    # unless the model says it runs at another (chosen by speed, its figures measured there).
+    so.add_session_config_entry(MATMUL_NBITS_ACCURACY_LEVEL, str(nbits_level(model)))
     so.enable_cpu_mem_arena = arena
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")

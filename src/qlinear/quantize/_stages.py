@@ -34,6 +34,7 @@ from qlinear.quantize._placement import plan
 from qlinear.quantize._precision import NodePrecision, reachable
 from qlinear.quantize._promotion import AccuracyTarget, Search, promotion_steps, search, search_within
 from qlinear.quantize._refusals import check_without_data, no_classes
+from qlinear.quantize._run_settings import RunSetting, settings_where_faster
 from qlinear.quantize._sensitivity import NodeSensitivity, analysis_runs, analyze, most_sensitive_first
 from qlinear.quantize._speed import Floated, float_where_faster
 from qlinear.quantize._stats import load_calibration, save_stats
@@ -72,6 +73,7 @@ class TargetResult:
     search: Search | None  # None: no target
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
     floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
+    settings: list[RunSetting] = field(default_factory=list)  # the runtime's settings tried for speed
 
 
 def datasets(fm: FloatModel, options: QuantizeOptions, calibration: Any, eval_data: Any, labels: str | None,
@@ -245,7 +247,26 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     if precision:
         built = builder.build(precision)
         check_quantized(built.model)
-    return TargetResult(built, start, figures, found, candidates, floated)
+    settings: list[RunSetting] = []
+    written = as_written(precision)
+    trials = runtime.setting_trials(written) if options.promote else []
+    if trials:
+        with bars.task("trying the runtime's settings", None):
+            # The target first; where it was not met, no setting may lower the figure the search reached.
+            floor = None if found.met else figure_of(written)
+
+            def meets(model: onnx.ModelProto) -> bool:
+                figure = figure_of(model)
+                return goal.met(figure) if floor is None else figure is not None and figure >= floor
+
+            writes, settings = settings_where_faster(written, trials, lambda m, again: timer.time(m, again=again), meets)
+        if writes:
+            model = onnx.ModelProto()
+            model.CopyFrom(built.model)
+            for write in writes:
+                write(model)
+            built = replace(built, model=model)
+    return TargetResult(built, start, figures, found, candidates, floated, settings)
 
 
 def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Reference, options: QuantizeOptions,

@@ -9,9 +9,10 @@ runtimes and tools read only that form. This pass writes it from the QDQ
 model: the same codes, scales and zero points, so the node computes what
 the QDQ form computes (a signed code ``c`` of zero point ``z`` is the
 unsigned code ``c + 2**(bits-1)`` of zero point ``z + 2**(bits-1)``: the
-same ``c - z``). Its ``accuracy_level`` is 0, its input stays float as
-the QDQ model says, as the sessions qlinear measures with run the fused
-one; it needs no session setting where the model runs.
+same ``c - z``). Its ``accuracy_level`` is the one the QDQ form was
+measured at (0, its input float as the QDQ model says, unless the
+quantizer found level 4 faster: :mod:`qlinear.quantize._run_settings`),
+so it needs no session setting where the model runs.
 
 A MatMulNBits takes a block size that is a power of two of 16 or more;
 other blocks, weights read by other nodes, and every other DequantizeLinear
@@ -27,17 +28,41 @@ from onnx import TensorProto, helper
 from qlinear.dtypes import ElementType, element_type, from_tensor_proto, to_tensor_proto
 from qlinear.onnx._graph import producers, readers
 from qlinear.onnx._large import is_marker, value_of
+from qlinear.quantize._session import nbits_level
 
-__all__ = ["CONTRIB_DOMAIN", "packed_codes", "packed_zero_points", "streamed_to_matmul_nbits", "to_matmul_nbits"]
+__all__ = [
+    "CONTRIB_DOMAIN",
+    "blocked_matmuls",
+    "packed_codes",
+    "packed_zero_points",
+    "streamed_to_matmul_nbits",
+    "to_matmul_nbits",
+]
 
 CONTRIB_DOMAIN = "com.microsoft"
 _CODES = {TensorProto.INT2, TensorProto.UINT2, TensorProto.INT4, TensorProto.UINT4, TensorProto.INT8, TensorProto.UINT8}
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 
 
-def to_matmul_nbits(model: onnx.ModelProto) -> int:
-    """Rewrite ``model``'s blocked DequantizeLinear -> MatMul (and plain Gemm) pairs into MatMulNBits; how many."""
+def blocked_matmuls(model: onnx.ModelProto) -> list[str]:
+    """The MatMuls (and plain Gemms) of ``model`` that ONNX Runtime runs as MatMulNBits: written so, or fused from Q/DQ."""
     graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    made, reading = producers(graph), readers(graph)
+    return [
+        n.name
+        for n in graph.node
+        if (n.op_type == "MatMulNBits" and n.domain == CONTRIB_DOMAIN) or _weight_dequantize(n, made, reading, inits)
+    ]
+
+
+def to_matmul_nbits(model: onnx.ModelProto) -> int:
+    """Rewrite ``model``'s blocked DequantizeLinear -> MatMul (and plain Gemm) pairs into MatMulNBits; how many.
+
+    Their accuracy level is the one the model says it runs at (0 unless
+    the quantizer chose another by speed: :func:`qlinear.quantize._session.nbits_level`).
+    """
+    graph, level = model.graph, nbits_level(model)
     inits = {t.name: t for t in graph.initializer}
     made, reading = producers(graph), readers(graph)
     done = 0
@@ -60,7 +85,7 @@ def to_matmul_nbits(model: onnx.ModelProto) -> int:
         k, n = codes.dims
         nbits = helper.make_node(
             "MatMulNBits", inputs, list(node.output), name=node.name, domain=CONTRIB_DOMAIN,
-            K=k, N=n, bits=bits, block_size=block, accuracy_level=0,
+            K=k, N=n, bits=bits, block_size=block, accuracy_level=level,
         )  # fmt: skip
         at = list(graph.node).index(node)
         graph.node.remove(node)

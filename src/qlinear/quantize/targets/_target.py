@@ -150,6 +150,11 @@ class Target:
             runtime gives no profile (every kind of node is then timed).
         forms: the forms of a finished model the runtime reads besides
             standard QDQ, by name (``format`` of the options).
+        setting_trials: the settings the runtime could run a finished
+            model with besides its own, for those the model can use: each
+            (what it is, as the report says it; a pass that writes it into
+            the model, where the target's sessions read it). The quantizer
+            keeps each where it is faster (:mod:`qlinear.quantize._run_settings`).
     """
 
     name: str
@@ -165,6 +170,7 @@ class Target:
     run_notes: Callable[[Any], list[str]]
     node_times: Callable[[Any, Any], list[tuple[dict[str, float], float]] | None] | None = None
     forms: Mapping[str, Form] = field(default_factory=dict)
+    setting_trials: Callable[[Any], list[tuple[str, Callable[[Any], Any]]]] = lambda model: []
 
     def as_written(self, model: Any, form: str = QDQ_FORM) -> None:
         """``model`` (a quantized model, in place) laid out as the runtime runs it fastest, in ``form``."""

@@ -9,6 +9,8 @@ rules and the reasons are in docs/reference/placement-ort-cpu.md.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from qlinear.dtypes import ELEMENT_TYPES
 from qlinear.onnx._passes import FunctionPass, Sequential
@@ -19,9 +21,9 @@ from qlinear.quantize._gathered_table import gather_tables
 from qlinear.quantize._model import FloatModel, index
 from qlinear.quantize._padded_codes import pad_codes
 from qlinear.quantize._precision import FULL_LADDER, Ladder
-from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, PROVIDERS, session
+from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, NBITS_LEVEL_KEY, PROVIDERS, nbits_level, session
 from qlinear.quantize._signed_layout import lay_out_signed
-from qlinear.quantize.targets._matmul_nbits import streamed_to_matmul_nbits, to_matmul_nbits
+from qlinear.quantize.targets._matmul_nbits import blocked_matmuls, streamed_to_matmul_nbits, to_matmul_nbits
 from qlinear.quantize.targets._ort_profile import node_times
 from qlinear.quantize.targets._target import Form, Placement, Target
 
@@ -32,6 +34,20 @@ _FLOAT8 = frozenset(t.name for t in ELEMENT_TYPES if not t.is_integer and t.bits
 
 def _float_rewrite(rewrite, name: str | None = None) -> FunctionPass:
     return FunctionPass(rewrite, name=name, after=index)  # the float model's indexes follow each change
+
+
+def _setting_trials(model) -> list[tuple[str, Callable[[Any], Any]]]:
+    """MatMulNBits at accuracy level 4 (its input quantized to int8 in blocks), where the model has some to run so."""
+    if not blocked_matmuls(model) or nbits_level(model) == 4:
+        return []
+
+    def level_4(m) -> None:
+        kept = [(p.key, p.value) for p in m.metadata_props if p.key != NBITS_LEVEL_KEY]  # the model's own stay
+        del m.metadata_props[:]
+        for key, value in [*kept, (NBITS_LEVEL_KEY, "4")]:
+            m.metadata_props.add(key=key, value=value)
+
+    return [("MatMulNBits accuracy level 4", level_4)]
 
 
 def _prepare(weight_only: bool) -> Sequential:
@@ -55,10 +71,11 @@ def _prepare(weight_only: bool) -> Sequential:
 def _run_notes(fusion: FusionCheck) -> list[str]:
     """The session setting the MatMulNBits it fuses need to compute as measured (its default quantizes their input to int8).
 
-    The MatMulNBits form's own nodes say their accuracy level themselves.
+    The MatMulNBits form's own nodes say their accuracy level themselves,
+    and a model measured at level 4, ONNX Runtime's default, needs none.
     """
     nbits = sum(op == "MatMulNBits" and name not in fusion.written for name, op in fusion.runs_as.items())
-    if not nbits:
+    if not nbits or fusion.nbits_level == 4:
         return []
     return [
         f"ONNX Runtime runs {nbits} MatMul(s) as MatMulNBits: the figures here are at its accuracy level 0 (the input "
@@ -116,6 +133,7 @@ ORT_CPU = Target(
     run_notes=_run_notes,
     node_times=node_times,
     # Its own op for a blocked weight-only MatMul, which it fuses the QDQ form into; some tools read only this.
+    setting_trials=_setting_trials,
     forms={
         "matmulnbits": Form(
             FunctionPass(lambda model: bool(to_matmul_nbits(model)), name="to_matmul_nbits"), streamed_to_matmul_nbits
