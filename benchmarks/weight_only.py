@@ -61,6 +61,7 @@ METHODS = {
         "weight_clip": "minmax",
         "format": "matmulnbits",
     },
+    "qlinear int4, given data": {"quantizer": "qlinear", "weights": "int4", "weight_clip": "minmax", "data": True},
     "qlinear uint4, round to nearest": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "minmax"},
     "qlinear uint4, mse clip": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "mse"},
     "qlinear uint4, search": {"quantizer": "qlinear", "weights": "uint4", "weight_clip": "search"},

@@ -110,9 +110,9 @@ def test_every_run_of_a_model_opens_the_targets_session(monkeypatch):
 
 
 def test_an_unknown_target_is_refused_naming_the_choices():
-    with pytest.raises(QuantizationError, match=r"target must be one of ort-cpu, got 'tensorrt'"):
+    with pytest.raises(QuantizationError, match=r"target must be one of ort-cpu, openvino, got 'tensorrt'"):
         qq.QuantizeOptions(target="tensorrt")
-    with pytest.raises(QuantizationError, match="target must be one of ort-cpu"):
+    with pytest.raises(QuantizationError, match="target must be one of ort-cpu, openvino"):
         target("tensorrt")
 
 

@@ -59,7 +59,7 @@ class Runner:
         self.onnxruntime_error: str | None = None  # why the runtime cannot load it, where it cannot
         try:
             self._session = runtime.session(self.model, arena=not outputs)  # many tensors: see Target.session
-            self.backend = "onnxruntime"
+            self.backend = runtime.backend
         except QuantizationError as e:  # no kernels for its types (float4, int2), or a fusion it cannot run
             self.onnxruntime_error = str(e).removeprefix("quantize: ONNX Runtime cannot load the model: ")
             self._session = None

@@ -235,6 +235,9 @@ class _Checked:
         _one_of("granularity", self.granularity, GRANULARITIES)
         _one_of("weight_clip", self.weight_clip, WEIGHT_CLIPS)
         _one_of("target", self.target, tuple(TARGETS))
+        missing = TARGETS[self.target].requires()  # before any work: one line naming the extra
+        if missing is not None:
+            raise QuantizationError(f"quantize: {missing}")
         if self.format != QDQ_FORM and self.format not in TARGETS[self.target].forms:
             readers = ", ".join(t.name for t in TARGETS.values() if self.format in t.forms) or "none"
             raise QuantizationError(

@@ -320,7 +320,7 @@ def _warnings(r: ReportInputs, nodes: list[NodeRow], by_design: dict[str, str]) 
     unexpected = [] if fusion is None else [n for n in fusion.unfused if n not in by_design]
     if unexpected:
         warnings.append(
-            f"ONNX Runtime runs {len(unexpected)} quantized node(s) in float where an integer kernel was expected "
+            f"{target(options.target).runtime} runs {len(unexpected)} quantized node(s) in float where an integer kernel was expected "
             f"(its selectors did not match the layout): {listed(unexpected, _UNFUSED_SHOWN)}"
         )
     if fusion is not None:

@@ -155,6 +155,10 @@ class Target:
             (what it is, as the report says it; a pass that writes it into
             the model, where the target's sessions read it). The quantizer
             keeps each where it is faster (:mod:`qlinear.quantize._run_settings`).
+        requires: why the target cannot run on this machine (its runtime
+            is not installed: the extra to install), or None.
+        short_name: the runtime's name in the report's tables ("ORT").
+        backend: what the report's evaluation says it ran on.
     """
 
     name: str
@@ -171,6 +175,14 @@ class Target:
     node_times: Callable[[Any, Any], list[tuple[dict[str, float], float]] | None] | None = None
     forms: Mapping[str, Form] = field(default_factory=dict)
     setting_trials: Callable[[Any], list[tuple[str, Callable[[Any], Any]]]] = lambda model: []
+    requires: Callable[[], str | None] = lambda: None
+    short_name: str = ""
+    backend: str = "onnxruntime"
+
+    @property
+    def label(self) -> str:
+        """The runtime's name where a table has little room."""
+        return self.short_name or self.runtime
 
     def as_written(self, model: Any, form: str = QDQ_FORM) -> None:
         """``model`` (a quantized model, in place) laid out as the runtime runs it fastest, in ``form``."""

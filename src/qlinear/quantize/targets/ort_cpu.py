@@ -87,6 +87,7 @@ def _run_notes(fusion: FusionCheck) -> list[str]:
 ORT_CPU = Target(
     name="ort-cpu",
     runtime="ONNX Runtime",
+    short_name="ORT",
     providers=tuple(PROVIDERS),
     session=session,
     prepare=_prepare,

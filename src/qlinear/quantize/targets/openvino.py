@@ -1,0 +1,189 @@
+"""OpenVINO's CPU plugin (``--target openvino``): QDQ models it runs as int8 kernels, judged and timed on OpenVINO.
+
+OpenVINO reads the ONNX file itself: its frontend turns each activation
+QuantizeLinear into a FakeQuantize and each DequantizeLinear into
+Convert -> Subtract -> Multiply, and its low-precision transformations
+run a Conv, MatMul or Gemm in int8 where its activation input has a
+per-tensor 8-bit Q/DQ and its weight int8 codes of zero point 0 (per
+output channel). What differs from ONNX Runtime's CPU provider, as
+measured on OpenVINO 2026.4.1 (docs/notes/2026-11-27-openvino-cpu-qdq.md):
+
+- weights must be symmetric int8 (a zero point gives a float Conv), so
+  the integer weight type is int8 alone;
+- a Concat's inputs must share one scale for the Conv after it to stay
+  int8, which qlinear does not yet give them: a Concat is no integer join
+  here (its reader quantizes its output);
+- 16-bit Q/DQ is stripped and the op runs in float: the ladder has no
+  16-bit activations (as on ONNX Runtime);
+- a weight-only Conv's weights are decompressed when the model is
+  compiled, and a weight-only MatMul's stay compressed and are multiplied
+  in float: both float by design.
+
+Calibration, the analysis, the search, the latency pairs and the
+evaluation run on OpenVINO (``pip install 'qlinear[openvino]'``), at
+``INFERENCE_PRECISION_HINT`` f32: on processors with bf16 its default runs
+every float part in bf16, which is not the model's arithmetic. The fusion
+check reads what the plugin compiled: each node of its runtime model
+names the ONNX nodes it took in, and its kernel (``primitiveType``) ends
+in ``I8`` where it is an integer one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from qlinear._errors import QuantizationError
+from qlinear.onnx import _large as large
+from qlinear.onnx._passes import Sequential
+from qlinear.quantize._fusion import FusionCheck
+from qlinear.quantize._precision import FULL_LADDER, Ladder
+from qlinear.quantize._qdq_names import CODES, VALUES
+from qlinear.quantize.targets._target import Placement, Target
+from qlinear.quantize.targets.ort_cpu import ORT_CPU
+
+__all__ = ["OPENVINO", "available"]
+
+_EXTRA = "pip install 'qlinear[openvino]'"
+# The model's own arithmetic: f32, not the bf16 the plugin picks by default on processors that have it.
+_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+_SIXTEEN_BIT = frozenset({"int16", "uint16"})
+_FOUR_BIT = frozenset({"int4", "uint4", "int2", "uint2"})
+_CORE = None
+
+
+def available() -> str | None:
+    """Why the target cannot run here (OpenVINO missing: the extra to install), or None."""
+    if importlib.util.find_spec("openvino") is None:
+        return f"target openvino needs OpenVINO: {_EXTRA}"
+    return None
+
+
+def _core():
+    global _CORE
+    if _CORE is None:
+        why = available()
+        if why is not None:
+            raise QuantizationError(f"quantize: {why}")
+        import openvino
+
+        _CORE = openvino.Core()
+    return _CORE
+
+
+class _Session:
+    """A model compiled by OpenVINO's CPU plugin, run as the quantizer runs sessions: ``run(output names or None, feeds)``."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+        self._request = compiled.create_infer_request()
+        self._ports = {name: port for port in compiled.outputs for name in port.get_names()}
+
+    def run(self, names: list[str] | None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        result = self._request.infer(feeds)
+        ports = list(self.compiled.outputs) if names is None else [self._ports[name] for name in names]
+        return [np.array(result[port]) for port in ports]  # copies: the request reuses its buffers
+
+
+def _compiled(model: onnx.ModelProto | None, path: str | None, threads: int) -> Any:
+    core = _core()
+    config = {**_CONFIG, **({"INFERENCE_NUM_THREADS": threads} if threads else {})}
+    try:
+        if path is not None:
+            return core.compile_model(core.read_model(str(path)), "CPU", config)
+        with tempfile.TemporaryDirectory(prefix="qlinear-openvino-") as folder:
+            file = Path(folder) / "model.onnx"
+            onnx.save(large.inline(model), file, save_as_external_data=large.is_large(model))
+            return core.compile_model(core.read_model(str(file)), "CPU", config)
+    except QuantizationError:
+        raise
+    except Exception as e:  # OpenVINO raises RuntimeError and its own types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QuantizationError(f"quantize: OpenVINO cannot load the model: {first}") from None
+
+
+def session(model: onnx.ModelProto | None, *, threads: int = 0, path: str | None = None, **_: Any) -> _Session:
+    """The model compiled for OpenVINO's CPU plugin (``arena``, ``spinning``: ONNX Runtime's, nothing to set here)."""
+    return _Session(_compiled(model, path, threads))
+
+
+def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None:
+    """Which of ``nodes`` OpenVINO's CPU plugin runs as integer kernels, from its runtime model; None where it cannot load it."""
+    try:
+        compiled = _compiled(model, None, 0)
+    except QuantizationError:
+        return None
+    ran = []  # (ONNX nodes taken in, layer type, kernel) of each node the plugin runs
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        read = {key: str(info[key].astype(str)) for key in ("originalLayersNames", "layerType", "primitiveType") if key in info}
+        ran.append(
+            (set(read.get("originalLayersNames", "").split(",")), read.get("layerType", ""), read.get("primitiveType", ""))
+        )
+    runs_as, fused = {}, {}
+    for name in nodes:
+        match = [(layer, kernel) for names, layer, kernel in ran if any(n == name or n.startswith(name + "/") for n in names)]
+        integer = [(layer, kernel) for layer, kernel in match if kernel.lower().endswith("i8")]
+        layer, kernel = (integer or match or [("removed", "")])[0]
+        runs_as[name] = f"{layer} ({kernel})" if kernel else layer
+        fused[name] = bool(integer)
+    # A (de)quantization the plugin runs as its own pass, not taken into an integer kernel.
+    left = sum(
+        1 for names, layer, kernel in ran if not kernel.lower().endswith("i8") and any(n.endswith((CODES, VALUES)) for n in names)
+    )
+    return FusionCheck(runs_as, fused, left)
+
+
+def float_by_design(op_type: str, weight_type: str | None, activation_type: str | None) -> str | None:
+    """Why OpenVINO's CPU plugin runs a node of these types in float whatever the layout, or None."""
+    if activation_type in _SIXTEEN_BIT:
+        return "16-bit activations: OpenVINO strips 16-bit Q/DQ and runs the op in float"
+    if activation_type is None and op_type in ("Conv", "ConvTranspose"):
+        return "a weight-only Conv: OpenVINO decompresses its weights when it compiles the model (a smaller file only)"
+    if activation_type is None:
+        return "weight-only: OpenVINO keeps the weights compressed and multiplies in float (a smaller, lighter model)"
+    if weight_type is not None and weight_type != "int8":
+        return f"{weight_type} weights: OpenVINO's integer kernels take int8 weights of zero point 0"
+    return None
+
+
+def _run_notes(fusion: FusionCheck) -> list[str]:
+    return [
+        "OpenVINO's CPU plugin runs float parts in bf16 on processors that have it, unless told otherwise: the figures here "
+        'are at f32; compile the model with {"INFERENCE_PRECISION_HINT": "f32"} to get them'
+    ]
+
+
+OPENVINO = Target(
+    name="openvino",
+    runtime="OpenVINO",
+    providers=("CPU",),
+    session=session,
+    prepare=ORT_CPU.prepare,  # float-exact rewrites: a Gemm, folded normalizations and affines run as well here
+    finalize=Sequential(),
+    check_fusion=check_fusion,
+    float_by_design=float_by_design,
+    ladder=Ladder(FULL_LADDER.weights, {}),
+    placement=Placement(
+        integer_weight_types=frozenset({"int8"}),
+        table_types=dict(ORT_CPU.placement.table_types),
+        widened_table="OpenVINO gathers 8-bit codes, not narrower ones",
+        unfused_weight_ops=ORT_CPU.placement.unfused_weight_ops,
+        fused_pools=frozenset({"AveragePool", "GlobalAveragePool"}),
+        integer_joins=frozenset({"Add", "Mul"}),
+        clamps_folded=frozenset({"Relu", "Clip"}),
+        blocked_float_ops={"MatMul": None, "Gemm": None, "Conv": None},
+        unloadable_activations={},
+        unloadable_why="",
+        column_multiples={},
+        column_multiple_why="",
+    ),
+    run_notes=_run_notes,
+    requires=available,
+    backend="openvino",
+)
