@@ -31,7 +31,7 @@ for the text model, the agreement of the next character with the float
 model; latency over the float model's on ONNX Runtime (2 threads, pairs
 alternating, medians), at one window or one sequence of 32 tokens.
 
-    python benchmarks/weight_only.py [--models text decoder] [--width 2048] [--work DIR]
+    python benchmarks/weight_only.py [--models text decoder] [--width 2048] [--methods ROW ...] [--work DIR]
 """
 
 from __future__ import annotations
@@ -210,6 +210,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["text", "decoder"], choices=["text", "decoder"])
     parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="ROW",
+                        help="the rows to run (default: all)")  # fmt: skip
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -224,7 +226,7 @@ def main() -> None:
     print("| --- | --- | --: | --: | --: | --: | --: | --: |")
     for name in args.models:
         d = text(work) if name == "text" else decoder(work / f"decoder{args.width}.onnx", args.width)
-        for label, method in METHODS.items():
+        for label, method in ((label, METHODS[label]) for label in args.methods):
             out = work / f"{name}-{label.replace(' ', '_').replace(',', '')}.onnx"
             spec = {**method, "model": d["model"], "out": str(out)}
             if method.get("data"):

@@ -197,3 +197,49 @@ def test_gptq_leaves_convs_to_nearest_where_bias_correction_is_on():
     rtn = qq.quantize_model(model, None, data, gptq=False, **settings).model
     gptq = qq.quantize_model(model, None, data, gptq=True, **settings).model
     assert gptq.SerializeToString(deterministic=True) == rtn.SerializeToString(deterministic=True)
+
+
+def test_gptq_rounds_each_weight_once_a_run_however_many_models_the_search_builds(monkeypatch):
+    import qlinear.quantize.algorithms.gptq as gptq_module
+    from qlinear.quantize._build import ModelBuilder
+
+    k, n = 64, 32
+    g = qo.Graph("gptq", opset=17)
+    x = g.input("x", "float", ("N", 5, k))
+    h = g.op("MatMul", [x, (RNG.standard_normal((k, n)) * 0.2).astype(np.float32)], name="layer")
+    g.output(g.op("MatMul", [h, (RNG.standard_normal((n, 10)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
+    data = {"x": _correlated_inputs(200 * 5, k).reshape(200, 5, k)}
+    settings = dict(weights="int4", granularity="blocked", activations=None, bias_correction=False, gptq=True)
+    calls = []
+    real = gptq_module.gptq_weight
+    monkeypatch.setattr(gptq_module, "gptq_weight", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    builds = []
+    real_build = ModelBuilder.build
+    monkeypatch.setattr(ModelBuilder, "build", lambda self, *a, **kw: builds.append(1) or real_build(self, *a, **kw))
+    r = qq.quantize_model(g.to_model(), None, data, target_sqnr_db=80.0, **settings)  # promotions: many builds
+    # Each of the two weights once at each type the search gives it (int4, then int8), however many builds.
+    assert len(builds) > 4 and len(calls) <= 4
+    # The same model as rounding anew at each build, which rounds more often.
+    calls.clear()
+    rounded_anew = ModelBuilder.__init__
+
+    def fresh(self, *a, **kw):
+        rounded_anew(self, *a, **kw)
+        self._rounded = _Forgetting()
+
+    monkeypatch.setattr(ModelBuilder, "__init__", fresh)
+    again = qq.quantize_model(g.to_model(), None, data, target_sqnr_db=80.0, **settings)
+    assert r.model.SerializeToString() == again.model.SerializeToString() and len(calls) > 4
+
+
+class _Forgetting(dict):
+    """A cache that keeps nothing: every build rounds again."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+    def __contains__(self, key) -> bool:
+        return False
+
+    def __getitem__(self, key):
+        raise KeyError(key)

@@ -63,6 +63,10 @@ class ModelBuilder:
         self.calibrated = Calibrated(run.means, run.grams, run.gram_rows) if run is not None else Calibrated()
         self._params: dict[tuple[str, str], QuantParams] = {}
         self._raised: dict[int, onnx.ModelProto] = {}  # the float model at each opset asked for
+        # GPTQ's rounding of each weight at each type, computed at the first build that asks: the search and the
+        # trade-off build a model a candidate (a decoder's 2048-wide layers: seconds a layer each time). At most one
+        # rounded copy of each weight a type GPTQ rounds (2 and 4 bits).
+        self._rounded: dict[tuple, tuple] = {}
 
     def allows(self, type_name: str) -> bool:
         """Whether a type fits the opset the user fixed (any type does when none was fixed)."""
@@ -111,5 +115,6 @@ class ModelBuilder:
             source=self.float_at(opset),
             calibrated=self.calibrated,
             algorithms=at_stage("calibration", self.options),
+            rounded=self._rounded,
         )
         return Built(planned, model, converted, opset, integer_gates(model))

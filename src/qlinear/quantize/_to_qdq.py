@@ -84,6 +84,7 @@ def convert(
     source: onnx.ModelProto | None = None,
     calibrated: Calibrated | None = None,
     algorithms: Sequence[Algorithm] = (),
+    rounded: dict[tuple, tuple] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, ConvertedNode]]:
     """The QDQ model for ``plan``, at ``opset``, and what was done to each quantized node.
 
@@ -91,7 +92,9 @@ def convert(
     default: ``fm``'s, raised here. ``algorithms``: those of stage
     ``calibration`` that are on, which may round a weight (GPTQ) or correct
     a bias (bias correction) from what the calibration measured for them,
-    ``calibrated``.
+    ``calibrated``. ``rounded``: where the algorithms' roundings are kept
+    for the next conversion of the same run (a weight's depends only on
+    the weight, its type and the calibration).
     """
     if source is None:
         model = at_opset(fm.model, opset)
@@ -119,7 +122,7 @@ def convert(
     ctx = _Context(
         fm, options, plan, param_names, activation_params, names, nodes, new_inits,
         nodes_by_name={n.name: n for n in g.node}, calibrated=calibrated or Calibrated(),
-        algorithms=list(algorithms),
+        algorithms=list(algorithms), rounded={} if rounded is None else rounded,
     )  # fmt: skip
 
     def emit_q(t: str) -> None:
@@ -184,6 +187,11 @@ class _Context:
     algorithms: list[Algorithm]  # those of stage calibration that are on
     # A weight quantized once for every node that shares it: (tensor, axes, type) -> what was stored.
     weights: dict[tuple[str, int, int, str], _StoredWeight] = field(default_factory=dict)
+    # An algorithm's rounding of a weight, kept across the builds of one run (the caller's): (tensor, axes, type) -> it.
+    rounded: dict[tuple, tuple] = field(default_factory=dict)
+
+
+_NOT_ROUNDED = object()  # no algorithm asked yet (None: asked, and none rounds it)
 
 
 @dataclass
@@ -271,9 +279,13 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     if key in ctx.weights:
         return ctx.weights[key]
     o, names = ctx.options, ctx.names
-    rounded = next(
-        (r for a in ctx.algorithms if a.rounds and (r := a.rounds(ctx.fm, p, w, wt, o, ctx.calibrated)) is not None), None
-    )
+    rounded = ctx.rounded.get(key, _NOT_ROUNDED)
+    if rounded is _NOT_ROUNDED:  # GPTQ's rounding of a wide layer takes seconds: once a run, not once a candidate
+        rounded = next(
+            (r for a in ctx.algorithms if a.rounds and (r := a.rounds(ctx.fm, p, w, wt, o, ctx.calibrated)) is not None),
+            None,
+        )
+        ctx.rounded[key] = rounded
     if rounded is not None:  # x: the weight as an algorithm rounded it, which the parameters quantize to the same codes
         x, params, axis, block = rounded
     else:
