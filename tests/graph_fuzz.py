@@ -336,7 +336,7 @@ def _recurrent(b: _Builder, rng: np.random.Generator, x: str, width: int, desc: 
 # GPTQ, AWQ, depthwise equalization, fine-tuning and every form of target (agreement, SQNR, a user's metric, a latency
 # budget, the share left float). A case is its seed and the version it was drawn with: a regression test names both, so that a
 # grammar grown later keeps its case.
-GRAMMAR = 10
+GRAMMAR = 11
 
 
 def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
@@ -447,6 +447,8 @@ def fuzz_case(seed: int, grammar: int = GRAMMAR) -> FuzzCase:
         options["weight_clip"] = "mse"
     if grammar >= 10:
         _options_since_10(rng, options)
+    if grammar >= 11:
+        _options_since_11(rng, options)
     return FuzzCase(seed, model, data, options, desc)
 
 
@@ -470,6 +472,14 @@ def _options_since_10(rng: np.random.Generator, options: dict[str, Any]) -> None
         options["latency_budget"] = float(rng.choice([0.8, 1.5]))
     if rng.random() < 0.08:
         options["max_float"] = float(rng.choice([0.0, 0.5, 1.0]))
+
+
+def _options_since_11(rng: np.random.Generator, options: dict[str, Any]) -> None:
+    """Grammar 11's options: the least-error weight scales, and ONNX Runtime's MatMulNBits form."""
+    if rng.random() < 0.1:
+        options["weight_clip"] = "search"
+    if options.get("activations", "uint8") is None and options["granularity"] == "blocked" and rng.random() < 0.4:
+        options["format"] = "matmulnbits"
 
 
 def mean_closeness(float_outputs: dict, quantized_outputs: dict, labels: Any) -> float:
