@@ -73,6 +73,10 @@ def test_gptq_takes_the_clipped_ranges_weight_clip_mse_asks_for(granularity):
     assert (p_mse.scale < p_minmax.scale).sum() > p_mse.scale.size // 2  # most ranges clipped
     ref = x @ w
     assert _sqnr(ref, x @ q_mse) > _sqnr(ref, x @ q_minmax) + 0.5
+    # The least-error scales and zero points (--weight-clip search) too: their own codes, and not min-max's ranges.
+    q_search, p_search, axis, block = gptq_weight(w, gram, t, **layout, clip="search")
+    np.testing.assert_array_equal(_dequantized(q_search, p_search, axis, block, "int4"), q_search)
+    assert not np.array_equal(p_search.scale, p_minmax.scale) and _sqnr(ref, x @ q_search) > _sqnr(ref, x @ q_minmax)
 
 
 def test_gptq_is_not_used_where_it_does_not_apply():

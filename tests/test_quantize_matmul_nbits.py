@@ -114,10 +114,13 @@ def test_the_form_is_checked_and_the_command_line_writes_it(tmp_path, capsys):
     assert onnx.load(out).graph.node[0].op_type == "MatMulNBits"
 
 
-@pytest.mark.parametrize(("weights", "k", "block"), [("int4", 96, 32), ("uint4", 100, 16), ("int8", 64, 64)])
-def test_streamed_weights_write_the_same_matmulnbits_form(tmp_path, weights, k, block):
+@pytest.mark.parametrize(
+    ("weights", "k", "block", "gemm"),
+    [("int4", 96, 32, False), ("uint4", 100, 16, False), ("int8", 64, 64, False), ("int4", 64, 32, True)],
+)
+def test_streamed_weights_write_the_same_matmulnbits_form(tmp_path, weights, k, block, gemm):
     path = tmp_path / "m.onnx"
-    onnx.save(_model(k, 24), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(_model(k, 24, gemm=gemm), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     options = dict(weights=weights, activations=None, granularity="blocked", block_size=block, format="matmulnbits")
     qq.quantize_weights_streaming(path, tmp_path / "s.onnx", qq.QuantizeOptions(**options))
     streamed = onnx.load(tmp_path / "s.onnx")
@@ -125,6 +128,25 @@ def test_streamed_weights_write_the_same_matmulnbits_form(tmp_path, weights, k, 
     assert [n.op_type for n in streamed.graph.node] == ["MatMulNBits", "Relu"]
     stored = {t.name: numpy_helper.to_array(t) for t in streamed.graph.initializer}
     expected = {t.name: numpy_helper.to_array(t) for t in in_memory.graph.initializer}
-    assert stored.keys() == expected.keys() and "fc_nbits" in stored  # packed as the in-memory form, byte for byte
+    assert stored.keys() == expected.keys() and "w_nbits" in stored  # packed as the in-memory form, byte for byte
     assert all(np.array_equal(stored[name], expected[name]) for name in stored)
     assert all(np.array_equal(a, b) for a, b in zip(_outputs(streamed, k), _outputs(in_memory, k), strict=True))
+
+
+def test_a_weight_two_matmuls_share_is_packed_once(tmp_path):
+    rng = np.random.default_rng(5)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["a"], name="left"), helper.make_node("MatMul", ["z", "w"], ["b"], name="right")],
+        "tied", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["M", 64]) for n in ("x", "z")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["M", 32]) for n in ("a", "b")],
+        [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    qdq, nbits = _both(model, weights="int4")
+    assert [n.op_type for n in nbits.model.graph.node] == ["MatMulNBits", "MatMulNBits"]
+    packed = [t.name for t in nbits.model.graph.initializer if "_nbits" in t.name]
+    assert sorted(packed) == ["w_nbits", "w_nbits_scale", "w_nbits_zp"]  # one copy for both readers
+    feeds = {n: rng.standard_normal((3, 64)).astype(np.float32) for n in ("x", "z")}
+    for a, b in zip(session(qdq.model).run(None, feeds), session(nbits.model).run(None, feeds), strict=True):
+        assert np.array_equal(a, b)

@@ -88,3 +88,21 @@ def test_a_weight_only_run_with_data_tries_level_4_and_the_model_says_what_it_wa
             assert next(a.i for a in node.attribute if a.name == "accuracy_level") == level
     r = qq.quantize_model(_layers(), None, {"x": x}, weights="int8", activations="uint8")
     assert r.report.run_settings == []  # nothing for it to set
+
+
+def test_the_level_4_trial_runs_the_matmulnbits_form_at_level_4_and_keeps_the_models_metadata():
+    from qlinear.quantize.targets import ORT_CPU
+
+    model = _layers()
+    model.metadata_props.add(key="author", value="them")
+    q = qq.quantize_model(model, None, weights="int4", activations=None, granularity="blocked", format="matmulnbits").model
+    ((setting, write),) = ORT_CPU.setting_trials(q)
+    trial = onnx.ModelProto()
+    trial.CopyFrom(q)
+    write(trial)
+    node = next(n for n in trial.graph.node if n.op_type == "MatMulNBits")
+    assert next(a.i for a in node.attribute if a.name == "accuracy_level") == 4  # the node's own, not only the session's
+    assert ("author", "them") in [(p.key, p.value) for p in trial.metadata_props] and nbits_level(trial) == 4
+    x = {"x": np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)}
+    assert not np.array_equal(session(q).run(None, x)[0], session(trial).run(None, x)[0])  # timed as it differs
+    assert ORT_CPU.setting_trials(trial) == []  # nothing left to try

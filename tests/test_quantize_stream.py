@@ -250,6 +250,7 @@ def test_the_command_line_streams_a_weight_only_run_given_no_data_that_memory_ca
         (["--exclude", "mm0"], "--exclude is not for streaming weights"),
         (["--target-sqnr", "30"], "--target-sqnr needs data"),
         (["--calibrate-random", "4"], "leave out --calibrate-random"),
+        (["--report", "r.json"], "make no report and no analysis: leave out --report"),
     ],
 )
 def test_stream_weights_refuses_what_it_cannot_do_naming_the_flag(tmp_path, capsys, extra, named):

@@ -202,8 +202,8 @@ def _streaming(args: argparse.Namespace) -> str | None:
     """Why the weights are quantized one at a time (asked, or a weight-only run given no data too large for memory)."""
     if args.stream_weights:
         return "--stream-weights asked for it"
-    if args.activations != "none" or args.model is None or args.demo:
-        return None
+    if args.activations != "none" or args.model is None or args.output is None or args.demo:
+        return None  # (no -o: the in-memory path says what is missing)
     if args.calibration or args.eval or args.stats or args.calibrate_random:
         return None
     return streaming_choice(args.model, QuantizeOptions(**values_from_args(args, QuantizeOptions)))
@@ -217,6 +217,9 @@ def _stream(args: argparse.Namespace, why: str) -> int:
     for flag in ("calibration", "eval", "stats", "calibrate_random"):
         if getattr(args, flag):
             raise QuantizationError(f"--stream-weights reads no data: leave out --{flag.replace('_', '-')}")
+    for flag in ("report", "analyze"):  # what a run one weight at a time does not make: refused, not dropped
+        if getattr(args, flag):
+            raise QuantizationError(f"weights quantized one at a time ({why}) make no report and no analysis: leave out --{flag}")
     options = QuantizeOptions(**values_from_args(args, QuantizeOptions))
     check_without_data(options)  # a target, a budget, an algorithm that reads data: refused, naming its flag
     r = quantize_weights_streaming(args.model, args.output, options)

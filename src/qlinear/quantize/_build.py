@@ -64,8 +64,8 @@ class ModelBuilder:
         self._params: dict[tuple[str, str], QuantParams] = {}
         self._raised: dict[int, onnx.ModelProto] = {}  # the float model at each opset asked for
         # GPTQ's rounding of each weight at each type, computed at the first build that asks: the search and the
-        # trade-off build a model a candidate (a decoder's 2048-wide layers: seconds a layer each time). At most one
-        # rounded copy of each weight a type GPTQ rounds (2 and 4 bits).
+        # trade-off build a model a candidate (a decoder's 2048-wide layers: seconds a layer each time). It holds a
+        # rounded float copy of each weight at each type GPTQ rounded it at (4 bits, then 8 where promoted).
         self._rounded: dict[tuple, tuple] = {}
 
     def allows(self, type_name: str) -> bool:

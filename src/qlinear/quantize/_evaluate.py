@@ -25,7 +25,7 @@ from qlinear.onnx._ort_with_qlinear import MixedRunner
 from qlinear.quantize._data import Dataset, samples_in
 from qlinear.quantize._metric import Metric, checked_figure
 from qlinear.quantize._output_power import OutputsPower, Power, judged_outputs
-from qlinear.quantize._session import run_batch, with_outputs
+from qlinear.quantize._session import load_reason, run_batch, with_outputs
 
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
@@ -61,7 +61,7 @@ class Runner:
             self._session = runtime.session(self.model, arena=not outputs)  # many tensors: see Target.session
             self.backend = runtime.backend
         except QuantizationError as e:  # no kernels for its types (float4, int2), or a fusion it cannot run
-            self.onnxruntime_error = str(e).removeprefix("quantize: ONNX Runtime cannot load the model: ")
+            self.onnxruntime_error = load_reason(e)
             self._session = None
             self._mixed = MixedRunner(self.model)
             self.backend = "onnxruntime+qlinear"

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
 __all__ = [
-    "MATMUL_NBITS_ACCURACY_LEVEL", "NBITS_LEVEL_KEY", "PROVIDERS", "nbits_level", "load_error", "optimized_graph", "run_batch", "session", "with_outputs",
+    "MATMUL_NBITS_ACCURACY_LEVEL", "NBITS_LEVEL_KEY", "PROVIDERS", "load_error", "load_reason", "nbits_level", "optimized_graph", "run_batch",
+    "session", "with_outputs",
 ]  # fmt: skip
 
 # The quantizer's figures are ONNX Runtime's CPU provider's.
@@ -160,5 +161,10 @@ def load_error(model: onnx.ModelProto, runtime: Target) -> str | None:
     try:
         runtime.session(model)
     except QuantizationError as e:
-        return str(e).removeprefix("quantize: ONNX Runtime cannot load the model: ")
+        return load_reason(e)
     return None
+
+
+def load_reason(error: QuantizationError) -> str:
+    """Why a target's runtime could not load a model: its error without the "quantize: <runtime> cannot load" opening."""
+    return str(error).removeprefix("quantize: ").split(" cannot load the model: ", 1)[-1]

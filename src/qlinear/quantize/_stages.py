@@ -248,9 +248,9 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         built = builder.build(precision)
         check_quantized(built.model)
     settings: list[RunSetting] = []
-    written = as_written(precision)
-    trials = runtime.setting_trials(written) if options.promote else []
+    trials = runtime.setting_trials(built.model) if options.promote else []
     if trials:
+        written = as_written(precision)
         with bars.task("trying the runtime's settings", None):
             # The target first; where it was not met, no setting may lower the figure the search reached.
             floor = None if found.met else figure_of(written)

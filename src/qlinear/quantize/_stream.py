@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithm
     from qlinear.quantize._options import QuantizeOptions
 
 
-__all__ = ["StreamResult", "quantize_weights_streaming", "streaming_choice", "unstreamable"]
+__all__ = ["IN_MEMORY_COPIES", "StreamResult", "model_bytes", "quantize_weights_streaming", "streaming_choice", "unstreamable"]
 
 _FLOATS = ("FLOAT", "FLOAT16", "BFLOAT16")
 _WEIGHT_TYPES = ("int8", "uint8", "int4", "uint4")
@@ -106,10 +106,12 @@ def streaming_choice(model_path: str | os.PathLike, options: QuantizeOptions, me
 
 
 def model_bytes(path: Path) -> int:
-    """The model file and the external data files beside it that share its name."""
+    """The model file and the external data files its tensors name (read from the graph alone, not the weights)."""
     try:
-        return sum(f.stat().st_size for f in path.parent.glob(f"{path.name}*") if f.is_file())
-    except OSError:
+        graph = onnx.load(str(path), load_external_data=False).graph
+        files = {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
+        return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())
+    except Exception:
         return 0
 
 

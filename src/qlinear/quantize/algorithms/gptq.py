@@ -48,6 +48,7 @@ from qlinear.dtypes import ElementType
 from qlinear.quantize._choose import QuantParams, clipped_range, scale_and_zero_point, symmetric_weights
 from qlinear.quantize._option_fields import option
 from qlinear.quantize._patches import Patches, patches_of
+from qlinear.quantize._weight_search import searched_params
 from qlinear.quantize.algorithms._registry import Algorithm, Calibrated, Facts, Needs, register
 
 __all__ = ["DAMPING", "MAX_PATCH_COLUMNS", "conv_patches", "gptq_conv_weight", "gram_inputs", "gptq_weight", "layer_input"]
@@ -148,7 +149,7 @@ def gptq_weight(
     weight = weight if reduction_axis == 0 else weight.T
     symmetric = symmetric_weights(t, weight_only=weight_only)
     block = block_size if granularity == "blocked" else 0
-    q, scale, zero = (v[0] for v in _gptq(weight[None], np.array(gram, np.float64)[None], t, block, symmetric, clip == "mse"))
+    q, scale, zero = (v[0] for v in _gptq(weight[None], np.array(gram, np.float64)[None], t, block, symmetric, clip))
     if granularity == "per-channel":
         params = QuantParams(scale[0].astype(np.float32), zero[0].astype(t.dtype))
         axis = channel_axis % 2
@@ -186,12 +187,12 @@ def gptq_conv_weight(
     symmetric = symmetric_weights(t, weight_only=weight_only)
     # Each group's filters against its channels' patches, all groups at once: (groups, K, filters of a group).
     layers = np.asarray(w, np.float64).reshape(groups, out_channels // groups, k).transpose(0, 2, 1)
-    q, scale, zero = _gptq(layers, np.array(gram, np.float64), t, 0, symmetric, clip == "mse")
+    q, scale, zero = _gptq(layers, np.array(gram, np.float64), t, 0, symmetric, clip)
     params = QuantParams(scale.reshape(out_channels).astype(np.float32), zero.reshape(out_channels).astype(t.dtype))
     return np.ascontiguousarray(q.transpose(0, 2, 1).reshape(w.shape), np.float32), params, 0, 0
 
 
-def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: bool, clip: bool):
+def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: bool, clip: str):
     """GPTQ on ``w`` (G, K, N): G layers at once, each against its own ``h`` (G, K, K).
 
     Gives the dequantized weights and the scales/zero points ``(G, blocks, N)``,
@@ -232,10 +233,14 @@ def _gptq(w: np.ndarray, h: np.ndarray, t: ElementType, block: int, symmetric: b
     return q, scales, zeros
 
 
-def _params(rows: np.ndarray, t: ElementType, symmetric: bool, clip: bool):
-    """Scale and zero point of each column of each layer's ``rows`` (G, rows, N): its min-max range, or the clipped one."""
+def _params(rows: np.ndarray, t: ElementType, symmetric: bool, clip: str):
+    """Scale and zero point of each column of each layer's ``rows`` (G, rows, N), as ``weight_clip`` ``clip`` chooses them."""
     low, high = rows.min(axis=1), rows.max(axis=1)
-    if clip:
+    if clip == "search" and t.is_integer:
+        columns = rows.transpose(0, 2, 1).reshape(-1, rows.shape[1])
+        scale, zero_point = searched_params(columns, t.qmin, t.qmax, symmetric)
+        return scale.reshape(low.shape), zero_point.reshape(low.shape)
+    if clip in ("mse", "search"):
         columns = rows.transpose(0, 2, 1).reshape(-1, rows.shape[1])
         low, high = (v.reshape(low.shape) for v in clipped_range(columns, low.ravel(), high.ravel(), t, symmetric))
     return scale_and_zero_point(low, high, t, symmetric)

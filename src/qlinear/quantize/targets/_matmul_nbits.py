@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 from qlinear.dtypes import ElementType, element_type, from_tensor_proto, to_tensor_proto
 from qlinear.onnx._graph import producers, readers
 from qlinear.onnx._large import is_marker, value_of
+from qlinear.quantize._qdq_names import CODES
 from qlinear.quantize._session import nbits_level
 
 __all__ = [
@@ -65,21 +66,25 @@ def to_matmul_nbits(model: onnx.ModelProto) -> int:
     graph, level = model.graph, nbits_level(model)
     inits = {t.name: t for t in graph.initializer}
     made, reading = producers(graph), readers(graph)
-    done = 0
+    done, packed_for = 0, {}  # a weight's codes and parameters -> its packed tensors' names (shared by its readers)
     for node in list(graph.node):
         dq = _weight_dequantize(node, made, reading, inits)
         if dq is None:
             continue
-        codes, scale = inits[dq.input[0]], inits[dq.input[1]]
-        zero_point = inits[dq.input[2]] if len(dq.input) > 2 and dq.input[2] else None
+        codes = inits[dq.input[0]]
         block = next(a.i for a in dq.attribute if a.name == "block_size")
-        packed, scales, zero_points, bits = _packed(codes, scale, zero_point, block)
-        stem = node.name or node.output[0]
-        new = [to_tensor_proto(packed, f"{stem}_nbits"), to_tensor_proto(scales, f"{stem}_nbits_scale")]
-        inputs = [node.input[0], new[0].name, new[1].name]
-        if zero_points is not None:
-            new.append(to_tensor_proto(zero_points, f"{stem}_nbits_zp"))
-            inputs.append(new[2].name)
+        bits = element_type(codes.data_type).bits
+        key = (*dq.input, block)  # a shared weight has a DequantizeLinear a reader, all of the same tensors
+        if key not in packed_for:
+            zero_point = inits[dq.input[2]] if len(dq.input) > 2 and dq.input[2] else None
+            packed, scales, zero_points, _ = _packed(codes, inits[dq.input[1]], zero_point, block)
+            stem = _stem(codes.name)
+            new = [to_tensor_proto(packed, f"{stem}_nbits"), to_tensor_proto(scales, f"{stem}_nbits_scale")]
+            if zero_points is not None:
+                new.append(to_tensor_proto(zero_points, f"{stem}_nbits_zp"))
+            graph.initializer.extend(new)
+            packed_for[key] = [t.name for t in new]
+        inputs = [node.input[0], *packed_for[key]]
         if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
             inputs += [""] * (5 - len(inputs)) + [node.input[2]]  # MatMulNBits' bias is its input 5
         k, n = codes.dims
@@ -90,7 +95,6 @@ def to_matmul_nbits(model: onnx.ModelProto) -> int:
         at = list(graph.node).index(node)
         graph.node.remove(node)
         graph.node.insert(at, nbits)
-        graph.initializer.extend(new)
         done += 1
         reading[dq.output[0]].remove(node)
         if not reading[dq.output[0]]:  # no other reader: the DequantizeLinear and its tensors go
@@ -101,6 +105,11 @@ def to_matmul_nbits(model: onnx.ModelProto) -> int:
     if done and not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return done
+
+
+def _stem(codes_name: str) -> str:
+    """The weight's name, from its codes' (``w_q`` -> ``w``): the packed tensors are named for the weight, not a reader."""
+    return codes_name.removesuffix(CODES)
 
 
 def _weight_dequantize(node: onnx.NodeProto, made: dict, reading: dict, inits: dict) -> onnx.NodeProto | None:
@@ -200,11 +209,15 @@ def streamed_to_matmul_nbits(ir, model) -> int:
         uses = list(dq.outputs[0].uses())
         if codes.const_value is None or len(codes.shape) != 2 or block < 16 or block & (block - 1) or axis % 2:
             continue
-        if not uses or any(node.op_type != "MatMul" or index != 1 for node, index in uses):
-            continue
+        if not uses or any(index != 1 or not _streamed_reader(node, codes.shape[1]) for node, index in uses):
+            continue  # (a transB=1 Gemm's weight is blocked along its axis 1: it stays a DequantizeLinear)
+        packed = _lazy_inputs(ir, graph, dq, _stem(codes.name), block)  # once a weight, for each of its readers
         for node, _ in uses:
+            inputs = [node.inputs[0], *packed]
+            if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] is not None:
+                inputs += [None] * (5 - len(inputs)) + [node.inputs[2]]  # MatMulNBits' bias is its input 5
             new = ir.node(
-                "MatMulNBits", [node.inputs[0], *_lazy_inputs(ir, graph, dq, node.name or node.outputs[0].name, block)],
+                "MatMulNBits", inputs,
                 attributes={"K": codes.shape[0], "N": codes.shape[1], "bits": element_type(codes.dtype.name.lower()).bits,
                             "block_size": block, "accuracy_level": 0},
                 domain=CONTRIB_DOMAIN, name=node.name,
@@ -219,6 +232,21 @@ def streamed_to_matmul_nbits(ir, model) -> int:
     if done:
         model.opset_imports[CONTRIB_DOMAIN] = 1
     return done
+
+
+def _streamed_reader(node, columns: int) -> bool:
+    """Whether an onnx-ir node reading a weight at input 1 becomes a MatMulNBits: a MatMul, or a plain Gemm."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm"):
+        return False
+    if node.op_type == "MatMul":
+        return True
+    attrs = node.attributes
+    if attrs.get_int("transA", 0) or attrs.get_int("transB", 0):
+        return False
+    if attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
+        return False
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    return bias is None or (bias.shape is not None and list(bias.shape) == [columns])
 
 
 def _lazy_inputs(ir, graph, dq, stem: str, block: int) -> list:

@@ -10,9 +10,10 @@ measured on OpenVINO 2026.4.1 (docs/notes/2026-11-27-openvino-cpu-qdq.md):
 
 - weights must be symmetric int8 (a zero point gives a float Conv), so
   the integer weight type is int8 alone;
-- a Concat's inputs must share one scale for the Conv after it to stay
-  int8, which qlinear does not yet give them: a Concat is no integer join
-  here (its reader quantizes its output);
+- a Concat of inputs of different scales leaves the Conv after it in
+  float unless the Concat's output is quantized again, which qlinear does
+  not give them one scale for yet: a Concat is no integer join here, and
+  its reader quantizes its output (then the Conv is int8);
 - 16-bit Q/DQ is stripped and the op runs in float: the ladder has no
   16-bit activations (as on ONNX Runtime);
 - a weight-only Conv's weights are decompressed when the model is

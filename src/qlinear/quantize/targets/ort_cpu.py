@@ -12,6 +12,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from onnx import helper
+
 from qlinear.dtypes import ELEMENT_TYPES
 from qlinear.onnx._passes import FunctionPass, Sequential
 from qlinear.quantize import _prepare as rewrites
@@ -23,7 +25,7 @@ from qlinear.quantize._padded_codes import pad_codes
 from qlinear.quantize._precision import FULL_LADDER, Ladder
 from qlinear.quantize._session import MATMUL_NBITS_ACCURACY_LEVEL, NBITS_LEVEL_KEY, PROVIDERS, nbits_level, session
 from qlinear.quantize._signed_layout import lay_out_signed
-from qlinear.quantize.targets._matmul_nbits import blocked_matmuls, streamed_to_matmul_nbits, to_matmul_nbits
+from qlinear.quantize.targets._matmul_nbits import CONTRIB_DOMAIN, blocked_matmuls, streamed_to_matmul_nbits, to_matmul_nbits
 from qlinear.quantize.targets._ort_profile import node_times
 from qlinear.quantize.targets._target import Form, Placement, Target
 
@@ -40,14 +42,20 @@ def _setting_trials(model) -> list[tuple[str, Callable[[Any], Any]]]:
     """MatMulNBits at accuracy level 4 (its input quantized to int8 in blocks), where the model has some to run so."""
     if not blocked_matmuls(model) or nbits_level(model) == 4:
         return []
+    return [("MatMulNBits accuracy level 4", _at_level_4)]
 
-    def level_4(m) -> None:
-        kept = [(p.key, p.value) for p in m.metadata_props if p.key != NBITS_LEVEL_KEY]  # the model's own stay
-        del m.metadata_props[:]
-        for key, value in [*kept, (NBITS_LEVEL_KEY, "4")]:
-            m.metadata_props.add(key=key, value=value)
 
-    return [("MatMulNBits accuracy level 4", level_4)]
+def _at_level_4(model) -> None:
+    """The model marked to run at level 4: its metadata (sessions read it), and its own MatMulNBits nodes' attribute."""
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key != NBITS_LEVEL_KEY]  # the model's own stay
+    del model.metadata_props[:]
+    for key, value in [*kept, (NBITS_LEVEL_KEY, "4")]:
+        model.metadata_props.add(key=key, value=value)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and node.domain == CONTRIB_DOMAIN:
+            kept_attrs = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept_attrs, helper.make_attribute("accuracy_level", 4)])
 
 
 def _prepare(weight_only: bool) -> Sequential:
