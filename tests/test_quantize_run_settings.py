@@ -97,6 +97,7 @@ def test_the_level_4_trial_runs_the_matmulnbits_form_at_level_4_and_keeps_the_mo
     model.metadata_props.add(key="author", value="them")
     q = qq.quantize_model(model, None, weights="int4", activations=None, granularity="blocked", format="matmulnbits").model
     ((setting, write),) = ORT_CPU.setting_trials(q)
+    assert setting == "MatMulNBits accuracy level 4"
     trial = onnx.ModelProto()
     trial.CopyFrom(q)
     write(trial)
