@@ -107,3 +107,10 @@ def test_the_level_4_trial_runs_the_matmulnbits_form_at_level_4_and_keeps_the_mo
     x = {"x": np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)}
     assert not np.array_equal(session(q).run(None, x)[0], session(trial).run(None, x)[0])  # timed as it differs
     assert ORT_CPU.setting_trials(trial) == []  # nothing left to try
+
+
+def test_a_run_given_no_data_leaves_the_level_to_the_user_and_says_so():
+    r = qq.quantize_model(_layers(), None, weights="int4", activations=None, granularity="blocked")
+    (note,) = [w for w in r.report.warnings if MATMUL_NBITS_ACCURACY_LEVEL in w]
+    assert "neither was measured" in note and "give data" in note
+    assert nbits_level(r.model) == 0 and r.report.run_settings == []

@@ -137,7 +137,7 @@ NOT_JUDGED = (
 SLOWER = 1.15
 
 
-def _slower_text(latency: Latency, by_design: dict[str, str], fusion: FusionCheck | None) -> str:
+def _slower_text(latency: Latency, by_design: dict[str, str], fusion: FusionCheck | None, runtime: str) -> str:
     """Why the quantized model may be slower than the float one, as far as the run knows."""
     before, after, batch = latency.before, latency.after, latency.batch
     causes = []
@@ -148,7 +148,7 @@ def _slower_text(latency: Latency, by_design: dict[str, str], fusion: FusionChec
     if fusion is not None and fusion.qdq_nodes_left:
         causes.append(f"{fusion.qdq_nodes_left} Q/DQ nodes left around float operators, each a pass over its tensor")
     return (
-        f"the quantized model is slower than the float one on ONNX Runtime: {after:.3f} ms against {before:.3f} ms a "
+        f"the quantized model is slower than the float one on {runtime}: {after:.3f} ms against {before:.3f} ms a "
         f"batch of {batch} ({latency.ratio:.2f}x)" + "".join(f"; {c}" for c in causes)
     )
 
@@ -158,7 +158,7 @@ def _decision(r: ReportInputs) -> Decision:
     if not r.judged:
         return Decision(None, None, f"weights rounded; {NOT_JUDGED}")
     faster = None if not r.latency else all(t.ratio <= 1.0 for t in r.latency)
-    speed = ", ".join(f"{t.ratio:.2f}x at a batch of {t.batch}" for t in r.latency) or "not timed (ONNX Runtime cannot run it)"
+    speed = ", ".join(f"{t.ratio:.2f}x at a batch of {t.batch}" for t in r.latency) or "not timed (the runtime cannot run it)"
     if faster is None:
         head = f"latency {speed}"
     else:
@@ -324,10 +324,10 @@ def _warnings(r: ReportInputs, nodes: list[NodeRow], by_design: dict[str, str]) 
             f"(its selectors did not match the layout): {listed(unexpected, _UNFUSED_SHOWN)}"
         )
     if fusion is not None:
-        warnings += target(options.target).run_notes(fusion)
+        warnings += target(options.target).run_notes(fusion, r.judged)
     slowest = max(r.latency, key=lambda t: t.ratio, default=None)
     if slowest is not None and slowest.ratio > SLOWER:
-        warnings.append(_slower_text(slowest, by_design, fusion))
+        warnings.append(_slower_text(slowest, by_design, fusion, target(options.target).runtime))
     if r.search is not None and not r.search.met:
         warnings.append(
             f"target not met ({r.search.target.describe()}): the best model found has {figure_text(r.search.figure, r.search.target.metric)} "

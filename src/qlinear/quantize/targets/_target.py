@@ -140,8 +140,9 @@ class Target:
         ladder: the promotion steps the accuracy search may take on it.
         placement: what it fuses, as the planner reads it.
         run_notes: what a user must set where the model runs for it to
-            compute as the report's figures say, from the fusion check
-            (one warning a line; none where nothing is needed).
+            compute as the report's figures say, from the fusion check and
+            whether anything was measured (one warning a line; none where
+            nothing is needed).
         node_times: for each batch of feeds given, the seconds a run of a
             model takes in each of its nodes (the kernels the runtime fused
             counted to the node they came from; the ones it added under
@@ -171,7 +172,7 @@ class Target:
     float_by_design: Callable[[str, str | None, str | None], str | None]
     ladder: Ladder
     placement: Placement
-    run_notes: Callable[[Any], list[str]]
+    run_notes: Callable[[Any, bool], list[str]]
     node_times: Callable[[Any, Any], list[tuple[dict[str, float], float]] | None] | None = None
     forms: Mapping[str, Form] = field(default_factory=dict)
     setting_trials: Callable[[Any], list[tuple[str, Callable[[Any], Any]]]] = lambda model: []

@@ -153,7 +153,7 @@ def float_by_design(op_type: str, weight_type: str | None, activation_type: str 
     return None
 
 
-def _run_notes(fusion: FusionCheck) -> list[str]:
+def _run_notes(fusion: FusionCheck, judged: bool) -> list[str]:
     return [
         "OpenVINO's CPU plugin runs float parts in bf16 on processors that have it, unless told otherwise: the figures here "
         'are at f32; compile the model with {"INFERENCE_PRECISION_HINT": "f32"} to get them'
