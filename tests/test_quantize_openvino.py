@@ -70,3 +70,47 @@ def test_a_model_openvino_cannot_read_is_one_line(tmp_path):
     with pytest.raises(QuantizationError, match=r"^quantize: OpenVINO cannot load the model: ") as e:
         ov_target.session(bad)
     assert "\n" not in str(e.value)
+
+
+def _attention_scores() -> tuple[onnx.ModelProto, dict]:
+    """q = x Wq, k = x Wk, softmax(q k^T): a MatMul of two activations between two weighted ones."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal((64, 64)) * 0.1).astype(np.float32), n) for n in ("wq", "wk")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+        helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+        helper.make_node("Softmax", ["s"], ["y"], name="softmax", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 16])], weights,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model, {"x": rng.standard_normal((64, 16, 64)).astype(np.float32)}
+
+
+def test_a_matmul_of_two_activations_takes_its_first_input_symmetric_and_runs_int8(monkeypatch):
+    import dataclasses
+
+    from qlinear.quantize.targets import TARGETS
+
+    model, data = _attention_scores()
+    r = qq.quantize_model(model, None, data, target="openvino", promote=False)
+    scores = next(n for n in r.report.nodes if n.name == "scores")
+    assert scores.activation_type == "int8" and scores.runs_as.lower().endswith("i8)"), scores
+    q_scale = next(t for t in r.model.graph.initializer if t.name == "q_zp")
+    assert not onnx.numpy_helper.to_array(q_scale).any()  # zero point 0
+    # Without the rule the first input is asymmetric uint8, and OpenVINO runs the MatMul in float.
+    unsigned = dataclasses.replace(ov_target.OPENVINO.placement, signed_matmul_inputs=False)
+    monkeypatch.setitem(TARGETS, "openvino", dataclasses.replace(ov_target.OPENVINO, placement=unsigned))
+    r = qq.quantize_model(model, None, data, target="openvino", promote=False)
+    scores = next(n for n in r.report.nodes if n.name == "scores")
+    assert scores.activation_type == "uint8" and not scores.runs_as.lower().endswith("i8)"), scores
+    # ONNX Runtime's placement is unchanged: its MatMulIntegerToFloat takes zero points.
+    r = qq.quantize_model(model, None, data, promote=False)
+    assert next(n for n in r.report.nodes if n.name == "scores").activation_type == "uint8"

@@ -72,14 +72,18 @@ class ModelBuilder:
         """Whether a type fits the opset the user fixed (any type does when none was fixed)."""
         return self.options.opset is None or type_opset(type_name) <= self.options.opset
 
-    def params(self, tensor: str, type_name: str) -> QuantParams:
-        """The activation parameters of ``tensor`` as ``type_name``, chosen once from its statistics."""
-        key = (tensor, type_name)
+    def params(self, tensor: str, type_name: str, symmetric: bool = False) -> QuantParams:
+        """The activation parameters of ``tensor`` as ``type_name``, chosen once from its statistics.
+
+        ``symmetric``: zero point 0 whatever the options say (the plan's ``symmetric``).
+        """
+        key = (tensor, type_name, symmetric)
         if key not in self._params:
             o = self.options
             self._params[key] = activation_params(
-                self.stats[tensor], element_type(type_name), method=o.method, symmetric=o.symmetric, percentile=o.percentile
-            )
+                self.stats[tensor], element_type(type_name), method=o.method, symmetric=o.symmetric or symmetric,
+                percentile=o.percentile,
+            )  # fmt: skip
         return self._params[key]
 
     def float_at(self, opset: int) -> onnx.ModelProto:
@@ -97,7 +101,7 @@ class ModelBuilder:
         missing = [t for t in planned.calibrate if t not in self.stats]
         if missing:
             raise QuantizationError(f"quantize: no calibration statistics for {missing[:3]}; calibrate again")
-        params = {t: self.params(t, planned.activation_types[t]) for t in planned.calibrate}
+        params = {t: self.params(t, planned.activation_types[t], t in planned.symmetric) for t in planned.calibrate}
         quantized = [*planned.activations, *(p.weight.tensor for p in planned.nodes if p.weight is not None)]
         sixteen_bit = any(self.fm.elem_types.get(t) in _SIXTEEN_BIT_FLOATS for t in quantized)
         need = required_opset(planned, self.options, sixteen_bit_floats=sixteen_bit)

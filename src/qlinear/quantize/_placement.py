@@ -108,6 +108,8 @@ class Plan:
             nodes ask for.
         widened: ``(node name, type asked for, type stored, why)`` for the
             weights stored wider than asked (the target's ``placement.stored_type``).
+        symmetric: calibrated tensors whose parameters are symmetric
+            whatever the options say (the target's ``signed_matmul_inputs``).
     """
 
     nodes: list[NodePlan] = field(default_factory=list)
@@ -117,6 +119,7 @@ class Plan:
     left_float: list[tuple[str, str, str]] = field(default_factory=list)
     activation_types: dict[str, str] = field(default_factory=dict)
     widened: list[tuple[str, str, str, str]] = field(default_factory=list)
+    symmetric: set[str] = field(default_factory=set)
 
     def activation_type(self, tensor: str) -> str:
         """The type ``tensor`` is quantized to (a shared tensor's is its root's)."""
@@ -209,6 +212,8 @@ def plan(fm: FloatModel, options: QuantizeOptions, precision: dict[str, NodePrec
             placement.integer_joins, moves_data,
         )  # fmt: skip
         _share_through_data_movement(fm, result, calibrated, excluded, graph_outputs)
+        if placement.signed_matmul_inputs:
+            _sign_matmul_inputs(result, calibrated)
     result.calibrate = list(calibrated)
     result.activation_types = calibrated
     return result
@@ -222,6 +227,15 @@ def listed(texts: list[str], most: int, sep: str = ", ") -> str:
 def left_float_text(left_float: list[tuple[str, str, str]], most: int) -> str:
     """``name (op): reason; ...`` for the first ``most`` entries of a plan's ``left_float``, and how many more."""
     return listed([f"{name} ({op}): {why}" for name, op, why in left_float], most, "; ")
+
+
+def _sign_matmul_inputs(result: Plan, calibrated: dict[str, str]) -> None:
+    """The first input of each 8-bit MatMul of two activations as int8 of zero point 0 (with every tensor sharing it)."""
+    for p in result.nodes:
+        if p.op_type == "MatMul" and p.weight is None and len(p.activations) == 2 and p.activation_type in ("uint8", "int8"):
+            root = result.root(p.activations[0])
+            calibrated[root] = "int8"
+            result.symmetric.add(root)
 
 
 def _quantize_pool_inputs(

@@ -243,7 +243,7 @@ def _activation_sqnr(builder: ModelBuilder, full: Built, reference: Reference) -
         values = runner(feeds)
         for t in tensors:
             x = np.asarray(values[t], np.float32)
-            qp = builder.params(p.root(t), p.activation_type(t))
+            qp = builder.params(p.root(t), p.activation_type(t), p.root(t) in p.symmetric)
             q = qlinear.quantize_linear(x, qp.scale, qp.zero_point, output_dtype=p.activation_type(t))
             back = qlinear.dequantize_linear(q, qp.scale, qp.zero_point).astype(np.float64)
             x64 = x.astype(np.float64)

@@ -67,6 +67,9 @@ class Placement:
             the layer's output columns to be a multiple of a number: type ->
             (that number, the type stored where they are not).
         column_multiple_why: why, as the report says it.
+        signed_matmul_inputs: whether a MatMul of two activations takes
+            its first input as int8 of zero point 0 (its integer kernel
+            takes no zero point there).
     """
 
     integer_weight_types: frozenset[str]
@@ -81,6 +84,7 @@ class Placement:
     unloadable_why: str
     column_multiples: Mapping[str, tuple[int, str]]
     column_multiple_why: str
+    signed_matmul_inputs: bool = False
 
     def stored_type(self, op_type: str, weight_type: str, columns: int | None) -> tuple[str, str | None]:
         """The type a weight of ``op_type`` asked as ``weight_type`` is stored in, and why where it is not that one.

@@ -14,6 +14,8 @@ measured on OpenVINO 2026.4.1 (docs/notes/2026-11-27-openvino-cpu-qdq.md):
   float unless the Concat's output is quantized again, which qlinear does
   not give them one scale for yet: a Concat is no integer join here, and
   its reader quantizes its output (then the Conv is int8);
+- a MatMul of two activations (attention's) runs int8 only where its
+  first input has zero point 0: that input is int8, symmetric;
 - 16-bit Q/DQ is stripped and the op runs in float: the ladder has no
   16-bit activations (as on ONNX Runtime);
 - a weight-only Conv's weights are decompressed when the model is
@@ -183,6 +185,7 @@ OPENVINO = Target(
         unloadable_why="",
         column_multiples={},
         column_multiple_why="",
+        signed_matmul_inputs=True,  # its int8 MatMul of two activations takes no zero point on the first
     ),
     run_notes=_run_notes,
     requires=available,
