@@ -96,12 +96,18 @@ def test_gptq_is_not_used_where_it_does_not_apply():
     )
 
 
-def test_gptq_in_the_quantizer_lowers_the_models_error():
-    k, n = 64, 32
+def _two_layers(k: int, n: int = 32) -> qo.Graph:
+    """x (N, 5, k) -> MatMul to n -> MatMul to 10 outputs, weights drawn from the module's RNG."""
     g = qo.Graph("gptq", opset=17)
     x = g.input("x", "float", ("N", 5, k))
     h = g.op("MatMul", [x, (RNG.standard_normal((k, n)) * 0.2).astype(np.float32)], name="layer")
     g.output(g.op("MatMul", [h, (RNG.standard_normal((n, 10)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
+    return g
+
+
+def test_gptq_in_the_quantizer_lowers_the_models_error():
+    k = 64
+    g = _two_layers(k)
     data = {"x": _correlated_inputs(400 * 5, k).reshape(400, 5, k)}
     settings = dict(weights="int4", granularity="blocked", activations=None, promote=False, bias_correction=False)
     rtn = qq.quantize_model(g.to_model(), None, data, eval=data, gptq=False, **settings).report
@@ -207,11 +213,8 @@ def test_gptq_rounds_each_weight_once_a_run_however_many_models_the_search_build
     import qlinear.quantize.algorithms.gptq as gptq_module
     from qlinear.quantize._build import ModelBuilder
 
-    k, n = 64, 32
-    g = qo.Graph("gptq", opset=17)
-    x = g.input("x", "float", ("N", 5, k))
-    h = g.op("MatMul", [x, (RNG.standard_normal((k, n)) * 0.2).astype(np.float32)], name="layer")
-    g.output(g.op("MatMul", [h, (RNG.standard_normal((n, 10)) * 0.2).astype(np.float32)], name="head", output_names=["y"]))
+    k = 64
+    g = _two_layers(k)
     data = {"x": _correlated_inputs(200 * 5, k).reshape(200, 5, k)}
     settings = dict(weights="int4", granularity="blocked", activations=None, bias_correction=False, gptq=True)
     calls = []

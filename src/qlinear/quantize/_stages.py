@@ -250,7 +250,9 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     settings: list[RunSetting] = []
     trials = runtime.setting_trials(built.model) if options.promote else []
     if trials:
-        written = as_written(precision)
+        written = onnx.ModelProto()  # the chosen model as it will be written, from the build above
+        written.CopyFrom(built.model)
+        runtime.as_written(written, options.format)
         with bars.task("trying the runtime's settings", None):
             # The target first; where it was not met, no setting may lower the figure the search reached.
             floor = None if found.met else figure_of(written)

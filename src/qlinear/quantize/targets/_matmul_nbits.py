@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from qlinear.dtypes import ElementType, element_type, from_tensor_proto, to_tensor_proto
+from qlinear.dtypes import ElementType, element_type, from_tensor_proto, pack, to_tensor_proto
 from qlinear.onnx._graph import producers, readers
 from qlinear.onnx._large import is_marker, value_of
 from qlinear.quantize._qdq_names import CODES
@@ -188,16 +188,12 @@ def _unsigned(zero_point: np.ndarray | None, shape: tuple[int, int], t: ElementT
 
 
 def _pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
-    """The last axis of ``codes`` packed ``8 // bits`` to a byte, lowest bits first (a row's last byte padded with 0)."""
+    """The last axis of ``codes`` packed as ONNX packs a sub-byte tensor (lowest bits first), each row to whole bytes."""
     per = 8 // bits
     width = -(-codes.shape[-1] // per) * per
-    padded = np.zeros((*codes.shape[:-1], width), np.uint8)
+    padded = np.zeros((*codes.shape[:-1], width), np.uint8)  # a row's last byte padded with 0
     padded[..., : codes.shape[-1]] = codes
-    grouped = padded.reshape(*codes.shape[:-1], width // per, per)
-    out = np.zeros(grouped.shape[:-1], np.uint8)
-    for i in range(per):
-        out |= grouped[..., i] << (i * bits)
-    return out
+    return pack(padded.astype(element_type(f"uint{bits}").dtype)).reshape(*codes.shape[:-1], width // per)
 
 
 def streamed_to_matmul_nbits(ir, model) -> int:
