@@ -101,7 +101,7 @@ def node_plan(
     if op in ("Conv", "ConvTranspose", "Gemm") and len(inputs) > 2 and const[2] and weight is not None and activations:
         bias = _usable_bias(fm, node, weight)
     output = None
-    if quantize_activations and op in ("Conv", "ConvTranspose") and activations:
+    if quantize_activations and op in ("Conv", "ConvTranspose") and activations and placement.quantized_conv_outputs:
         output = _output_for_q(fm, node, graph_outputs, placement.clamps_folded)
     elif quantize_activations and op in ("MatMul", "Gemm") and activations:
         output = _output_for_q(fm, node, graph_outputs, placement.clamps_folded, clamp_only=True)

@@ -5,7 +5,9 @@ The rules follow ONNX Runtime's QDQ selectors (its graph transformer turns
 
 - Conv and ConvTranspose: the input activation, the weight (per output
   channel by default) and the bias (int32) through DequantizeLinear, and the
-  output through QuantizeLinear, which QLinearConv needs; a Relu or Clip
+  output through QuantizeLinear, which QLinearConv needs (a target whose
+  int8 Conv dequantizes its own result quantizes the output only where a
+  reader takes it quantized: ``Placement.quantized_conv_outputs``); a Relu or Clip
   right after the Conv is folded in by the runtime when the Q's range starts
   at zero, so the Q goes after it.
 - MatMul and Gemm: the inputs through DequantizeLinear and no Q on the

@@ -70,6 +70,10 @@ class Placement:
         signed_matmul_inputs: whether a MatMul of two activations takes
             its first input as int8 of zero point 0 (its integer kernel
             takes no zero point there).
+        quantized_conv_outputs: whether its integer Conv needs a
+            QuantizeLinear on its output (ONNX Runtime's QLinearConv does);
+            where not, a Conv's output is quantized only where a reader
+            takes it quantized.
     """
 
     integer_weight_types: frozenset[str]
@@ -85,6 +89,7 @@ class Placement:
     column_multiples: Mapping[str, tuple[int, str]]
     column_multiple_why: str
     signed_matmul_inputs: bool = False
+    quantized_conv_outputs: bool = True
 
     def stored_type(self, op_type: str, weight_type: str, columns: int | None) -> tuple[str, str | None]:
         """The type a weight of ``op_type`` asked as ``weight_type`` is stored in, and why where it is not that one.
