@@ -26,7 +26,7 @@ import qlinear.quantize._speed as _speed  # noqa: E402
 import qlinear.quantize._stages as _stages  # noqa: E402
 
 
-def _every_node_kept(fm, quantized, precision, timed, shares=None):
+def _every_node_kept(fm, quantized, precision, timed, shares=None, float_shares=None):
     return precision, []
 
 

@@ -236,7 +236,7 @@ def test_found_finetune_with_every_node_left_float_keeps_the_model(monkeypatch):
     import qlinear.quantize._stages as stages
     from qlinear.quantize._speed import FASTER_IN_FLOAT
 
-    def every_node_faster_in_float(fm, quantized, precision, timed, shares=None):
+    def every_node_faster_in_float(fm, quantized, precision, timed, shares=None, float_shares=None):
         return {**precision, **dict.fromkeys(quantized, FASTER_IN_FLOAT)}, []
 
     monkeypatch.setattr(stages, "float_where_faster", every_node_faster_in_float)

@@ -163,6 +163,57 @@ def test_a_kind_that_takes_less_of_a_run_than_a_trial_must_save_is_not_timed():
     assert not any(not p.quantized for precision, _, _ in calls for n, p in precision.items() if n.startswith("dw"))
 
 
+def test_a_kind_whose_float_kernels_take_what_it_saves_is_not_timed():
+    # YOLOv8n's 3x3 Convs: 21% of its quantized run at one sample, their float kernels 60% of its float run. Floating
+    # them gives back their quantized share and takes their float kernels' time again: nothing to save, not timed.
+    model, _ = _mobile_block()
+    fm = load_float_model(model)
+    timed, calls = _timer({"dw0": -0.1, "dw1": -0.1, "pw0": 0.05, "pw1": 0.05}, at_sixteen={})  # 1.0 at both batches
+    quantized = [{"dw0": 0.1, "dw1": 0.1, "pw0": 0.2, "pw1": 0.2, "": 0.01}, {"dw0": 0.1, "dw1": 0.1, "pw0": 0.3, "pw1": 0.3}]
+    in_float = [{"dw0": 0.02, "dw1": 0.02, "pw0": 0.3, "pw1": 0.3}, {"dw0": 0.01, "dw1": 0.01, "pw0": 0.5, "pw1": 0.5}]
+    asked = []
+
+    def float_shares():
+        asked.append(True)
+        return in_float
+
+    precision, trials = float_where_faster(
+        fm, dict.fromkeys(["dw0", "pw0", "dw1", "pw1"], A8), {}, timed, lambda p: quantized, float_shares
+    )
+    by_kind = {t.kind: t for t in trials}
+    pointwise, depthwise = by_kind["Conv 1x1"], by_kind["Conv depthwise 3x3"]
+    # At one sample 0.41 of the run less 0.6 of the float run at a ratio of 1.0; at 16, 0.6 less 1.0; of a run that
+    # the depthwise kind, floated first, shortened to 0.8 at one sample (a geometric mean of 0.8 ** 0.5).
+    assert pointwise.share == pytest.approx(max(0.41 - 0.6, 0.6 - 1.0) / 0.8**0.5) and np.isnan(pointwise.after)
+    assert depthwise.share == pytest.approx(max(0.21 - 0.04, 0.2 - 0.02)) and depthwise.kept
+    assert precision == {"dw0": FASTER_IN_FLOAT, "dw1": FASTER_IN_FLOAT} and asked == [True]  # read once
+    assert not any(not p.quantized for precision, _, _ in calls for n, p in precision.items() if n.startswith("pw"))
+
+
+def test_profiled_kernels_named_by_their_tensor_or_fusion_count_to_their_node():
+    # ONNX Runtime names a Conv it moves to its blocked layout by the tensor it writes ("conv0_output") and a SiLU
+    # it fuses by the node the fusion started from ("silu0/QuickGeluFusion/"): both are the model's nodes' time.
+    from qlinear.quantize.targets._ort_profile import node_times
+
+    rng = np.random.default_rng(0)
+    g = qo.Graph("silu", opset=17)
+    h = g.input("x", "float", ("N", 8, 16, 16))
+    for k in range(2):
+        w = (rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32)
+        c = g.op("Conv", [h, w, np.zeros(8, np.float32)], name=f"conv{k}", pads=[1] * 4)
+        h = g.op("Mul", [c, g.op("Sigmoid", [c], name=f"sig{k}")], name=f"silu{k}")
+    g.output(h)
+    model = g.to_model()
+    ((times, run),) = node_times(model, [{"x": rng.standard_normal((4, 8, 16, 16)).astype(np.float32)}])
+    assert {"conv0", "conv1", "silu0", "silu1"} <= set(times)
+    assert set(times) - {n.name for n in model.graph.node} <= {"ReorderInput", "ReorderOutput"}
+    assert 0 < sum(times.values()) <= 1.5 * run
+    # A float Conv and its Relu run as one kernel named by the Relu: the Conv's time.
+    model, data = _mobile_block()
+    ((times, run),) = node_times(model, [{"x": data["x"][:16]}])
+    assert {"dw0", "dw1", "pw0", "pw1"} <= set(times) and not {"r0", "r1"} & set(times)
+
+
 def test_node_shares_count_each_nodes_kernels_and_the_qdq_beside_it():
     from qlinear.quantize._node_cost import ADDED, node_shares
 

@@ -7,7 +7,8 @@ convolutions and thin Gemms lose the same way. Such a node quantized is
 dominated: slower, and less accurate. So after the accuracy search, each
 kind of quantized node (op, depthwise or grouped, kernel size) that takes
 enough of a run to pay (its kernels' and Q/DQ's share, from the runtime's
-own profile, at least the margin a trial must save) is timed
+own profile, less what its kernels take in the float model's profile: at
+least the margin a trial must save) is timed
 in float against the model as it stands, in alternating pairs with the
 float model at each batch the users run, and kept float where the model
 runs faster (the geometric mean of the batches' ratios: a share of time
@@ -37,7 +38,7 @@ from qlinear.quantize._model import FloatModel
 from qlinear.quantize._node_cost import ADDED
 from qlinear.quantize._precision import NodePrecision
 
-__all__ = ["FASTER_IN_FLOAT", "Floated", "Shares", "float_where_faster", "node_kind"]
+__all__ = ["FASTER_IN_FLOAT", "FloatShares", "Floated", "Shares", "float_where_faster", "node_kind"]
 
 FASTER_IN_FLOAT = NodePrecision(None, None, quantized=False, why="faster in float on the runtime at the users' batch (timed)")
 # A precision assignment's nodes' shares of a run at each batch the users run, their Q/DQ's included, and the kernels
@@ -46,6 +47,8 @@ Shares = Callable[[dict[str, NodePrecision]], list[dict[str, float]] | None]
 # A precision assignment's latency at each batch the users run (None: the runtime cannot load it) and its size in bytes;
 # its second argument true: timed anew, not an earlier timing of the same model given back; its third: a ratio past
 # which a first look of a few pairs is the answer (the UserBatchTimer's give_up_above).
+# The float model's nodes' shares of its run at each batch the users run (the runtime's profile, read once).
+FloatShares = Callable[[], list[dict[str, float]] | None]
 Timed = Callable[[dict[str, NodePrecision], bool, float | None], tuple[Sequence[Latency] | None, int]]
 # The least latency a kind must save, as a share of the model's, twice in a row, to be kept float: the pairs' noise.
 MARGIN = 0.03
@@ -69,7 +72,9 @@ class Floated:
     before: float
     after: float
     kept: bool
-    share: float | None = None  # the most its nodes and their Q/DQ took of a run at a batch (profiled); None: not read
+    # The most floating it could save of a run at a batch: its nodes' and their Q/DQ's share, less their float kernels'
+    # (both profiled); None: not read.
+    share: float | None = None
 
 
 def node_kind(fm: FloatModel, name: str) -> str:
@@ -90,6 +95,7 @@ def float_where_faster(
     precision: dict[str, NodePrecision],
     timed: Timed,
     shares: Shares | None = None,
+    float_shares: FloatShares | None = None,
 ) -> tuple[dict[str, NodePrecision], list[Floated]]:
     """``precision`` with every kind of node in ``quantized`` that runs faster in float set float, and each kind's trial.
 
@@ -104,6 +110,10 @@ def float_where_faster(
     ``shares``: the nodes' shares of a run as the model stands (the
     runtime's profile); a kind whose nodes take less than :data:`MARGIN`
     of a run at every batch cannot save that much, and is not timed.
+    ``float_shares``: the float model's (read where a kind passes that
+    bound): a kind's float kernels take their time in the trial too, so
+    the bound is its share less theirs (YOLOv8n's 3x3 Convs take 21% of
+    its quantized run at one sample and 60% of its float run).
     """
     kinds: dict[str, list[str]] = {}
     for name, asked in quantized.items():
@@ -116,13 +126,17 @@ def float_where_faster(
         return current, []
     ratio, trials = mean_ratio(start), []
     profiled = None if shares is None or not kinds else shares(current)
-    profiled_ratio = ratio
+    profiled_ratio, in_float = ratio, None
     for kind, names in sorted(kinds.items(), key=lambda item: -len(item[1])):
         share = None
         if profiled is not None:
+            bounds = [sum(batch.get(n, 0.0) for n in names) + batch.get(ADDED, 0.0) for batch in profiled]
+            if float_shares is not None and max(bounds) * profiled_ratio / ratio >= MARGIN:
+                if in_float is None:
+                    in_float = float_shares() or []
+                bounds = _less_float_kernels(bounds, names, in_float, start)
             # Of the model as it stands now: the same seconds, of a run that floating faster kinds has shortened.
-            share = max(sum(batch.get(n, 0.0) for n in names) + batch.get(ADDED, 0.0) for batch in profiled)
-            share *= profiled_ratio / ratio
+            share = max(bounds) * profiled_ratio / ratio
             if share < MARGIN:
                 trials.append(Floated(kind, tuple(names), ratio, float("nan"), False, share))
                 continue
@@ -139,6 +153,20 @@ def float_where_faster(
         if faster:
             current, ratio, size = trial, again, trial_size
     return current, trials
+
+
+def _less_float_kernels(
+    bounds: list[float], names: list[str], in_float: list[dict[str, float]], start: Sequence[Latency]
+) -> list[float]:
+    """Each batch's bound less the kind's float kernels' seconds, as a share of the quantized run profiled.
+
+    That is the float run's share over the quantized model's latency ratio
+    at the batch; the bounds as they were where the float profile does not
+    cover every batch.
+    """
+    if not (len(in_float) == len(bounds) == len(start)):
+        return bounds
+    return [b - sum(f.get(n, 0.0) for n in names) / t.ratio for b, f, t in zip(bounds, in_float, start, strict=True)]
 
 
 def _mean_timed(timed: Timed, precision: dict[str, NodePrecision], *, again: bool = False,

@@ -220,6 +220,9 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     def shares(precision: dict[str, NodePrecision]) -> list[dict[str, float]] | None:
         return node_shares(as_written(precision), timer.feeds, runtime)
 
+    def float_shares() -> list[dict[str, float]] | None:
+        return node_shares(builder.fm.model, timer.feeds, runtime)
+
     with bars.task("promoting to the target", None) as step:
 
         def measure(precision):
@@ -239,7 +242,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         precision, floated = found.precision, []
         if options.float_where_faster and options.promote:
             quantized = {p.name: p.precision for p in requested.plan.nodes}
-            precision, floated = float_where_faster(builder.fm, quantized, precision, timed, shares)
+            precision, floated = float_where_faster(builder.fm, quantized, precision, timed, shares, float_shares)
             if precision != found.precision and found.met and not goal.met(figure_of(builder.build(precision).model)):
                 precision, floated = found.precision, [replace(f, kept=False) for f in floated]  # the target first
         candidates = tradeoff(found, steps, timed, precision)

@@ -3,9 +3,15 @@
 ONNX Runtime names the kernels it makes by fusing after the node they
 came from: a QLinearConv fused from ``conv``'s Q/DQ group runs as
 ``conv_token_85``, a Conv moved to its blocked layout as ``conv_nchwc``.
-Those suffixes taken off, a kernel's time is its model node's. Kernels
-it adds (layout reorders, Transposes around an NHWC region) name no node
-of the model: their times are under their own names.
+Some it names by the tensor they write (a Conv in the blocked layout:
+``/model.0/conv/Conv_output_0``), by the node a fusion started from
+(``/model.0/act/Mul/QuickGeluFusion/``), or by the node it fused a Conv
+into (a float Conv and its Relu run as ``relu``). Those suffixes taken
+off, a tensor's name read as its producer's, and a reader's time given to
+the Conv, Gemm or MatMul before it where that has no kernel of its own,
+a kernel's time is its model node's. Kernels it adds (layout reorders,
+Transposes around an NHWC region) name no node of the model: their times
+are under their own names.
 """
 
 from __future__ import annotations
@@ -14,11 +20,12 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from qlinear.onnx._graph import readers
 from qlinear.quantize._session import session
 
 __all__ = ["PROFILED_RUNS", "node_times"]
@@ -29,6 +36,8 @@ _WARM_UP = 2
 # The profile's durations are whole microseconds, rounded down: each kernel is counted 1 us more, so that a share
 # read from them is not below the kernels' own.
 _ROUNDING_S = 1e-6
+# The nodes ONNX Runtime fuses into the node after them (an activation, a residual Add), the kernel named by that one.
+_FUSED_INTO_READER = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _FUSED_SUFFIX = re.compile(r"(_token_\d+|_nchwc)+$")
 
 
@@ -57,6 +66,7 @@ def node_times(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[tu
         return None
     kernels = sorted((e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")),
                      key=lambda e: e["ts"])  # fmt: skip
+    node_of = _node_names(model)
     out = []
     for b in range(len(feeds)):
         counted = runs[b * (_WARM_UP + PROFILED_RUNS) + _WARM_UP : (b + 1) * (_WARM_UP + PROFILED_RUNS)]
@@ -64,7 +74,35 @@ def node_times(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[tu
         times: dict[str, float] = {}
         for e in kernels:
             if start <= e["ts"] <= end:
-                node = _FUSED_SUFFIX.sub("", e["name"].removesuffix("_kernel_time"))
+                node = node_of(_FUSED_SUFFIX.sub("", e["name"].removesuffix("_kernel_time")))
                 times[node] = times.get(node, 0.0) + (e["dur"] * 1e-6 + _ROUNDING_S) / len(counted)
-        out.append((times, float(np.mean([r["dur"] for r in counted])) * 1e-6))
+        out.append((_fused_into_readers(model, times), float(np.mean([r["dur"] for r in counted])) * 1e-6))
     return out
+
+
+def _node_names(model: Any) -> Callable[[str], str]:
+    """A profiled kernel's name to the name of the model node it came from (the kernel's own where none)."""
+    nodes = {n.name for n in model.graph.node}
+    producer = {t: n.name for n in model.graph.node for t in n.output if t}
+
+    def node_of(kernel: str) -> str:
+        if kernel in nodes:
+            return kernel
+        if kernel in producer:
+            return producer[kernel]
+        started = kernel.rstrip("/").rpartition("/")[0]  # "<node>/<Name>Fusion/"
+        return started if kernel.endswith("/") and started in nodes else kernel
+
+    return node_of
+
+
+def _fused_into_readers(model: Any, times: dict[str, float]) -> dict[str, float]:
+    """``times`` with a compute node that ran no kernel of its own given the time of its one reader, which took it in."""
+    reading = readers(model.graph)
+    for node in model.graph.node:
+        if node.op_type not in _FUSED_INTO_READER or node.name in times or not node.output:
+            continue
+        after = reading.get(node.output[0], [])
+        if len(after) == 1 and after[0].name in times:
+            times[node.name] = times.pop(after[0].name)
+    return times
