@@ -154,3 +154,24 @@ def test_a_conv_output_is_quantized_only_where_a_reader_takes_it_quantized():
     quantized = {n.input[0] for n in r.model.graph.node if n.op_type == "QuantizeLinear"}
     outputs = {n.name: n.output[0] for n in r.model.graph.node if n.op_type == "Conv"}
     assert outputs["box"] in quantized and outputs["cls"] in quantized
+
+
+def test_statistics_saved_for_one_target_quantize_for_the_other_without_calibrating(tmp_path):
+    # One calibration, many targets: the statistics of a run placed for ONNX Runtime hold every tensor OpenVINO's
+    # placement quantizes, and give the scales a calibration on OpenVINO gives (its float arithmetic apart).
+    stats = tmp_path / "stats.npz"
+    settings = dict(eval=str(DEMO / "digits_eval.npz"), bias_correction=False, promote=False)
+    qq.quantize_model(str(DEMO / "digits_cnn.onnx"), None, str(DEMO / "digits_calibration.npz"), save_stats_to=stats, **settings)
+    from_stats = qq.quantize_model(str(DEMO / "digits_cnn.onnx"), None, None, stats=stats, target="openvino", **settings)
+    calibrated = qq.quantize_model(
+        str(DEMO / "digits_cnn.onnx"), None, str(DEMO / "digits_calibration.npz"), target="openvino", **settings
+    )
+    assert from_stats.report.calibration.from_stats == str(stats) and from_stats.report.settings.target == "openvino"
+
+    def scales(r):
+        return {t.name: onnx.numpy_helper.to_array(t) for t in r.model.graph.initializer if t.name.endswith("_scale")}
+
+    got, want = scales(from_stats), scales(calibrated)
+    assert got.keys() == want.keys() and got
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, err_msg=name)

@@ -195,3 +195,10 @@ def _first_named(report: qq.Report, name: str) -> qq.Report:
     """``report`` with its first node (in the node list and the analysis) named ``name``."""
     nodes = [replace(report.nodes[0], name=name), *report.nodes[1:]]
     return replace(report, nodes=nodes, analysis=[replace(report.analysis[0], name=name), *report.analysis[1:]])
+
+
+def test_the_page_names_the_runtime_the_model_was_placed_for(report):
+    assert "<h2>On ONNX Runtime</h2>" in render_html(report) and "latency (ONNX Runtime)" in render_html(report)
+    placed = qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL, labels="label", target="openvino", promote=False)
+    page = render_html(placed.report)
+    assert "<h2>On OpenVINO</h2>" in page and "latency (OpenVINO)" in page and "ONNX Runtime" not in page

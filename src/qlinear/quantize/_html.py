@@ -23,6 +23,7 @@ from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
 from qlinear.quantize._records import plain
 from qlinear.quantize._report_schema import NodeAnalysis, NodeRow, Report
+from qlinear.quantize._report_text import runtime_name
 from qlinear.quantize._tradeoff import latency_text
 
 __all__ = ["render_html"]
@@ -167,7 +168,7 @@ def _summary(report: Report) -> str:
     for lat in report.latency_ms:
         rows.append(
             (
-                "latency (ONNX Runtime)",
+                f"latency ({_e(runtime_name(report, full=True))})",
                 f"{lat.before:.3f} ms → {lat.after:.3f} ms a batch of {lat.batch} ({lat.ratio:.2f}x, pairs' median)",
             )
         )
@@ -269,7 +270,8 @@ def _left_float(report: Report) -> str:
 def _fusion(report: Report, nodes: list[_Row]) -> str:
     fusion = report.fusion
     if not fusion.checked:
-        return "<h2>On ONNX Runtime</h2><p>Not checked: ONNX Runtime cannot load the model's types.</p>"
+        name = _e(runtime_name(report, full=True))
+        return f"<h2>On {name}</h2><p>Not checked: {name} cannot load the model's types.</p>"
     by_design = fusion.float_by_design
 
     def group(n: _Row) -> str:
@@ -291,9 +293,10 @@ def _fusion(report: Report, nodes: list[_Row]) -> str:
         if gates
         else ""
     )
+    name = _e(runtime_name(report, full=True))
     return (
-        "<h2>On ONNX Runtime</h2>"
-        f"<p>Each quantized node as ONNX Runtime's optimizer left it; {fusion.qdq_nodes_left} Q/DQ nodes left."
+        f"<h2>On {name}</h2>"
+        f"<p>Each quantized node as {name} compiled it; {fusion.qdq_nodes_left} Q/DQ nodes left."
         f"{gates_text}</p>"
         f"<table><thead><tr><th>node</th><th>runs as</th><th>group</th></tr></thead><tbody>{rows}</tbody></table>"
     )

@@ -12,9 +12,9 @@ from rich.markup import escape
 from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
 from qlinear.quantize._report_schema import Report
-from qlinear.quantize._report_text import db_text, figure_text, share_text
+from qlinear.quantize._report_text import db_text, figure_text, runtime_name, share_text
 from qlinear.quantize._tradeoff import latency_text
-from qlinear.quantize.targets import QDQ_FORM, TARGETS
+from qlinear.quantize.targets import QDQ_FORM
 
 __all__ = ["MOST_DEGRADED", "print_profile", "print_report"]
 
@@ -27,14 +27,6 @@ def _bytes(n: int) -> str:
 
 
 _LEFT_FLOAT_SHOWN = 4  # nodes named in the summary's "left float" row; the JSON report has them all
-
-
-def _runtime(report: Report, *, full: bool = False) -> str:
-    """The name of the runtime the model was placed for: short, for the tables, or in full."""
-    t = TARGETS.get(report.settings.target)  # a report of another qlinear's may name one this one lacks
-    if t is None:
-        return str(report.settings.target)
-    return t.runtime if full else t.label
 
 
 def _types_text(report: Report) -> str:
@@ -99,7 +91,7 @@ def print_report(
     summary.add_row("size", f"{_bytes(size.before)} -> {_bytes(size.after)} ({size.after / size.before:.2f}x)")
     for lat in report.latency_ms:
         summary.add_row(
-            f"latency ({_runtime(report)})",
+            f"latency ({runtime_name(report)})",
             f"{lat.before:.3f} ms -> {lat.after:.3f} ms a batch of {lat.batch} ({lat.ratio:.2f}x, pairs' median)",
         )
     out = report.output
@@ -165,10 +157,10 @@ def print_report(
             text += "; in float by design: " + ", ".join(f"{count} ({what})" for what, count in reasons.most_common())
         if fusion.integer_gates:
             text += f"; {len(fusion.integer_gates)} gates (HardSwish, SiLU, ...) as integer Add/Mul/Sigmoid"
-        summary.add_row(f"fused by {_runtime(report)}", f"{text}; {fusion.qdq_nodes_left} Q/DQ nodes left")
+        summary.add_row(f"fused by {runtime_name(report)}", f"{text}; {fusion.qdq_nodes_left} Q/DQ nodes left")
     else:
         summary.add_row(
-            f"fused by {_runtime(report)}", f"not checked ({_runtime(report, full=True)} cannot load the model's types)"
+            f"fused by {runtime_name(report)}", f"not checked ({runtime_name(report, full=True)} cannot load the model's types)"
         )
     kept_float = [(n.name, n.op_type, n.reason) for n in report.left_float if n.reason != PROMOTED_TO_FLOAT]
     if kept_float:  # the promoted ones have their own table below
@@ -235,7 +227,7 @@ def print_report(
     table.add_column("types")
     table.add_column("weight", no_wrap=True, justify="right")
     table.add_column("output", no_wrap=True, justify="right")
-    table.add_column(f"{_runtime(report)} runs as")
+    table.add_column(f"{runtime_name(report)} runs as")
     for n in nodes[:MOST_DEGRADED]:
         types = f"{n.weight_type or '-'}/{n.activation_type or '-'}"
         output = db_text(n.output_sqnr_db) if judged else "-"

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-__all__ = ["db_text", "figure_text", "share_text"]
+from typing import Any
+
+from qlinear.quantize.targets import TARGETS
+
+__all__ = ["db_text", "figure_text", "runtime_name", "share_text"]
+
+
+def runtime_name(report: Any, *, full: bool = False) -> str:
+    """The name of the runtime the report's model was placed for: short, for the tables, or in full."""
+    t = TARGETS.get(report.settings.target)  # a report of another qlinear's may name one this one lacks
+    if t is None:
+        return str(report.settings.target)
+    return t.runtime if full else t.label
 
 
 def db_text(value: float | None) -> str:
