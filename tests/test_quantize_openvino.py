@@ -175,3 +175,19 @@ def test_statistics_saved_for_one_target_quantize_for_the_other_without_calibrat
     assert got.keys() == want.keys() and got
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.timed  # the speed trials as shipped: what they read is checked, not what they decide
+def test_the_plugins_counters_give_each_node_its_time_and_the_speed_trials_read_them():
+    # A kernel's time counts to the ONNX node it took in (a Conv with its Relu, a MatMul with its bias Add): the
+    # speed trials' bound on what floating a kind of node could save, as ONNX Runtime's profile gives it there.
+    model = onnx.load(str(DEMO / "digits_cnn.onnx"))
+    x = dict(np.load(DEMO / "digits_eval.npz"))["image"]
+    profiled = ov_target.node_times(model, [{"image": x[:1]}, {"image": x[:16]}])
+    assert profiled is not None and len(profiled) == 2
+    names = {n.name for n in model.graph.node}
+    for times, run in profiled:
+        assert times["conv1"] > 0 and times["conv2"] > 0 and times["fc1"] > 0 and 0 < sum(times.values()) <= 1.5 * run
+        assert all(name in names or "Reorder" in name or "_acdb" in name or "_abcd" in name for name in times), times
+    r = qq.quantize_model(str(DEMO / "digits_cnn.onnx"), None, str(DEMO / "digits_calibration.npz"), target="openvino")
+    assert r.report.float_where_faster and all(f.share is not None for f in r.report.float_where_faster)

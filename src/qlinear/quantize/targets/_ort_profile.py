@@ -28,11 +28,11 @@ import numpy as np
 from qlinear.onnx._graph import readers
 from qlinear.quantize._session import session
 
-__all__ = ["PROFILED_RUNS", "node_times"]
+__all__ = ["PROFILED_RUNS", "WARM_UP_RUNS", "node_times"]
 
 # Runs profiled a batch after two that are not counted: a few suffice, since a share, not a latency, is read.
 PROFILED_RUNS = 4
-_WARM_UP = 2
+WARM_UP_RUNS = 2
 # The profile's durations are whole microseconds, rounded down: each kernel is counted 1 us more, so that a share
 # read from them is not below the kernels' own.
 _ROUNDING_S = 1e-6
@@ -53,7 +53,7 @@ def node_times(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[tu
         try:
             s = session(model, spinning=False, profile_prefix=os.path.join(folder, "run"))
             for batch in feeds:
-                for _ in range(_WARM_UP + PROFILED_RUNS):
+                for _ in range(WARM_UP_RUNS + PROFILED_RUNS):
                     s.run(None, dict(batch))
             with open(s.end_profiling()) as f:
                 events = json.load(f)
@@ -62,14 +62,14 @@ def node_times(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[tu
         finally:
             del s  # the session writes nothing more into the folder once it is gone
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
-    if len(runs) != len(feeds) * (_WARM_UP + PROFILED_RUNS):
+    if len(runs) != len(feeds) * (WARM_UP_RUNS + PROFILED_RUNS):
         return None
     kernels = sorted((e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")),
                      key=lambda e: e["ts"])  # fmt: skip
     node_of = _node_names(model)
     out = []
     for b in range(len(feeds)):
-        counted = runs[b * (_WARM_UP + PROFILED_RUNS) + _WARM_UP : (b + 1) * (_WARM_UP + PROFILED_RUNS)]
+        counted = runs[b * (WARM_UP_RUNS + PROFILED_RUNS) + WARM_UP_RUNS : (b + 1) * (WARM_UP_RUNS + PROFILED_RUNS)]
         start, end = counted[0]["ts"], counted[-1]["ts"] + counted[-1]["dur"]
         times: dict[str, float] = {}
         for e in kernels:

@@ -34,13 +34,17 @@ evaluation run on OpenVINO (``pip install 'qlinear[openvino]'``), at
 every float part in bf16, which is not the model's arithmetic. The fusion
 check reads what the plugin compiled: each node of its runtime model
 names the ONNX nodes it took in, and its kernel (``primitiveType``) ends
-in ``I8`` where it is an integer one.
+in ``I8`` where it is an integer one. The speed trials read the plugin's
+own counters (``PERF_COUNT``): each kernel's time, counted to the ONNX
+node it took in.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +57,7 @@ from qlinear.onnx._passes import Sequential
 from qlinear.quantize._fusion import FusionCheck
 from qlinear.quantize._precision import FULL_LADDER, Ladder
 from qlinear.quantize._qdq_names import CODES, VALUES
+from qlinear.quantize.targets._ort_profile import PROFILED_RUNS, WARM_UP_RUNS
 from qlinear.quantize.targets._target import Placement, Target
 from qlinear.quantize.targets.ort_cpu import ORT_CPU
 
@@ -99,9 +104,10 @@ class _Session:
         return [np.array(result[port]) for port in ports]  # copies: the request reuses its buffers
 
 
-def _compiled(model: onnx.ModelProto | None, path: str | None, threads: int) -> Any:
+def _compiled(model: onnx.ModelProto | None, path: str | None, threads: int, *, counted: bool = False) -> Any:
+    """``model`` (or the file at ``path``) compiled; ``counted``: with each kernel's time kept (its profile)."""
     core = _core()
-    config = {**_CONFIG, **({"INFERENCE_NUM_THREADS": threads} if threads else {})}
+    config = {**_CONFIG, **({"INFERENCE_NUM_THREADS": threads} if threads else {}), **({"PERF_COUNT": True} if counted else {})}
     try:
         if path is not None:
             return core.compile_model(core.read_model(str(path)), "CPU", config)
@@ -119,6 +125,56 @@ def _compiled(model: onnx.ModelProto | None, path: str | None, threads: int) -> 
 def session(model: onnx.ModelProto | None, *, threads: int = 0, path: str | None = None, **_: Any) -> _Session:
     """The model compiled for OpenVINO's CPU plugin (``arena``, ``spinning``: ONNX Runtime's, nothing to set here)."""
     return _Session(_compiled(model, path, threads))
+
+
+def node_times(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[tuple[dict[str, float], float]] | None:
+    """For each batch of ``feeds``: the seconds a run of ``model`` takes in each of its nodes, and a run's seconds.
+
+    From the plugin's own counters (``PERF_COUNT``), :data:`PROFILED_RUNS`
+    runs a batch after two that are not counted. A kernel's time is the
+    model node it took in: the compute node (Conv, MatMul, Gemm) among the
+    ONNX nodes it names, else the first of them; a kernel the plugin added
+    (a layout reorder) names none and keeps its own name. None where
+    OpenVINO cannot load or run the model.
+    """
+    try:
+        compiled = _compiled(model, None, 0, counted=True)
+        request = compiled.create_infer_request()
+        node_of = _kernel_nodes(compiled, model)
+        out = []
+        for batch in feeds:
+            for _ in range(WARM_UP_RUNS):
+                request.infer(dict(batch))
+            times: dict[str, float] = {}
+            run = 0.0
+            for _ in range(PROFILED_RUNS):
+                start = time.perf_counter()
+                request.infer(dict(batch))
+                run += (time.perf_counter() - start) / PROFILED_RUNS
+                for kernel in request.profiling_info:
+                    if str(kernel.status).endswith("EXECUTED"):
+                        node = node_of.get(kernel.node_name, kernel.node_name)
+                        times[node] = times.get(node, 0.0) + kernel.real_time.total_seconds() / PROFILED_RUNS
+            out.append((times, run))
+    except Exception:  # OpenVINO raises RuntimeError and its own types (and QuantizationError where it cannot load)
+        return None
+    return out
+
+
+def _kernel_nodes(compiled: Any, model: onnx.ModelProto) -> dict[str, str]:
+    """Each kernel of the compiled model (by its name in the profile) and the model node its time counts to."""
+    names = [n.name for n in model.graph.node if n.name]
+    compute = {n.name for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm")}
+    producer = {t: n.name for n in model.graph.node for t in n.output if t}  # a layer named by the tensor it writes
+    found = {}
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        taken = str(info["originalLayersNames"].astype(str)).split(",") if "originalLayersNames" in info else []
+        matched = [m for m in names if any(t == m or t.startswith(m + "/") for t in taken)]
+        matched += [producer[t] for t in taken if t in producer and producer[t] not in matched]
+        if matched:
+            found[op.get_friendly_name()] = next((m for m in matched if m in compute), matched[0])
+    return found
 
 
 def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None:
@@ -198,4 +254,5 @@ OPENVINO = Target(
     run_notes=_run_notes,
     requires=available,
     backend="openvino",
+    node_times=node_times,
 )
