@@ -70,6 +70,24 @@ def test_a_model_openvino_cannot_read_is_one_line(tmp_path):
     with pytest.raises(QuantizationError, match=r"^quantize: OpenVINO cannot load the model: ") as e:
         ov_target.session(bad)
     assert "\n" not in str(e.value)
+    # An op its ONNX frontend cannot convert (a Conv whose input's rank is unknown, as in Silero VAD's decoder): the
+    # line names the op and the first such node, not the C++ source line OpenVINO's message opens with.
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((2, 1, 3), np.float32), "w")
+    unranked = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w],
+        ),
+        opset_imports=[helper.make_opsetid("", 15)],
+    )  # fmt: skip
+    unranked.ir_version = 8
+    with pytest.raises(QuantizationError) as e:
+        ov_target.session(unranked)
+    assert str(e.value).startswith("quantize: OpenVINO cannot load the model: its ONNX frontend cannot convert Conv")
+    assert "the Conv writing y" in str(e.value) and "Exception from" not in str(e.value) and "\n" not in str(e.value)
 
 
 def _attention_scores() -> tuple[onnx.ModelProto, dict]:

@@ -42,6 +42,7 @@ node it took in.
 from __future__ import annotations
 
 import importlib.util
+import re
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -118,8 +119,23 @@ def _compiled(model: onnx.ModelProto | None, path: str | None, threads: int, *, 
     except QuantizationError:
         raise
     except Exception as e:  # OpenVINO raises RuntimeError and its own types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise QuantizationError(f"quantize: OpenVINO cannot load the model: {first}") from None
+        raise QuantizationError(f"quantize: OpenVINO cannot load the model: {_why_not_loaded(e)}") from None
+
+
+def _why_not_loaded(e: Exception) -> str:
+    """OpenVINO's reason in one line: the ops its ONNX frontend could not convert and the first such node, where it says.
+
+    Its messages open with the C++ source line that raised (``Exception
+    from src/inference/src/cpp/core.cpp:84:``) and end with a summary.
+    """
+    text = str(e)
+    ops = re.search(r"Conversion is failed for: ([^\n]+)", text)
+    if ops:
+        node = re.search(r"<Node\((\w+)\): ([^>]*)>'?:?\s*(?:Check '[^\n]*\n)?(?:FrontEnd API failed[^\n]*\n)?([^\n]*)", text)
+        first = f" (first: the {node[1]} writing {node[2]}: {node[3].strip()})" if node and node[3].strip() else ""
+        return f"its ONNX frontend cannot convert {ops[1].strip()}{first}"
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Exception from ")]
+    return lines[0] if lines else type(e).__name__
 
 
 def session(model: onnx.ModelProto | None, *, threads: int = 0, path: str | None = None, **_: Any) -> _Session:
