@@ -222,10 +222,13 @@ def test_gptq_rounds_each_weight_once_a_run_however_many_models_the_search_build
     monkeypatch.setattr(gptq_module, "gptq_weight", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     builds = []
     real_build = ModelBuilder.build
-    monkeypatch.setattr(ModelBuilder, "build", lambda self, *a, **kw: builds.append(1) or real_build(self, *a, **kw))
+    monkeypatch.setattr(ModelBuilder, "build", lambda self, *a, **kw: builds.append(self) or real_build(self, *a, **kw))
     r = qq.quantize_model(g.to_model(), None, data, target_sqnr_db=80.0, **settings)  # promotions: many builds
     # Each of the two weights once at each type the search gives it (int4, then int8), however many builds.
     assert len(builds) > 4 and len(calls) <= 4
+    # What is kept is the codes (a byte each), not a float copy of each weight at each type.
+    kept = [codes for rounded in builds[0]._rounded.values() if rounded is not None for codes in rounded[:1]]
+    assert kept and all(codes.dtype.itemsize == 1 for codes in kept)
     # The same model as rounding anew at each build, which rounds more often.
     calls.clear()
     rounded_anew = ModelBuilder.__init__

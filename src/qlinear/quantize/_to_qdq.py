@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import qlinear
-from qlinear.dtypes import element_type, to_tensor_proto
+from qlinear.dtypes import ElementType, element_type, to_tensor_proto
 from qlinear.onnx._graph import names_read
 from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._model import FloatModel, reserve_name
@@ -281,25 +281,21 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     o, names = ctx.options, ctx.names
     rounded = ctx.rounded.get(key, _NOT_ROUNDED)
     if rounded is _NOT_ROUNDED:  # GPTQ's rounding of a wide layer takes seconds: once a run, not once a candidate
-        rounded = next(
+        found = next(
             (r for a in ctx.algorithms if a.rounds and (r := a.rounds(ctx.fm, p, w, wt, o, ctx.calibrated)) is not None),
             None,
         )
+        # Its codes are kept, not the float weight it rounded: a quarter of the bytes of a float32 copy, or less.
+        rounded = None if found is None else _codes(found[0], found[1], found[2], found[3], wt, p, ctx)
         ctx.rounded[key] = rounded
-    if rounded is not None:  # x: the weight as an algorithm rounded it, which the parameters quantize to the same codes
-        x, params, axis, block = rounded
+    if rounded is not None:  # the codes of the weight as an algorithm rounded it
+        codes, params, axis, block = rounded
     else:
         params, axis, block = weight_params(
             w, wt, granularity=o.granularity, channel_axis=p.weight.channel_axis, reduction_axis=p.weight.reduction_axis,
             block_size=o.block_size, clip=o.weight_clip, weight_only=weight_only,
         )  # fmt: skip
-        x = w
-    # In the weight's own float type: a float16 model's DequantizeLinear gives float16 (the scale's type).
-    params = QuantParams(
-        in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point
-    )
-    x = x if params.scale.dtype != np.float32 else x.astype(np.float32, copy=False)
-    codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
+        codes, params, axis, block = _codes(w, params, axis, block, wt, p, ctx)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
     # A float64 copy of the weight's error only where an algorithm corrects the layer's bias by it.
     sqnr, error = _weight_error(w, back, keep=_corrector(p, ctx) is not None)
@@ -315,6 +311,22 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
     stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, error)
     ctx.weights[key] = stored
     return stored
+
+
+def _codes(
+    x: np.ndarray, params: QuantParams, axis: int, block: int, wt: ElementType, p: NodePlan, ctx: _Context
+) -> tuple[np.ndarray, QuantParams, int, int]:
+    """``x`` quantized with ``params`` (their scale in the weight's own float type), and the parameters as stored.
+
+    In the weight's own float type: a float16 model's DequantizeLinear
+    gives float16 (the scale's type).
+    """
+    params = QuantParams(
+        in_float_type(params.scale, ctx.fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT)), params.zero_point
+    )
+    x = x if params.scale.dtype != np.float32 else x.astype(np.float32, copy=False)
+    codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
+    return codes, params, axis, block
 
 
 # Elements a weight's error is summed over at a time: float64 copies of a slice, not of the weight.
