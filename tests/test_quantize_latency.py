@@ -45,14 +45,20 @@ def _float_compute_nodes(model) -> int:
     return sum(n.op_type in COMPUTE and len(n.input) > 1 and n.input[1] in weights for n in model.graph.node)
 
 
-def _costs(monkeypatch, base: float, per_float_node: float) -> None:
-    """A timer whose ratio is ``base`` plus ``per_float_node`` for each compute node left float, as on the runtime."""
+def _costs(monkeypatch, base: float, per_float_node: float) -> list[tuple[int, int | None]]:
+    """A timer whose ratio is ``base`` plus ``per_float_node`` for each compute node left float, as on the runtime.
+
+    Gives the list it logs each timing in: the float nodes, and the pairs asked (None: the timer's own count).
+    """
+    log = []
 
     def fake_time(self, model, session=None, pairs=None):
+        log.append((_float_compute_nodes(model), pairs))
         ratio = base + per_float_node * _float_compute_nodes(model)
         return Latency(self.batch, 1.0, ratio, ratio)
 
     monkeypatch.setattr(latency_module.PairTimer, "time", fake_time)
+    return log
 
 
 @pytest.fixture
@@ -125,6 +131,16 @@ def test_a_model_is_timed_once_unless_asked_again_and_a_hopeless_one_only_at_a_f
     calls.clear()
     timer.time(third)
     assert calls == []
+    # A glance (a trade-off row: shown, not decided on): QUICK_PAIRS pairs a batch, not kept; a model timed before is
+    # read back instead.
+    fourth = conv_batchnorm(branch=True)[0]
+    fourth.graph.name = "fourth"
+    assert [t.ratio for t in timer.time(fourth, glance=True)] == [1.1, 1.1]
+    assert calls == [(1, QUICK_PAIRS), (4, QUICK_PAIRS)]
+    calls.clear()
+    assert timer.time(third, glance=True) is not None and calls == []
+    timer.time(fourth)
+    assert calls == [(1, None), (4, None)]
 
 
 def test_onnx_runtimes_ladder_offers_no_dominated_step():
@@ -189,7 +205,7 @@ def test_a_model_that_meets_its_target_faster_than_float_times_no_other_row(floa
 
 def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monkeypatch, tmp_path, capsys):
     # Each compute node float costs 0.15 over 0.8: a target that needs several gives a model slower than float.
-    _costs(monkeypatch, 0.8, 0.15)
+    log = _costs(monkeypatch, 0.8, 0.15)
     argv = ["quantize", MODEL, "-o", str(tmp_path / "q.onnx"), "--calibration", CALIBRATION, "--target-sqnr", "200",
             "--max-float", "1.0", "--json"]  # fmt: skip
     assert main(argv) == 0
@@ -204,6 +220,9 @@ def test_a_model_slower_than_float_says_so_first_with_the_tradeoff_measured(monk
     # Each row between: a prefix the search evaluated, its figure, and the budget that writes it.
     for row in rows[1:-1]:
         assert row.figure is not None and row.flags == f"--latency-budget {0.8 + 0.15 * row.promotions:.2f}"
+    # The rows a user picks a flag by are a first look; the model written, the verdict's, is timed in full.
+    assert {pairs for floated, pairs in log if floated == 0} == {QUICK_PAIRS}
+    assert {pairs for floated, pairs in log if floated == floats} == {None}
     # Printed: the decision first, then the table.
     assert main(argv[:-1]) == 0
     out = capsys.readouterr().out

@@ -133,7 +133,7 @@ class UserBatchTimer:
         return [timer.feeds for timer in self._timers]
 
     def time(
-        self, model: onnx.ModelProto, *, again: bool = False, give_up_above: float | None = None
+        self, model: onnx.ModelProto, *, again: bool = False, give_up_above: float | None = None, glance: bool = False
     ) -> tuple[Latency, ...] | None:
         """``model``'s latency beside the float model's at each batch; None where the runtime cannot load it.
 
@@ -142,6 +142,9 @@ class UserBatchTimer:
         mean over the batches) past which the caller has no use for the
         model; :data:`QUICK_PAIRS` pairs a batch are timed first, and where
         they already pass it, that quick timing is the answer (not kept).
+        ``glance``: :data:`QUICK_PAIRS` pairs a batch and no more, where the
+        model was not timed before (not kept): a figure to show, not to
+        decide on.
         """
         key = _digest(model)
         if not again and key is not None and key in self._timed:
@@ -150,6 +153,8 @@ class UserBatchTimer:
             session = self._runtime.session(model, spinning=False)
         except QuantizationError:  # no kernels for its types on this runtime: no latency to give
             session = None
+        if session is not None and glance:
+            return self._each_batch(model, session, QUICK_PAIRS)
         if session is not None and give_up_above is not None:
             quick = self._each_batch(model, session, QUICK_PAIRS)
             if quick is None or mean_ratio(quick) > give_up_above:

@@ -220,6 +220,10 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     def shares(precision: dict[str, NodePrecision]) -> list[dict[str, float]] | None:
         return node_shares(as_written(precision), timer.feeds, runtime)
 
+    def glanced(precision: dict[str, NodePrecision]) -> tuple[tuple[Latency, ...] | None, int]:
+        model = as_written(precision)
+        return timer.time(model, glance=True), large.byte_size(model)
+
     def float_shares() -> list[dict[str, float]] | None:
         return node_shares(builder.fm.model, timer.feeds, runtime)
 
@@ -245,7 +249,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
             precision, floated = float_where_faster(builder.fm, quantized, precision, timed, shares, float_shares)
             if precision != found.precision and found.met and not goal.met(figure_of(builder.build(precision).model)):
                 precision, floated = found.precision, [replace(f, kept=False) for f in floated]  # the target first
-        candidates = tradeoff(found, steps, timed, precision)
+        candidates = tradeoff(found, steps, timed, precision, glanced)
     built = requested
     if precision:
         built = builder.build(precision)

@@ -6,7 +6,10 @@ the target, a user needs to see what else was on offer: the types asked
 for (the fastest), the result, and the prefixes between, each timed
 against the float model in pairs at each batch the users run, with the
 command-line flags that write it. Where the result meets its target
-faster than float, only the result is timed.
+faster than float, only the result is timed. The rows other than the
+model written are a first look (a few pairs a batch: the machine's
+noise moves them by a few hundredths), what a user picks a flag by; the
+model written is timed in full, what the run's verdict rests on.
 """
 
 from __future__ import annotations
@@ -43,13 +46,16 @@ def tradeoff(
     steps: list[Any],
     time: Callable[[dict[str, NodePrecision]], tuple[tuple[Latency, ...] | None, int]],
     chosen: dict[str, NodePrecision],
+    glance: Callable[[dict[str, NodePrecision]], tuple[tuple[Latency, ...] | None, int]] | None = None,
 ) -> list[Candidate]:
     """The types asked for, the evaluated prefixes between (at most a few) and the model written, by their promotions.
 
     ``steps``: the search's promotion list; ``time``: a precision
     assignment's latency at each batch the users run and its size, as
     the target runtime runs it; ``chosen``: the model written (the
-    search's, with any nodes kept float for speed). Where the model
+    search's, with any nodes kept float for speed); ``glance``: the same
+    as ``time`` in a first look of a few pairs, for the other rows
+    (``time`` where not given). Where the model
     written meets its target and runs faster than float at every batch,
     there is nothing to trade and no other row is timed (each costs a
     build and a timing): the model written alone.
@@ -65,7 +71,7 @@ def tradeoff(
     rows = []
     for k in [0, *between] if search.promotions else []:
         precision = {s.node: s.after for s in steps[:k]}
-        latency, size = time(precision)
+        latency, size = (glance or time)(precision)
         rows.append(Candidate(k, search.tried.get(k), latency, size, _flags(k, latency)))
     return [*rows, written]
 
