@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from qlinear.onnx._graph import readers
+from qlinear.quantize._node_placement import COMPUTE_OPS
 from qlinear.quantize._session import session
 
 __all__ = ["PROFILED_RUNS", "WARM_UP_RUNS", "node_times"]
@@ -36,8 +37,6 @@ WARM_UP_RUNS = 2
 # The profile's durations are whole microseconds, rounded down: each kernel is counted 1 us more, so that a share
 # read from them is not below the kernels' own.
 _ROUNDING_S = 1e-6
-# The nodes ONNX Runtime fuses into the node after them (an activation, a residual Add), the kernel named by that one.
-_FUSED_INTO_READER = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _FUSED_SUFFIX = re.compile(r"(_token_\d+|_nchwc)+$")
 
 
@@ -97,10 +96,14 @@ def _node_names(model: Any) -> Callable[[str], str]:
 
 
 def _fused_into_readers(model: Any, times: dict[str, float]) -> dict[str, float]:
-    """``times`` with a compute node that ran no kernel of its own given the time of its one reader, which took it in."""
+    """``times`` with a compute node that ran no kernel of its own given the time of its one reader, which took it in.
+
+    ONNX Runtime fuses a Conv, Gemm or MatMul into the node after it (an
+    activation, a residual Add) and names the kernel by that one.
+    """
     reading = readers(model.graph)
     for node in model.graph.node:
-        if node.op_type not in _FUSED_INTO_READER or node.name in times or not node.output:
+        if node.op_type not in COMPUTE_OPS or node.name in times or not node.output:
             continue
         after = reading.get(node.output[0], [])
         if len(after) == 1 and after[0].name in times:

@@ -56,6 +56,7 @@ from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 from qlinear.onnx._passes import Sequential
 from qlinear.quantize._fusion import FusionCheck
+from qlinear.quantize._node_placement import COMPUTE_OPS
 from qlinear.quantize._precision import FULL_LADDER, Ladder
 from qlinear.quantize._qdq_names import CODES, VALUES
 from qlinear.quantize.targets._ort_profile import PROFILED_RUNS, WARM_UP_RUNS
@@ -179,15 +180,24 @@ def node_times(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]
 
 def _kernel_nodes(compiled: Any, model: onnx.ModelProto) -> dict[str, str]:
     """Each kernel of the compiled model (by its name in the profile) and the model node its time counts to."""
-    names = [n.name for n in model.graph.node if n.name]
-    compute = {n.name for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm")}
+    names = {n.name for n in model.graph.node if n.name}
+    compute = {n.name for n in model.graph.node if n.op_type in COMPUTE_OPS}
     producer = {t: n.name for n in model.graph.node for t in n.output if t}  # a layer named by the tensor it writes
+
+    def node_of(taken: str) -> str | None:
+        """The model node a name the plugin gives comes from: itself, or the longest of its "/" prefixes that is one."""
+        name = taken
+        while name:
+            if name in names:
+                return name
+            name = name.rpartition("/")[0]
+        return producer.get(taken)
+
     found = {}
     for op in compiled.get_runtime_model().get_ops():
         info = op.get_rt_info()
         taken = str(info["originalLayersNames"].astype(str)).split(",") if "originalLayersNames" in info else []
-        matched = [m for m in names if any(t == m or t.startswith(m + "/") for t in taken)]
-        matched += [producer[t] for t in taken if t in producer and producer[t] not in matched]
+        matched = [m for m in map(node_of, taken) if m is not None]
         if matched:
             found[op.get_friendly_name()] = next((m for m in matched if m in compute), matched[0])
     return found
