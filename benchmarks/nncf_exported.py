@@ -66,7 +66,7 @@ def nncf_quantize(work: Path, models: list[str]) -> None:
 def compare(work: Path, models: list[str]) -> None:
     import exported_models as em
     import quantizers
-    from _latency import medians_ms, session
+    from _latency import session
 
     import qlinear.quantize as qq
 
@@ -85,21 +85,26 @@ def compare(work: Path, models: list[str]) -> None:
         seconds["ORT quantize_static"] = time.perf_counter() - start
         rows = {"float": path, "qlinear defaults": work / f"{name}_qlinear.onnx", "NNCF defaults": work / f"{name}_nncf.onnx",
                 "ORT quantize_static": work / f"{name}_ort.onnx"}  # fmt: skip
-        sessions = {label: session(str(p)) for label, p in rows.items()}
-        ref = sessions["float"].run(None, d["eval"])[0]
-        sixteen = em._batches(path, d["eval"])[0]
-        medians = {
-            batch: medians_ms(sessions, feeds, rounds=11, calls=20 if batch == 1 else 5)
-            for batch, feeds in ((1, em._first(sixteen)), (16, sixteen))
-        }
-        for label in rows:
-            got = sessions[label].run(None, d["eval"])[0]
-            agree, db, accuracy = em._figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad"))
-            ratio = [medians[b][label] / medians[b]["float"] for b in (1, 16)]
-            took = f"{seconds[label]:.0f}" if label in seconds else "-"
-            print(
-                f"| {name} | {label} | {agree} | {accuracy} | {db:.1f} | {ratio[0]:.2f} | {ratio[1]:.2f} | {took} |", flush=True
-            )
+        print_rows(name, path, d, {label: session(str(p)) for label, p in rows.items()}, seconds, rounds=11)
+
+
+def print_rows(name: str, path: str, d: dict, sessions: dict, seconds: dict, *, rounds: int) -> None:
+    """One table row a model: its figures against the float session's on the held-out data, latency at 1 and 16."""
+    import exported_models as em
+    from _latency import medians_ms
+
+    ref = sessions["float"].run(None, d["eval"])[0]
+    sixteen = em._batches(path, d["eval"])[0]
+    medians = {
+        batch: medians_ms(sessions, feeds, rounds=rounds, calls=20 if batch == 1 else 5)
+        for batch, feeds in ((1, em._first(sixteen)), (16, sixteen))
+    }
+    for label, s in sessions.items():
+        got = s.run(None, d["eval"])[0]
+        agree, db, accuracy = em._figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad"))
+        ratio = [medians[b][label] / medians[b]["float"] for b in (1, 16)]
+        took = f"{seconds[label]:.0f}" if label in seconds else "-"
+        print(f"| {name} | {label} | {agree} | {accuracy} | {db:.1f} | {ratio[0]:.2f} | {ratio[1]:.2f} | {took} |", flush=True)
 
 
 def main() -> None:

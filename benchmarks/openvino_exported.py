@@ -31,7 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from nncf_exported import FILES  # noqa: E402  (the models' paths, importable in NNCF's environment too)
+from nncf_exported import FILES, print_rows  # noqa: E402  (importable in NNCF's environment too)
 
 
 def nncf_openvino(work: Path, models: list[str]) -> None:
@@ -58,7 +58,6 @@ def nncf_openvino(work: Path, models: list[str]) -> None:
 def compare(work: Path, models: list[str], rounds: int) -> None:
     import exported_models as em
     import openvino as ov
-    from _latency import medians_ms
 
     import qlinear.quantize as qq
     from qlinear.quantize.targets import openvino as ov_target
@@ -88,20 +87,7 @@ def compare(work: Path, models: list[str], rounds: int) -> None:
                 seconds[label] = json.loads(record.read_text())["seconds"]
         rows = {label: p for label, p in rows.items() if Path(p).exists()}
         sessions = {label: ov_target.session(None, path=str(p)) for label, p in rows.items()}
-        ref = sessions["float"].run(None, d["eval"])[0]
-        sixteen = em._batches(path, d["eval"])[0]
-        medians = {
-            batch: medians_ms(sessions, feeds, rounds=rounds, calls=20 if batch == 1 else 5)
-            for batch, feeds in ((1, em._first(sixteen)), (16, sixteen))
-        }
-        for label in rows:
-            got = sessions[label].run(None, d["eval"])[0]
-            agree, db, accuracy = em._figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad"))
-            ratio = [medians[b][label] / medians[b]["float"] for b in (1, 16)]
-            took = f"{seconds[label]:.0f}" if label in seconds else "-"
-            print(
-                f"| {name} | {label} | {agree} | {accuracy} | {db:.1f} | {ratio[0]:.2f} | {ratio[1]:.2f} | {took} |", flush=True
-            )
+        print_rows(name, path, d, sessions, seconds, rounds=rounds)
 
 
 def main() -> None:
