@@ -28,7 +28,7 @@ from qlinear.quantize._report import ReportInputs, build_report
 from qlinear.quantize._report_schema import Report
 from qlinear.quantize._session import load_error
 from qlinear.quantize.algorithms import Facts
-from qlinear.quantize.targets import target
+from qlinear.quantize.targets import ORT_CPU, Target, target
 
 __all__ = ["HELD_OUT", "QuantizeResult", "quantize_model"]
 
@@ -139,7 +139,7 @@ def quantize_model(
     with bars.stage("finalize"):
         runtime.as_written(qmodel, options.format)
         fusion = runtime.check_fusion(qmodel, [p.name for p in met.built.plan.nodes])
-        unloadable = load_error(qmodel, runtime) if fusion is None else None  # the fusion check loads it as written
+        unloadable = _unloadable(qmodel, runtime, fusion is not None)
     with bars.stage("evaluate"):
         evaluation, latency, measures = stage.evaluation(fm, qmodel, met, reference, options, timer, bars)
     with bars.stage("report"):
@@ -169,7 +169,7 @@ def _without_data(model: Any, fm: FloatModel, out_path: Path | None, options: Qu
     with bars.stage("finalize"):
         runtime.as_written(qmodel, options.format)
         fusion = runtime.check_fusion(qmodel, [p.name for p in built.plan.nodes])
-        unloadable = load_error(qmodel, runtime) if fusion is None else None
+        unloadable = _unloadable(qmodel, runtime, fusion is not None)
     with bars.stage("report"):
         met = stage.TargetResult(built, (None, None), {}, None)
         report = build_report(
@@ -191,3 +191,16 @@ def _written(qmodel: onnx.ModelProto, out_path: Path | None, report: Report, bar
         if not large.is_large(qmodel):
             qmodel = large.inline(qmodel)
     return qmodel, replace(report, profile=list(bars.stages))
+
+
+def _unloadable(qmodel: onnx.ModelProto, runtime: Target, fusion_checked: bool) -> str | None:
+    """Why ONNX Runtime cannot load the model as written, or None.
+
+    Whatever the target: the model is standard ONNX, which a user may check
+    anywhere, and what ONNX Runtime cannot load is said, not written
+    silently. Placed for ONNX Runtime, its fusion check has loaded it as
+    written already where it gave one.
+    """
+    if runtime is ORT_CPU and fusion_checked:
+        return None
+    return load_error(qmodel, ORT_CPU)

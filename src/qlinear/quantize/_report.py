@@ -40,7 +40,7 @@ from qlinear.quantize._report_schema import (
     Widened,
     algorithm_results,
 )
-from qlinear.quantize._report_text import figure_text, share_text
+from qlinear.quantize._report_text import figure_text, share_text, unloadable_text
 from qlinear.quantize._run_settings import RunSetting
 from qlinear.quantize._sensitivity import NodeSensitivity
 from qlinear.quantize._speed import Floated
@@ -316,7 +316,8 @@ def _warnings(r: ReportInputs, nodes: list[NodeRow], by_design: dict[str, str]) 
             "nodes, scales and zero points outweigh what its weights save; a model of so few weights gains no size"
         )
     if r.onnxruntime_error is not None:
-        warnings.append(_unloadable_text(r.onnxruntime_error, options))
+        runtime = target(options.target)
+        warnings.append(unloadable_text(UNLOADABLE, r.onnxruntime_error, options, runtime, r.evaluation.backend))
     unexpected = [] if fusion is None else [n for n in fusion.unfused if n not in by_design]
     if unexpected:
         warnings.append(
@@ -334,20 +335,6 @@ def _warnings(r: ReportInputs, nodes: list[NodeRow], by_design: dict[str, str]) 
             f"after {len(r.search.promotions)} promotion(s); allow more nodes in float (max_float) or lower the target"
         )
     return warnings
-
-
-def _unloadable_text(error: str, options: QuantizeOptions) -> str:
-    """What to do about a model ONNX Runtime cannot load: where it runs, and the flags that give one it loads."""
-    flags = []
-    if not (options.weight_type.is_integer and options.weight_type.bits in (4, 8)):
-        flags.append("--weights int8 (or int4)")
-    if options.activation_type is not None and not options.activation_type.is_integer:
-        flags.append("--activations uint8 (or int8)")
-    fix = f"; for a model it loads, use {' and '.join(flags)}" if flags else ""
-    return (
-        f"{UNLOADABLE} ({error}): the figures are qlinear's, its kernels running the "
-        f"Q/DQ nodes between ONNX Runtime's (qlinear.onnx.run(model, feeds, backend='onnxruntime+qlinear')){fix}"
-    )
 
 
 def _data_warnings(r: ReportInputs, run: CalibrationRun | None) -> list[str]:

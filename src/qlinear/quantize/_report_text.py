@@ -6,7 +6,7 @@ from typing import Any
 
 from qlinear.quantize.targets import TARGETS
 
-__all__ = ["db_text", "figure_text", "runtime_name", "share_text"]
+__all__ = ["db_text", "figure_text", "runtime_name", "share_text", "unloadable_text"]
 
 
 def runtime_name(report: Any, *, full: bool = False) -> str:
@@ -33,3 +33,25 @@ def figure_text(value: float | None, metric: str) -> str:
     if metric == "decisions":
         return f"decisions kept {share_text(value)}"
     return f"output SQNR {db_text(value)} dB"
+
+
+def unloadable_text(opening: str, error: str, options: Any, runtime: Any, backend: str) -> str:
+    """What to do about a model ONNX Runtime cannot load: where it runs, and the flags that give one it loads.
+
+    ``opening``: the words the warning starts with; ``runtime``: the target
+    the model was placed for; ``backend``: what the evaluation ran on. Run
+    on another target's runtime, the figures are that runtime's; else
+    qlinear's kernels ran the Q/DQ nodes ONNX Runtime has no kernel for.
+    """
+    flags = []
+    if not (options.weight_type.is_integer and options.weight_type.bits in (4, 8)):
+        flags.append("--weights int8 (or int4)")
+    if options.activation_type is not None and not options.activation_type.is_integer:
+        flags.append("--activations uint8 (or int8)")
+    fix = f"; for a model it loads, use {' and '.join(flags)}" if flags else ""
+    if backend == runtime.backend != "onnxruntime":
+        return f"{opening} ({error}): it runs on {runtime.runtime}, where its figures were measured{fix}"
+    return (
+        f"{opening} ({error}): the figures are qlinear's, its kernels running the "
+        f"Q/DQ nodes between ONNX Runtime's (qlinear.onnx.run(model, feeds, backend='onnxruntime+qlinear')){fix}"
+    )

@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -96,14 +97,32 @@ class _Session:
     """A model compiled by OpenVINO's CPU plugin, run as the quantizer runs sessions: ``run(output names or None, feeds)``."""
 
     def __init__(self, compiled: Any) -> None:
+        import openvino
+
         self.compiled = compiled
         self._request = compiled.create_infer_request()
         self._ports = {name: port for port in compiled.outputs for name in port.get_names()}
+        # The plugin's Python API hands bfloat16 tensors over as float16 arrays of their bits, both ways.
+        bf16 = openvino.Type.bf16
+        self._bf16_inputs = {name for port in compiled.inputs if port.get_element_type() == bf16 for name in port.get_names()}
+        self._bf16_outputs = {port.get_index() for port in compiled.outputs if port.get_element_type() == bf16}
 
     def run(self, names: list[str] | None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        feeds = {name: _bf16_tensor(a) if name in self._bf16_inputs else a for name, a in feeds.items()}
         result = self._request.infer(feeds)
         ports = list(self.compiled.outputs) if names is None else [self._ports[name] for name in names]
-        return [np.array(result[port]) for port in ports]  # copies: the request reuses its buffers
+        out = [np.array(result[port]) for port in ports]  # copies: the request reuses its buffers
+        return [a.view(ml_dtypes.bfloat16) if p.get_index() in self._bf16_outputs else a for a, p in zip(out, ports, strict=True)]
+
+
+def _bf16_tensor(a: np.ndarray) -> Any:
+    """A bfloat16 array as the plugin's bfloat16 tensor: its bits copied in (the API's float16 view of them)."""
+    import openvino
+
+    values = np.ascontiguousarray(a, ml_dtypes.bfloat16)
+    tensor = openvino.Tensor(openvino.Type.bf16, openvino.Shape(list(values.shape)))
+    tensor.data[...] = values.view(tensor.data.dtype)
+    return tensor
 
 
 def _compiled(model: onnx.ModelProto | None, path: str | None, threads: int, *, counted: bool = False) -> Any:
