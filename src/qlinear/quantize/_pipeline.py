@@ -201,6 +201,6 @@ def _unloadable(qmodel: onnx.ModelProto, runtime: Target, fusion_checked: bool) 
     silently. Placed for ONNX Runtime, its fusion check has loaded it as
     written already where it gave one.
     """
-    if runtime is ORT_CPU and fusion_checked:
+    if runtime.backend == ORT_CPU.backend and fusion_checked:
         return None
     return load_error(qmodel, ORT_CPU)
