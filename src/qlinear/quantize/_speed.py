@@ -44,11 +44,11 @@ FASTER_IN_FLOAT = NodePrecision(None, None, quantized=False, why="faster in floa
 # A precision assignment's nodes' shares of a run at each batch the users run, their Q/DQ's included, and the kernels
 # the runtime added under ADDED (the runtime's profile); None where the runtime gives none.
 Shares = Callable[[dict[str, NodePrecision]], list[dict[str, float]] | None]
+# The float model's nodes' shares of its run at each batch the users run (the runtime's profile, read once).
+FloatShares = Callable[[], list[dict[str, float]] | None]
 # A precision assignment's latency at each batch the users run (None: the runtime cannot load it) and its size in bytes;
 # its second argument true: timed anew, not an earlier timing of the same model given back; its third: a ratio past
 # which a first look of a few pairs is the answer (the UserBatchTimer's give_up_above).
-# The float model's nodes' shares of its run at each batch the users run (the runtime's profile, read once).
-FloatShares = Callable[[], list[dict[str, float]] | None]
 Timed = Callable[[dict[str, NodePrecision], bool, float | None], tuple[Sequence[Latency] | None, int]]
 # The least latency a kind must save, as a share of the model's, twice in a row, to be kept float: the pairs' noise.
 MARGIN = 0.03

@@ -212,17 +212,13 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         runtime.as_written(model, options.format)  # timed as it will be written
         return model
 
-    def timed(precision: dict[str, NodePrecision], again: bool = False,
-              give_up_above: float | None = None) -> tuple[tuple[Latency, ...] | None, int]:  # fmt: skip
+    def timed(precision: dict[str, NodePrecision], again: bool = False, give_up_above: float | None = None,
+              glance: bool = False) -> tuple[tuple[Latency, ...] | None, int]:  # fmt: skip
         model = as_written(precision)
-        return timer.time(model, again=again, give_up_above=give_up_above), large.byte_size(model)
+        return timer.time(model, again=again, give_up_above=give_up_above, glance=glance), large.byte_size(model)
 
     def shares(precision: dict[str, NodePrecision]) -> list[dict[str, float]] | None:
         return node_shares(as_written(precision), timer.feeds, runtime)
-
-    def glanced(precision: dict[str, NodePrecision]) -> tuple[tuple[Latency, ...] | None, int]:
-        model = as_written(precision)
-        return timer.time(model, glance=True), large.byte_size(model)
 
     def float_shares() -> list[dict[str, float]] | None:
         return node_shares(builder.fm.model, timer.feeds, runtime)
@@ -249,7 +245,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
             precision, floated = float_where_faster(builder.fm, quantized, precision, timed, shares, float_shares)
             if precision != found.precision and found.met and not goal.met(figure_of(builder.build(precision).model)):
                 precision, floated = found.precision, [replace(f, kept=False) for f in floated]  # the target first
-        candidates = tradeoff(found, steps, timed, precision, glanced)
+        candidates = tradeoff(found, steps, timed, precision, lambda p: timed(p, glance=True))
     built = requested
     if precision:
         built = builder.build(precision)

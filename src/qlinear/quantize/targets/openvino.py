@@ -46,6 +46,7 @@ import re
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -202,14 +203,27 @@ def node_times(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]
     return out
 
 
-def _kernel_nodes(compiled: Any, model: onnx.ModelProto) -> dict[str, str]:
-    """Each kernel of the compiled model (by its name in the profile) and the model node its time counts to."""
+@dataclass(frozen=True)
+class _Kernel:
+    """One node of the plugin's runtime model: its name, the ONNX names it took in and the model nodes they are."""
+
+    name: str
+    taken: tuple[str, ...]
+    nodes: tuple[str, ...]
+    layer: str
+    kernel: str
+
+
+def _kernels(compiled: Any, model: onnx.ModelProto) -> list[_Kernel]:
+    """The compiled model's kernels, each with the model nodes it took in (its ``originalLayersNames``).
+
+    A name it took in is a model node's, or has one's name and a "/" suffix
+    (the longest such prefix), or is a tensor's (its producer's).
+    """
     names = {n.name for n in model.graph.node if n.name}
-    compute = {n.name for n in model.graph.node if n.op_type in COMPUTE_OPS}
-    producer = {t: n.name for n in model.graph.node for t in n.output if t}  # a layer named by the tensor it writes
+    producer = {t: n.name for n in model.graph.node for t in n.output if t}
 
     def node_of(taken: str) -> str | None:
-        """The model node a name the plugin gives comes from: itself, or the longest of its "/" prefixes that is one."""
         name = taken
         while name:
             if name in names:
@@ -217,14 +231,20 @@ def _kernel_nodes(compiled: Any, model: onnx.ModelProto) -> dict[str, str]:
             name = name.rpartition("/")[0]
         return producer.get(taken)
 
-    found = {}
+    found = []
     for op in compiled.get_runtime_model().get_ops():
         info = op.get_rt_info()
-        taken = str(info["originalLayersNames"].astype(str)).split(",") if "originalLayersNames" in info else []
-        matched = [m for m in map(node_of, taken) if m is not None]
-        if matched:
-            found[op.get_friendly_name()] = next((m for m in matched if m in compute), matched[0])
+        read = {key: str(info[key].astype(str)) for key in ("originalLayersNames", "layerType", "primitiveType") if key in info}
+        taken = tuple(t for t in read.get("originalLayersNames", "").split(",") if t)
+        nodes = tuple(dict.fromkeys(m for m in map(node_of, taken) if m is not None))
+        found.append(_Kernel(op.get_friendly_name(), taken, nodes, read.get("layerType", ""), read.get("primitiveType", "")))
     return found
+
+
+def _kernel_nodes(compiled: Any, model: onnx.ModelProto) -> dict[str, str]:
+    """Each kernel of the compiled model (by its name in the profile) and the model node its time counts to."""
+    compute = {n.name for n in model.graph.node if n.op_type in COMPUTE_OPS}
+    return {k.name: next((m for m in k.nodes if m in compute), k.nodes[0]) for k in _kernels(compiled, model) if k.nodes}
 
 
 def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None:
@@ -233,24 +253,20 @@ def check_fusion(model: onnx.ModelProto, nodes: list[str]) -> FusionCheck | None
         compiled = _compiled(model, None, 0)
     except QuantizationError:
         return None
-    ran = []  # (ONNX nodes taken in, layer type, kernel) of each node the plugin runs
-    for op in compiled.get_runtime_model().get_ops():
-        info = op.get_rt_info()
-        read = {key: str(info[key].astype(str)) for key in ("originalLayersNames", "layerType", "primitiveType") if key in info}
-        ran.append(
-            (set(read.get("originalLayersNames", "").split(",")), read.get("layerType", ""), read.get("primitiveType", ""))
-        )
+    ran = _kernels(compiled, model)
+    by_node: dict[str, list[_Kernel]] = {}
+    for k in ran:
+        for node in k.nodes:
+            by_node.setdefault(node, []).append(k)
     runs_as, fused = {}, {}
     for name in nodes:
-        match = [(layer, kernel) for names, layer, kernel in ran if any(n == name or n.startswith(name + "/") for n in names)]
-        integer = [(layer, kernel) for layer, kernel in match if kernel.lower().endswith("i8")]
-        layer, kernel = (integer or match or [("removed", "")])[0]
-        runs_as[name] = f"{layer} ({kernel})" if kernel else layer
+        match = by_node.get(name, [])
+        integer = [k for k in match if k.kernel.lower().endswith("i8")]
+        chosen = (integer or match or [None])[0]
+        runs_as[name] = "removed" if chosen is None else f"{chosen.layer} ({chosen.kernel})" if chosen.kernel else chosen.layer
         fused[name] = bool(integer)
     # A (de)quantization the plugin runs as its own pass, not taken into an integer kernel.
-    left = sum(
-        1 for names, layer, kernel in ran if not kernel.lower().endswith("i8") and any(n.endswith((CODES, VALUES)) for n in names)
-    )
+    left = sum(1 for k in ran if not k.kernel.lower().endswith("i8") and any(n.endswith((CODES, VALUES)) for n in k.taken))
     return FusionCheck(runs_as, fused, left)
 
 
