@@ -258,7 +258,8 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         runtime.as_written(written, options.format)
         with bars.task("trying the runtime's settings", None):
             # The target first; where it was not met, no setting may lower the figure the search reached.
-            floor = None if found.met else figure_of(written)
+            # The search's figure where the speed trials changed nothing: the same model, already judged.
+            floor = None if found.met else found.figure if precision == found.precision else figure_of(written)
 
             def meets(model: onnx.ModelProto) -> bool:
                 figure = figure_of(model)

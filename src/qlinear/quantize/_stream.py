@@ -105,9 +105,19 @@ def streaming_choice(model_path: str | os.PathLike, options: QuantizeOptions, me
     )
 
 
+# A model file this large holds its weights inline (a graph of external weights is a few MiB at most).
+INLINE_BYTES = 64 << 20
+
+
 def model_bytes(path: Path) -> int:
-    """The model file and the external data files its tensors name (read from the graph alone, not the weights)."""
+    """The model file and the external data files its tensors name (read from the graph alone, not the weights).
+
+    A model file of :data:`INLINE_BYTES` or more holds its weights itself:
+    its size is the answer, without parsing it.
+    """
     try:
+        if path.stat().st_size >= INLINE_BYTES:
+            return path.stat().st_size
         graph = onnx.load(str(path), load_external_data=False).graph
         files = {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
         return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())

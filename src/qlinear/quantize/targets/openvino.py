@@ -55,7 +55,7 @@ import numpy as np
 import onnx
 
 from qlinear._errors import QuantizationError
-from qlinear.onnx import _large as large
+from qlinear.onnx import save
 from qlinear.onnx._passes import Sequential
 from qlinear.quantize._fusion import FusionCheck
 from qlinear.quantize._node_placement import COMPUTE_OPS
@@ -140,7 +140,7 @@ def _compiled(model: onnx.ModelProto | None, path: str | None, threads: int, *, 
             return core.compile_model(core.read_model(str(path)), "CPU", config)
         with tempfile.TemporaryDirectory(prefix="qlinear-openvino-") as folder:
             file = Path(folder) / "model.onnx"
-            onnx.save(large.inline(model), file, save_as_external_data=large.is_large(model))
+            save(model, file)  # the model left as it was; its large tensors and lazy weights beside it
             return core.compile_model(core.read_model(str(file)), "CPU", config)
     except QuantizationError:
         raise
