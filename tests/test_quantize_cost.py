@@ -11,7 +11,7 @@ from quantize_models import data_movement
 
 
 def _run(nodes: int, monkeypatch) -> tuple[qq.QuantizeResult, int, float]:
-    """The default run on ``data_movement(nodes)``: its result, the runtime sessions it opened, its seconds."""
+    """The default run on ``data_movement(nodes)``, with the analysis: its result, the runtime sessions it opened, its seconds."""
     opened = []
     real = ort.InferenceSession.__init__
 
@@ -22,7 +22,7 @@ def _run(nodes: int, monkeypatch) -> tuple[qq.QuantizeResult, int, float]:
     monkeypatch.setattr(ort.InferenceSession, "__init__", counted)
     model, data = data_movement(nodes)
     start = time.perf_counter()
-    result = qq.quantize_model(model, None, data)
+    result = qq.quantize_model(model, None, data, analyze=True)
     return result, len(opened), time.perf_counter() - start
 
 

@@ -627,7 +627,7 @@ def test_an_input_of_fixed_shape_beside_an_open_batch_is_fed_whole():
 
 def test_the_profile_gives_each_stage_in_order_and_they_add_up_to_the_run(capsys):
     start = time.perf_counter()
-    r = qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL)
+    r = qq.quantize_model(MODEL, None, CALIBRATION, eval=EVAL, analyze=True)
     wall = time.perf_counter() - start
     profile = r.report.profile
     assert [t.stage for t in profile] == [

@@ -181,12 +181,31 @@ def test_one_fragile_node_is_promoted_and_no_other(outliers):
 def test_sensitivity_is_the_output_sqnr_with_only_that_node_quantized(outliers):
     model, cal, ev = outliers
     ev = {"x": ev["x"][:64]}  # the analysis runs on the first 64 eval samples
-    r = qq.quantize_model(model, None, cal, eval=ev, promote=False, smoothquant=False).report
+    r = qq.quantize_model(model, None, cal, eval=ev, promote=False, smoothquant=False, analyze=True).report
+    assert [n.name for n in r.analysis] == ["up", "down"]
     for node in r.analysis:
         others = [n.name for n in r.analysis if n.name != node.name]
         alone = qq.quantize_model(model, None, cal, eval=ev, exclude=others, promote=False, smoothquant=False).report
         assert math.isclose(node.sensitivity_db, alone.output.sqnr_db, rel_tol=1e-9)
         assert node.weight_sqnr_db == alone.nodes[0].weight_sqnr_db
+
+
+def test_the_analysis_runs_where_the_search_needs_its_order_or_where_asked(outliers):
+    model, cal, ev = outliers
+    asked = dict(eval=ev, smoothquant=False, target_agreement=0.5)  # met at the types asked for
+    met = qq.quantize_model(model, None, cal, **asked)
+    assert met.report.promotions.met and met.report.promotions.evaluations == 0 and met.report.analysis == []
+    assert "analysing nodes" not in {p.name for t in met.report.profile for p in t.parts}
+    # Asked for, it is measured and the model is the same to the byte: the analysis orders promotions, none taken.
+    analysed = qq.quantize_model(model, None, cal, analyze=True, **asked)
+    assert [n.name for n in analysed.report.analysis] == ["up", "down"]
+    assert analysed.model.SerializeToString() == met.model.SerializeToString()
+    # Missed at the types asked for (the default target here), the search orders its steps by it.
+    missed = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
+    assert missed.promotions.steps and {n.name for n in missed.analysis} == {"up", "down"}
+    # A run given no data measures nothing: asked for, it is refused before any work.
+    with pytest.raises(QuantizationError, match="analyze needs data, and none was given"):
+        qq.quantize_model(model, None, None, activations=None, analyze=True)
 
 
 def test_a_missed_target_is_reported_and_the_best_model_kept(outliers):

@@ -42,6 +42,7 @@ def test_page_is_self_contained_with_every_node(report):
         assert f"<td>{node.name}</td>" in table
     assert table.count("<tr>") == len(report.analysis) + 1
     assert "Promotions, most sensitive node first" in page and "--weights int2" in page
+    assert report.analysis and "The sensitivity was not measured" not in page
     # Names are escaped.
     assert "<script>alert(1)</script>" not in render_html(_first_named(report, "<script>alert(1)</script>"))
 
@@ -55,6 +56,8 @@ def test_page_shows_the_fine_tuning_and_repeats_it():
     f = tuned.finetune
     assert "<th>fine-tuned</th>" in page and f"{f.steps} steps" in page
     assert "--finetune 20" in page
+    # No step searched: the nodes' sensitivity was not measured, and the page says why.
+    assert tuned.analysis == [] and "The sensitivity was not measured: the search took no step" in page
 
 
 def test_page_lists_the_nodes_left_float_and_why():

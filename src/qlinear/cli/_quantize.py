@@ -91,9 +91,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     runtime = parser.add_argument_group("target runtime")
     groups = {"data": data, "types": types, "algorithms": algorithms, "accuracy target": target, "target runtime": runtime}
     add_option_arguments(groups, QuantizeOptions)
-    target.add_argument(
-        "--analyze", action="store_true", help="print every node's sensitivity (output SQNR with only that node quantized)"
-    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--report",

@@ -54,7 +54,9 @@ def render_html(report: Report) -> str:
         "<h2>Every node along the graph</h2>",
         "<p>Sensitivity: the model's output SQNR with only that node quantized. Output: the node's own output in the "
         "quantized model against the float model (the error of everything up to it). Promoted nodes are marked; "
-        "nodes promoted to float have no output figure.</p>",
+        "nodes promoted to float have no output figure."
+        + ("" if report.analysis else " The sensitivity was not measured: the search took no step (--analyze measures it).")
+        + "</p>",
         f'<div id="chart">{chart}</div>',
         _tradeoff(report),
         _promotions(report),

@@ -199,6 +199,17 @@ _CORE_FIELDS = (
         ),
     ),
     (
+        "analyze",
+        bool,
+        option(
+            False,
+            form="switch",
+            group=_TARGET,
+            help="measure every node's sensitivity (output SQNR with only that node quantized) and print it; without "
+            "it, it is measured only where the search needs its order (the target missed at the types asked for)",
+        ),
+    ),
+    (
         "target",
         str,
         option(

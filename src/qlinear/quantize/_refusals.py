@@ -67,6 +67,7 @@ _JUDGED_ON_DATA = ("target_agreement", "target_sqnr_db", "target_metric", "metri
 def check_without_data(options: QuantizeOptions) -> None:
     """Refuse, before any work, what a run given no data cannot do: a target, a budget, an algorithm that reads data."""
     asked = [name for name in _JUDGED_ON_DATA if getattr(options, name) is not None]
+    asked += ["analyze"] if options.analyze else []
     asked += [a.name for a in ALGORITHMS if a.reads_data and a.on(options)]
     if asked:
         raise QuantizationError(
