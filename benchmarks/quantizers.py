@@ -1,10 +1,12 @@
 """qlinear quantize against ONNX Runtime's quantizer, side by side, in one run.
 
-Four models on real data:
+Five models on real data:
 
-- ``digits``: the CNN `qlinear quantize --demo` ships (scikit-learn's 8x8
-  digits), calibrated on its 300 training images, evaluated on the 450
-  held-out ones with labels;
+- ``digits``: the small CNN the tests use (scikit-learn's 8x8 digits),
+  calibrated on its 300 training images, evaluated on the 450 held-out
+  ones with labels;
+- ``demo``: the CNN `qlinear quantize --demo` ships (the same digits
+  resized to 16x16 in its graph, 32-128 channels), on the same data;
 - ``digits32``: a CNN of realistic layer sizes (32-64 channels, 32x32
   images: the digits enlarged; benchmarks/image_model.py) trained here for
   a few seconds, calibrated on 1000 of its training images (the last 200
@@ -105,7 +107,7 @@ RUNS = [
 ]
 
 
-MODELS = ("digits", "digits32", "text", "speech")
+MODELS = ("digits", "demo", "digits32", "text", "speech")
 SPEECH_CALIBRATION_CLIPS = 1000
 
 
@@ -117,11 +119,15 @@ def datasets(work: Path, models: tuple[str, ...] = MODELS) -> dict[str, dict]:
     return out
 
 
-def _digits(work: Path) -> dict:
+def _digits(work: Path, model: str = "digits_cnn.onnx") -> dict:
     demo = resources.files("qlinear.quantize") / "_demo"
     cal = dict(np.load(str(demo / "digits_calibration.npz")))
     ev = dict(np.load(str(demo / "digits_eval.npz")))
-    return {"model": str(demo / "digits_cnn.onnx"), "cal": cal, "eval": {"image": ev["image"]}, "labels": ev["label"]}
+    return {"model": str(demo / model), "cal": cal, "eval": {"image": ev["image"]}, "labels": ev["label"]}
+
+
+def _demo(work: Path) -> dict:
+    return _digits(work, "digits_resized_cnn.onnx")
 
 
 def _digits32(work: Path) -> dict:
@@ -156,7 +162,7 @@ def _speech(work: Path) -> dict:
     return {"model": str(path), "cal": {"waveform": x_train[pick]}, "eval": {"waveform": x_eval}, "labels": y_eval}
 
 
-_DATASETS = {"digits": _digits, "digits32": _digits32, "text": _text, "speech": _speech}
+_DATASETS = {"digits": _digits, "demo": _demo, "digits32": _digits32, "text": _text, "speech": _speech}
 
 
 def peak_rss_bytes() -> int:

@@ -231,7 +231,7 @@ def test_the_demo_writes_into_a_temporary_folder_not_the_current_one(tmp_path, m
     monkeypatch.chdir(tmp_path / "here")
     with pytest.raises(ZeroDivisionError):
         main(["quantize", "--demo", "--quiet"])
-    assert written == [str(tmp_path / "tmp" / "qlinear-demo" / "digits_cnn.qdq.onnx")]
+    assert written == [str(tmp_path / "tmp" / "qlinear-demo" / "digits_resized_cnn.qdq.onnx")]
     assert list((tmp_path / "here").iterdir()) == []
 
 

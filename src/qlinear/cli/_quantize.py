@@ -6,8 +6,8 @@ Gemm, MatMul and embedding weights quantized, places Q/DQ where ONNX
 Runtime fuses them into integer kernels, checks that it did, and compares
 the result with the float model on held-out data. Nodes whose quantization
 costs the most accuracy are promoted (wider types, then float) until an
-accuracy target holds. `qlinear quantize --demo` runs it on a small digits
-CNN that ships with qlinear. Exit status 0 on success, 1 when the accuracy
+accuracy target holds. `qlinear quantize --demo` runs it on a digits CNN
+that ships with qlinear. Exit status 0 on success, 1 when the accuracy
 target was not met (the best model found is written), 2 on bad input (one
 line on stderr, no file written).
 """
@@ -36,7 +36,7 @@ from qlinear.quantize._report import UNLOADABLE
 from qlinear.quantize._report_print import print_profile
 from qlinear.quantize._stream import quantize_weights_streaming, streaming_choice
 
-_DEMO = "digits_cnn.onnx"
+_DEMO = "digits_resized_cnn"  # the demo's model, in the package's _demo folder with its data (.onnx, .qdq.onnx written)
 # quantize_model's arguments that are flags of the command (their names in flag form) but not options.
 _ARGUMENTS = ("calibrate_random", "workers", "labels", "stats", "resume")
 
@@ -152,7 +152,7 @@ def _demo_output() -> Path:
         folder.mkdir(exist_ok=True)
     except OSError as e:
         raise QuantizationError(f"--demo writes into {folder}, which cannot be made ({e.strerror}); give -o OUT.onnx") from None
-    return folder / "digits_cnn.qdq.onnx"
+    return folder / f"{_DEMO}.qdq.onnx"
 
 
 def _in_flags(message: str) -> str:
@@ -166,7 +166,7 @@ def _quantize(args: argparse.Namespace, err: Console):
         if model is not None:
             raise QuantizationError("--demo quantizes the model that ships with qlinear; give no MODEL.onnx with it")
         demo = resources.files("qlinear.quantize") / "_demo"
-        model = str(demo / _DEMO)
+        model = str(demo / f"{_DEMO}.onnx")
         if calibration is None and args.calibrate_random is None and args.stats is None:
             calibration = str(demo / "digits_calibration.npz")
         if eval_data is None:
