@@ -89,6 +89,20 @@ def test_the_timer_gives_both_medians_and_the_median_ratio():
         assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
+def test_a_model_the_runtime_loads_but_cannot_run_is_one_line():
+    # A kernel that refuses its inputs at run time (as ONNX Runtime's QLinearConv refuses a blocked filter scale):
+    # the runtime's own exception, which no stage catches, becomes the quantizer's error naming what was timed.
+    import qlinear.onnx as qo
+
+    model, data = conv_batchnorm()
+    g = qo.Graph("bad_reshape", opset=17)
+    x = g.input("x", "float", ("N", *data["x"].shape[1:]))
+    g.output(g.op("Reshape", [x, np.array([7, -1], np.int64)], name="reshape", output_names=["y"]))
+    timer = PairTimer(model, {"x": data["x"][:2]}, ORT_CPU)
+    with pytest.raises(QuantizationError, match=r"^quantize: ONNX Runtime failed on a model timed at a batch of 2: "):
+        timer.time(g.to_model())
+
+
 def test_the_users_batches_are_each_timed():
     model, data = conv_batchnorm()
     dataset = Dataset({"x": data["x"]}, None, "eval", {"x": 0})

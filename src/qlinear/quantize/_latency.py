@@ -26,6 +26,7 @@ import onnx
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 from qlinear.quantize._data import Dataset, _take, samples_in
+from qlinear.quantize._session import run_batch
 
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
@@ -95,7 +96,9 @@ class PairTimer:
                 candidate = self.runtime.session(model, spinning=False)
             except QuantizationError:  # no kernels for its types on this runtime: no latency to give
                 return None
-        candidate.run(None, self.feeds)  # warm-up at this batch: the first run at a shape plans its memory
+        # Warm-up at this batch (the first run at a shape plans its memory), and the run that finds a model the runtime
+        # loads but cannot run (a kernel refusing its parameters): one line, not the runtime's exception.
+        run_batch(candidate, None, self.feeds, f"a model timed at a batch of {self.batch}")
         before, after = [], []
         for _ in range(pairs or self.pairs):
             for times, s in ((before, self._float), (after, candidate)):
