@@ -23,7 +23,7 @@ from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
 from qlinear.quantize._records import plain
 from qlinear.quantize._report_schema import NodeAnalysis, NodeRow, Report
-from qlinear.quantize._report_text import runtime_name
+from qlinear.quantize._report_text import cosine_text, runtime_name
 from qlinear.quantize._tradeoff import latency_text
 
 __all__ = ["render_html"]
@@ -361,6 +361,8 @@ def _figure(v: float | None, metric: str) -> str:
         return "-"
     if metric == "metric":
         return f"{v:.4g}"
+    if metric == "cosine":
+        return cosine_text(v)
     return _share(v) if metric in ("agreement", "decisions") else f"{v:.1f} dB"
 
 

@@ -37,7 +37,8 @@ class AccuracyTarget:
     """What the output must reach, at least ``value``.
 
     ``metric``: "agreement" (top-1 share), "decisions" (the F1 of the scores
-    above 0.5, for probabilities), "sqnr" (dB) or "metric" (the user's, ``name``).
+    above 0.5, for probabilities), "cosine" (the mean cosine similarity of
+    an embedding's vectors), "sqnr" (dB) or "metric" (the user's, ``name``).
     """
 
     metric: str
@@ -54,6 +55,8 @@ class AccuracyTarget:
             return f"{self.name} >= {self.value:g}"
         if self.metric == "decisions":
             return f"decisions kept >= {100 * self.value:.2f}% (F1 of the scores above 0.5)"
+        if self.metric == "cosine":
+            return f"mean cosine similarity >= {self.value:g} (an embedding: one centred vector a sample)"
         return f"output SQNR >= {self.value:g} dB"
 
 

@@ -21,6 +21,7 @@ from qlinear.quantize._promotion import Search
 from qlinear.quantize._report_schema import (
     BeforeAfter,
     CalibrationSummary,
+    CosineFigures,
     Decision,
     EvalSummary,
     FusionSummary,
@@ -262,6 +263,7 @@ def build_report(r: ReportInputs) -> Report:
             accuracy=accuracy,
             metric=MetricFigure(**metric) if (metric := r.measures.get("metric")) else None,
             decisions_kept=r.measures.get("decisions_kept"),
+            cosine_similarity=CosineFigures(*cosine) if (cosine := r.measures.get("cosine_similarity")) else None,
         ),
         fusion=FusionSummary(
             checked=fusion is not None,

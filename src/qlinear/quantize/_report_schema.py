@@ -32,6 +32,7 @@ from qlinear.quantize.algorithms.finetune import FinetuneResult
 __all__ = [
     "BeforeAfter",
     "CalibrationSummary",
+    "CosineFigures",
     "Decision",
     "EvalSummary",
     "FusionSummary",
@@ -128,6 +129,14 @@ class MetricFigure:
 
 
 @dataclass(frozen=True)
+class CosineFigures:
+    """An embedding's vectors against the float model's, sample by sample: the mean and the lowest cosine similarity."""
+
+    mean: float
+    lowest: float
+
+
+@dataclass(frozen=True)
 class OutputFigures:
     sqnr_db: float | None  # None: exact (JSON has no infinity)
     sqnr_db_parts: list[float | None] | None = None
@@ -137,6 +146,7 @@ class OutputFigures:
     accuracy: BeforeAfter | None = None
     metric: MetricFigure | None = None
     decisions_kept: float | None = None
+    cosine_similarity: CosineFigures | None = None
 
 
 @dataclass(frozen=True)

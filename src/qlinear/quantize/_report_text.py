@@ -6,7 +6,7 @@ from typing import Any
 
 from qlinear.quantize.targets import TARGETS
 
-__all__ = ["db_text", "figure_text", "runtime_name", "share_text", "unloadable_text"]
+__all__ = ["cosine_text", "db_text", "figure_text", "runtime_name", "share_text", "unloadable_text"]
 
 
 def runtime_name(report: Any, *, full: bool = False) -> str:
@@ -32,7 +32,13 @@ def figure_text(value: float | None, metric: str) -> str:
         return f"metric {'-' if value is None else f'{value:.4g}'}"
     if metric == "decisions":
         return f"decisions kept {share_text(value)}"
+    if metric == "cosine":
+        return f"mean cosine similarity {cosine_text(value)}"
     return f"output SQNR {db_text(value)} dB"
+
+
+def cosine_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def unloadable_text(opening: str, error: str, options: Any, runtime: Any, backend: str) -> str:

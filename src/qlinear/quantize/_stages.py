@@ -22,6 +22,7 @@ from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
+from qlinear.quantize._embeddings import DEFAULT_COSINE, cosine_similarity, embeds
 from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, evaluation_batches, metric_figure, output_figures
 from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._latency import Latency, UserBatchTimer, worst_ratio
@@ -197,6 +198,8 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
             return metric_figure(model, reference, user_metric, goal.name)
         if goal.metric == "decisions":
             return decisions_kept(model, reference)
+        if goal.metric == "cosine":
+            return cosine_similarity(model, reference)[0]
         return output_figures(model, reference)[pick]
 
     start_figure = start[pick] if goal.metric in ("sqnr", "agreement") else figure_of(requested.model)
@@ -309,14 +312,17 @@ def measures(fm: FloatModel, qmodel: onnx.ModelProto, reference: Reference, opti
     """The written model's measures beyond SQNR and agreement, on the eval data the target was met on.
 
     ``metric``: the user's (its name and value), where one was given;
-    ``decisions_kept``: where the first output holds probabilities.
+    ``decisions_kept``: where the first output holds probabilities;
+    ``cosine_similarity``: its mean and lowest, where it holds an embedding.
     """
-    found: dict[str, Any] = {"metric": None, "decisions_kept": None}
+    found: dict[str, Any] = {"metric": None, "decisions_kept": None, "cosine_similarity": None}
     if options.metric is not None:
         name = metric_name(options.metric)
         found["metric"] = {"name": name, "value": metric_figure(qmodel, reference, load_metric(options.metric), name)}
     if sigmoid_scores(fm.model, reference.output):
         found["decisions_kept"] = decisions_kept(qmodel, reference)
+    elif embeds(reference):
+        found["cosine_similarity"] = cosine_similarity(qmodel, reference)
     return found
 
 
@@ -338,6 +344,8 @@ def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.Mode
     # Probabilities: judged by the decisions they carry, where there are enough of them to judge.
     if sigmoid_scores(float_model, reference.output) and positive_decisions(reference) >= FEWEST_DECISIONS:
         return AccuracyTarget("decisions", DEFAULT_AGREEMENT)
+    if embeds(reference):  # one vector a sample: judged by where the vectors point
+        return AccuracyTarget("cosine", DEFAULT_COSINE)
     return AccuracyTarget("sqnr", DEFAULT_SQNR_DB)
 
 
