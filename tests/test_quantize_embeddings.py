@@ -76,6 +76,18 @@ def _values(first_output: np.ndarray) -> SimpleNamespace:
     return SimpleNamespace(output="e", batches=[({}, {"e": first_output[:half]}), ({}, {"e": first_output[half:]})])
 
 
+def test_class_scores_are_not_taken_for_an_embedding():
+    # Centred vectors of 48 made by a MatMul and a bias: a classifier's logits, judged by top-1, no cosine reported.
+    rng = np.random.default_rng(0)
+    g = qo.Graph("classifier", opset=17)
+    h = g.input("x", "float", ("N", 32))
+    h = g.op("Relu", [g.op("MatMul", [h, (rng.standard_normal((32, 64)) * 0.3).astype(np.float32)], name="dense1")])
+    h = g.op("MatMul", [h, (rng.standard_normal((64, 48)) * 0.2).astype(np.float32)], name="dense2")
+    g.output(g.op("Add", [h, np.zeros(48, np.float32)], name="bias", output_names=["logits"]))
+    r = qq.quantize_model(g.to_model(), None, {"x": rng.standard_normal((192, 32)).astype(np.float32)})
+    assert r.report.promotions.target.metric == "agreement" and r.report.output.cosine_similarity is None
+
+
 def test_a_target_given_for_an_embedding_is_kept():
     model, data = _embedder()
     r = qq.quantize_model(model, None, data, target_sqnr_db=20)

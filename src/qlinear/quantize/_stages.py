@@ -321,7 +321,7 @@ def measures(fm: FloatModel, qmodel: onnx.ModelProto, reference: Reference, opti
         found["metric"] = {"name": name, "value": metric_figure(qmodel, reference, load_metric(options.metric), name)}
     if sigmoid_scores(fm.model, reference.output):
         found["decisions_kept"] = decisions_kept(qmodel, reference)
-    elif embeds(reference):
+    elif not reference.classifies and embeds(reference):  # as the default target takes it (_goal)
         found["cosine_similarity"] = cosine_similarity(qmodel, reference)
     return found
 
