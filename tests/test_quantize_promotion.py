@@ -128,13 +128,15 @@ def test_search_takes_the_shortest_prefix_in_few_evaluations():
     calls = []
 
     def measure(precision):  # a figure that grows with the number of nodes promoted
-        calls.append(len(precision))
+        calls.append(frozenset(precision.items()))
         return len(precision) / 40
 
     found = search(steps, 0.0, AccuracyTarget("agreement", 0.55), measure)
     assert found.met and len(found.promotions) == 22 and math.isclose(found.figure, 22 / 40)
     # Doubling then halving, then one trial a promoted node (none can go here), at most PRUNE_TRIALS.
     assert found.evaluations == len(calls) <= 2 * math.ceil(math.log2(40)) + 2 + PRUNE_TRIALS
+    # No assignment is evaluated twice: dropping the last node is the prefix one short, already judged.
+    assert len(set(calls)) == len(calls) == len(found.tried) - 1 + PRUNE_TRIALS - 1
     assert found.promotions[-1].measured and found.promotions[-1].figure == found.figure
     # Met at the requested types: nothing promoted, nothing evaluated.
     assert search(steps, 0.9, AccuracyTarget("agreement", 0.55), measure).promotions == []

@@ -162,7 +162,8 @@ def search(
     kept = [Promotion(s.node, s.before, s.after, figures.get(k + 1), k + 1 in figures) for k, s in enumerate(steps[:found])]
     figure, pruned = figures[found], 0
     if met:
-        kept, figure, pruned = _prune(kept, figure, target, measure)
+        judged = {_key({s.node: s.after for s in steps[:k]}): f for k, f in figures.items()}
+        kept, figure, pruned = _prune(kept, figure, target, measure, judged)
     return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned, dict(figures))
 
 
@@ -222,6 +223,7 @@ def _prune(
     figure: float | None,
     target: AccuracyTarget,
     measure: Callable[[dict[str, NodePrecision]], float | None],
+    judged: dict[frozenset, float | None],
 ) -> tuple[list[Promotion], float | None, int]:
     """Drop every node's promotions that the target holds without, least sensitive node first.
 
@@ -229,16 +231,25 @@ def _prune(
     last round may not be needed once a more sensitive one went further.
     A step's figure is kept only while no earlier step was dropped; the
     last step's is the final figure. At most :data:`PRUNE_TRIALS` nodes are
-    tried. Returns the steps kept, the figure and the evaluations made.
+    tried. ``judged``: the figures of the assignments the search already
+    evaluated (by :func:`_key`), read instead of evaluated again (the
+    prefix one step short of the result is one, and dropping a node
+    promoted only by the last step gives it). Returns the steps kept, the
+    figure and the evaluations made.
     """
-    evaluations = 0
+    evaluations = tries = 0
     nodes = list(dict.fromkeys(p.node for p in kept))
     for node in reversed(nodes):
-        if len(nodes) == 1 or evaluations == PRUNE_TRIALS:
+        if len(nodes) == 1 or tries == PRUNE_TRIALS:
             break
         trial = [p for p in kept if p.node != node]
-        evaluations += 1
-        got = measure({p.node: p.after for p in trial})
+        tries += 1
+        precision = {p.node: p.after for p in trial}
+        if _key(precision) in judged:
+            got = judged[_key(precision)]
+        else:
+            evaluations += 1
+            got = measure(precision)
         if target.met(got):
             first = next(k for k, p in enumerate(kept) if p.node == node)
             kept = [p if k < first else Promotion(p.node, p.before, p.after) for k, p in enumerate(trial)]
@@ -246,6 +257,11 @@ def _prune(
             figure = got
             nodes.remove(node)
     return kept, figure, evaluations
+
+
+def _key(precision: dict[str, NodePrecision]) -> frozenset:
+    """A precision assignment as a key: the same nodes at the same types, in any order."""
+    return frozenset(precision.items())
 
 
 def _allowed_step(
