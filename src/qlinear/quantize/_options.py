@@ -20,7 +20,7 @@ from qlinear.dtypes import ElementType, element_type
 from qlinear.quantize._metric import load_metric, metric_name
 from qlinear.quantize._option_fields import default_of, option, option_fields
 from qlinear.quantize.algorithms import ALGORITHMS, Facts
-from qlinear.quantize.targets import DEFAULT_TARGET, FORMS, QDQ_FORM, TARGETS
+from qlinear.quantize.targets import DEFAULT_TARGET, FORMS, QDQ_FORM, TARGETS, target
 
 __all__ = [
     "ACTIVATION_TYPES",
@@ -246,9 +246,7 @@ class _Checked:
         _one_of("granularity", self.granularity, GRANULARITIES)
         _one_of("weight_clip", self.weight_clip, WEIGHT_CLIPS)
         _one_of("target", self.target, tuple(TARGETS))
-        missing = TARGETS[self.target].requires()  # before any work: one line naming the extra
-        if missing is not None:
-            raise QuantizationError(f"quantize: {missing}")
+        target(self.target)  # its runtime missing: refused before any work, in one line naming the extra
         if self.format != QDQ_FORM and self.format not in TARGETS[self.target].forms:
             readers = ", ".join(t.name for t in TARGETS.values() if self.format in t.forms) or "none"
             raise QuantizationError(
