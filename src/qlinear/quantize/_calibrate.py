@@ -22,7 +22,7 @@ from qlinear.quantize._memory import peak_rss_bytes
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._patches import Patches
-from qlinear.quantize._session import run_batch, with_outputs
+from qlinear.quantize._session import only_outputs, run_batch
 from qlinear.quantize._stats import TensorStats, load_calibration, save_stats
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def calibrate(
     start = time.perf_counter()
     observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []), tuple(gram_patches or []))
     names = observed.names
-    model = with_outputs(fm.model, names)
+    model = only_outputs(fm.model, names)  # no node past the last tensor observed runs (a float tail, post-processing)
     sess = runtime.session(model, arena=False, spinning=False) if names else None
     if sess is not None and not fixed_batch:
         batch_size = held_batch_size(sess, names, data, batch_size)

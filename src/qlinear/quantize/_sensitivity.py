@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 import qlinear
 from qlinear._errors import QuantizationError
@@ -39,6 +38,7 @@ from qlinear.quantize._downstream import Downstream, Unchanged, downstream, elem
 from qlinear.quantize._evaluate import Reference, Runner, output_power
 from qlinear.quantize._output_power import OutputsPower
 from qlinear.quantize._precision import FLOAT, NodePrecision
+from qlinear.quantize._session import only_outputs
 from qlinear.quantize._to_qdq import sqnr_db
 
 __all__ = ["HELD_BYTES", "SCREEN_SAMPLES", "NodeSensitivity", "analysis_runs", "analyze", "most_sensitive_first", "refined_count"]
@@ -191,11 +191,7 @@ def _float_values(float_model, reads: list[str], reference: Reference) -> list[d
     The model's outputs are only these, so the runtime computes no node they do not need.
     """
     computed = [t for t in reads if t not in reference.batches[0][0]]
-    only = onnx.ModelProto()
-    only.CopyFrom(float_model)
-    del only.graph.output[:]
-    only.graph.output.extend(onnx.ValueInfoProto(name=t) for t in computed)
-    runner = Runner(only, [], reference.runtime) if computed else None
+    runner = Runner(only_outputs(float_model, computed), [], reference.runtime) if computed else None
     out = []
     for feeds, _ in reference.batches:
         values = {**(runner(feeds) if runner is not None else {}), **feeds}

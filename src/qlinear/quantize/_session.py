@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MATMUL_NBITS_ACCURACY_LEVEL", "NBITS_LEVEL_KEY", "PROVIDERS", "load_error", "load_reason", "nbits_level", "optimized_graph", "run_batch",
-    "session", "with_outputs",
+    "only_outputs", "session", "with_outputs",
 ]  # fmt: skip
 
 # The quantizer's figures are ONNX Runtime's CPU provider's.
@@ -149,6 +149,15 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
         if name not in present:
             out.graph.output.append(onnx.ValueInfoProto(name=name))
             present.add(name)
+    return out
+
+
+def only_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose outputs are the tensors ``names`` alone: the runtime computes no node they do not need."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.output[:]
+    out.graph.output.extend(onnx.ValueInfoProto(name=name) for name in dict.fromkeys(names))
     return out
 
 

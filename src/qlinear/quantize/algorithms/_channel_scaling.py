@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._model import FloatModel, attribute, fresh_name
-from qlinear.quantize._session import run_batch, with_outputs
+from qlinear.quantize._session import only_outputs, run_batch
 
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
@@ -66,7 +66,7 @@ def observe(
     Per channel (along ``axis``: the last, or 1 for a Conv's channels), and
     its first ``sample_rows`` rows (the channels last).
     """
-    sess = runtime.session(with_outputs(fm.model, tensors), arena=False)
+    sess = runtime.session(only_outputs(fm.model, tensors), arena=False)  # no node past the last of them runs
     absmax: dict[str, np.ndarray] = {}
     abssum: dict[str, np.ndarray] = {}
     count = dict.fromkeys(tensors, 0)
