@@ -56,6 +56,39 @@ def test_an_embedding_is_judged_by_the_cosine_similarity_of_its_vectors_by_defau
     assert low.promotions.before < DEFAULT_COSINE <= low.promotions.after == low.output.cosine_similarity.mean
 
 
+def test_the_reports_show_the_cosine_and_no_top1_row_for_an_embedding():
+    import io
+
+    from rich.console import Console
+
+    from qlinear.quantize._html import render_html
+    from qlinear.quantize._report_print import print_report
+
+    model, data = _embedder()
+    report = qq.quantize_model(model, None, data).report
+    console = Console(file=io.StringIO(), width=160)
+    print_report(report, console)
+    printed = console.file.getvalue()
+    cos = report.output.cosine_similarity
+    row = next(line for line in printed.splitlines() if line.startswith("cosine similarity"))
+    assert row.split() == [
+        "cosine",
+        "similarity",
+        f"{cos.mean:.4f}",
+        "mean,",
+        f"{cos.lowest:.4f}",
+        "lowest",
+        "(each",
+        "sample's",
+        "vector)",
+    ]
+    assert "top-1 agreement" not in printed  # no row for an output without classes
+    pytest.importorskip("plotly")
+    page = render_html(report)
+    assert f"<th>cosine similarity</th><td>{cos.mean:.4f} mean, {cos.lowest:.4f} lowest" in page
+    assert "<th>top-1 agreement</th>" not in page
+
+
 def test_vectors_that_are_not_centred_or_not_one_a_sample_keep_their_sqnr():
     # Every coordinate near 5: any error keeps the cosine near 1, as a landmark regressor's pixels would.
     shifted, data = _embedder(offset=5.0)

@@ -174,10 +174,22 @@ def _summary(report: Report) -> str:
                 f"{lat.before:.3f} ms → {lat.after:.3f} ms a batch of {lat.batch} ({lat.ratio:.2f}x, pairs' median)",
             )
         )
-    rows.append(("top-1 agreement", f"{_share(requested.top1_agreement)} at the requested types → {_share(out.top1_agreement)}"))
-    rows.append(("output SQNR", f"{_db(requested.sqnr_db)} dB at the requested types → {_db(out.sqnr_db)} dB"))
+    figures = []
+    if out.top1_agreement is not None:  # an output without classes (boxes, a map, an embedding) has no such row
+        figures.append(
+            ("top-1 agreement", f"{_share(requested.top1_agreement)} at the requested types → {_share(out.top1_agreement)}")
+        )
+    figures.append(("output SQNR", f"{_db(requested.sqnr_db)} dB at the requested types → {_db(out.sqnr_db)} dB"))
+    if out.decisions_kept is not None:
+        figures.append(("decisions kept", f"{_share(out.decisions_kept)} (F1 of the scores above 0.5)"))
+    if out.cosine_similarity is not None:
+        cos = out.cosine_similarity
+        figures.append(
+            ("cosine similarity", f"{cosine_text(cos.mean)} mean, {cosine_text(cos.lowest)} lowest (each sample's vector)")
+        )
     if report.eval.samples == 0:  # no data: nothing was measured, and no figure is "exact"
-        rows[-2:] = [("output SQNR", "not measured (no data)")]
+        figures = [("output SQNR", "not measured (no data)")]
+    rows += figures
     if out.accuracy:
         rows.append(("accuracy", f"{_share(out.accuracy.before)} float → {_share(out.accuracy.after)} quantized"))
     promotions = report.promotions

@@ -107,15 +107,16 @@ def print_report(
     judged = report.eval.samples > 0  # no data: nothing measured, and None is not "exact"
     summary.add_row("output SQNR", f"{db_text(out.sqnr_db)} dB{worst}" if judged else "not measured (no data)")
     interval = out.top1_agreement_interval
-    summary.add_row(
-        "top-1 agreement",
-        share_text(out.top1_agreement)
-        + (
-            f" (95% interval {share_text(interval.low)} to {share_text(interval.high)}, {interval.decisions} decisions)"
-            if interval
-            else ""
-        ),
-    )
+    if out.top1_agreement is not None:  # an output without classes (boxes, a map, an embedding) has no such row
+        summary.add_row(
+            "top-1 agreement",
+            share_text(out.top1_agreement)
+            + (
+                f" (95% interval {share_text(interval.low)} to {share_text(interval.high)}, {interval.decisions} decisions)"
+                if interval
+                else ""
+            ),
+        )
     if out.decisions_kept is not None:
         summary.add_row("decisions kept", f"{share_text(out.decisions_kept)} (F1 of the scores above 0.5)")
     if out.cosine_similarity is not None:
