@@ -10,7 +10,8 @@ import pytest
 
 import qlinear.onnx as qo
 import qlinear.quantize as qq
-from qlinear.quantize._embeddings import DEFAULT_COSINE, _cosines, embeds
+from qlinear.quantize._embeddings import DEFAULT_COSINE, _cosines, cosine_similarity, embeds
+from qlinear.quantize.targets import target
 
 
 def _embedder(*, offset: float = 0.0, width: int = 48, pooled: bool = True):
@@ -103,10 +104,32 @@ def test_vectors_that_are_not_centred_or_not_one_a_sample_keep_their_sqnr():
     assert not embeds(_values(np.arange(64 * 96, dtype=np.int64).reshape(64, 96)))  # not float
 
 
-def _values(first_output: np.ndarray) -> SimpleNamespace:
-    """A reference holding ``first_output`` in two batches, as :func:`embeds` reads it."""
+def _values(first_output: np.ndarray, second: np.ndarray | None = None, outputs: tuple[str, ...] = ("e",)) -> SimpleNamespace:
+    """A reference holding ``first_output`` in two batches (``second``: the second batch), as :func:`embeds` reads it."""
     half = len(first_output) // 2
-    return SimpleNamespace(output="e", batches=[({}, {"e": first_output[:half]}), ({}, {"e": first_output[half:]})])
+    later = first_output[half:] if second is None else second
+    return SimpleNamespace(output="e", outputs=list(outputs), batches=[({}, {"e": first_output[:half]}), ({}, {"e": later})])
+
+
+def test_an_embedding_is_one_output_of_one_width():
+    vectors = np.random.default_rng(2).standard_normal((64, 96)).astype(np.float32)
+    assert embeds(_values(vectors))
+    # A model judged on two outputs keeps the worst one's SQNR: a cosine on the first leaves the other unguarded.
+    assert not embeds(_values(vectors, outputs=("e", "logits")))
+    # Batches of another width (a sequence whose length changes): no vector a sample, and no error.
+    assert not embeds(_values(vectors, second=np.zeros((8, 120), np.float32)))
+
+
+def test_a_sample_whose_float_vector_is_not_finite_is_left_out_of_the_cosine():
+    model, data = _embedder()
+    float_out = ort.InferenceSession(model.SerializeToString()).run(None, data)[0]
+    broken = float_out.copy()
+    broken[0, 3] = np.nan  # the float model's own NaN on one sample
+    reference = SimpleNamespace(
+        output="embedding", outputs=["embedding"], runtime=target("ort-cpu"), batches=[(data, {"embedding": broken})]
+    )
+    mean, lowest = cosine_similarity(model, reference)  # the float model against itself: every finite sample agrees
+    assert mean == pytest.approx(1.0, abs=1e-12) and lowest == pytest.approx(1.0, abs=1e-12)
 
 
 def test_class_scores_are_not_taken_for_an_embedding():

@@ -57,7 +57,19 @@ def test_page_shows_the_fine_tuning_and_repeats_it():
     assert "<th>fine-tuned</th>" in page and f"{f.steps} steps" in page
     assert "--finetune 20" in page
     # No step searched: the nodes' sensitivity was not measured, and the page says why.
-    assert tuned.analysis == [] and "The sensitivity was not measured: the search took no step" in page
+    assert tuned.analysis == [] and "The sensitivity was not measured: the search took no step (analyze=True, --analyze" in page
+
+
+def test_without_an_analysis_the_table_keeps_the_nodes_now_float(report):
+    # No step searched: the rows come from the nodes as written, and the requested nodes now float follow them.
+    from qlinear.quantize._report_schema import LeftFloat
+    from qlinear.quantize._speed import FASTER_IN_FLOAT
+
+    faster = LeftFloat("conv_faster", "Conv", FASTER_IN_FLOAT.why)
+    bare = replace(report, analysis=[], left_float=[*report.left_float, faster])
+    table = render_html(bare)[render_html(bare).index('id="node-table"') :]
+    assert all(f"<td>{n.name}</td>" in table for n in report.nodes)
+    assert "<td>conv_faster</td>" in table and "float (faster)" in table
 
 
 def test_page_lists_the_nodes_left_float_and_why():

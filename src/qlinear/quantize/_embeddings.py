@@ -41,11 +41,17 @@ CENTRED = 0.5
 
 
 def embeds(reference: Reference) -> bool:
-    """Whether the reference's first judged output holds one centred vector a sample (module text)."""
+    """Whether the reference's one judged output holds one centred vector a sample (module text).
+
+    A model judged on several outputs keeps the SQNR of the worst: a
+    cosine on the first would leave the others unguarded.
+    """
+    if len(reference.outputs) != 1:
+        return False
     values = [np.asarray(ref[reference.output]) for _, ref in reference.batches]
     first = values[0]
-    if first.dtype.kind != "f" or first.ndim < 2:
-        return False
+    if first.dtype.kind != "f" or first.ndim < 2 or any(v.shape[1:] != first.shape[1:] for v in values):
+        return False  # not float, or not one width in every batch (a sequence's length)
     wide = [d for d in first.shape[1:] if d != 1]
     if len(wide) != 1 or not NARROWEST <= wide[0] <= WIDEST:
         return False
@@ -62,7 +68,8 @@ def cosine_similarity(model: onnx.ModelProto, reference: Reference) -> tuple[flo
     """The mean and the lowest cosine similarity of ``model``'s first-output vectors to the float model's, sample by sample.
 
     Two zero vectors agree (1); a zero vector beside another, or a
-    non-finite one, does not (0).
+    non-finite quantized one, does not (0). A sample whose float vector is
+    not finite is left out, as the SQNR leaves out non-finite float values.
     """
     runner = Runner(model, [reference.output], reference.runtime)
     total, lowest, samples = 0.0, 1.0, 0
@@ -70,9 +77,12 @@ def cosine_similarity(model: onnx.ModelProto, reference: Reference) -> tuple[flo
         want = np.asarray(ref[reference.output], np.float64)
         want = want.reshape(len(want), -1)
         got = np.asarray(runner(feeds)[reference.output], np.float64).reshape(want.shape)
-        cos = _cosines(want, got)
+        finite = np.isfinite(want).all(axis=1)
+        if not finite.any():
+            continue
+        cos = _cosines(want[finite], got[finite])
         total, lowest, samples = total + float(cos.sum()), min(lowest, float(cos.min())), samples + len(cos)
-    return total / max(samples, 1), lowest
+    return (total / samples if samples else 1.0), lowest
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

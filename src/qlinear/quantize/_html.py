@@ -24,6 +24,7 @@ from qlinear.quantize._placement import PROMOTED_TO_FLOAT
 from qlinear.quantize._records import plain
 from qlinear.quantize._report_schema import NodeAnalysis, NodeRow, Report
 from qlinear.quantize._report_text import cosine_text, runtime_name
+from qlinear.quantize._speed import FASTER_IN_FLOAT
 from qlinear.quantize._tradeoff import latency_text
 
 __all__ = ["render_html"]
@@ -55,7 +56,11 @@ def render_html(report: Report) -> str:
         "<p>Sensitivity: the model's output SQNR with only that node quantized. Output: the node's own output in the "
         "quantized model against the float model (the error of everything up to it). Promoted nodes are marked; "
         "nodes promoted to float have no output figure."
-        + ("" if report.analysis else " The sensitivity was not measured: the search took no step (--analyze measures it).")
+        + (
+            ""
+            if report.analysis
+            else " The sensitivity was not measured: the search took no step (analyze=True, --analyze, measures it)."
+        )
         + "</p>",
         f'<div id="chart">{chart}</div>',
         _tradeoff(report),
@@ -83,7 +88,7 @@ class _Row:
     output_sqnr_db: float | None
     runs_as: str | None
     fused: bool | None
-    status: str  # as requested, promoted, float (promoted)
+    status: str  # as requested, promoted, float (promoted), float (faster)
     promoted_to: str | None
 
 
@@ -92,13 +97,20 @@ def _node_rows(report: Report) -> list[_Row]:
     final = {n.name: n for n in report.nodes}
     promoted = {step.node: step.to for step in (report.promotions.steps if report.promotions else [])}
     floated = {n.name for n in report.left_float if n.reason == PROMOTED_TO_FLOAT}
+    faster = {n.name for n in report.left_float if n.reason == FASTER_IN_FLOAT.why}
     ops = {n.name: n.op_type for n in report.left_float}
     analysed = {a.name: a for a in report.analysis}
-    names = list(analysed) or [n.name for n in report.nodes]
+    # Without an analysis (the search took no step), the quantized nodes in graph order, then those now float.
+    names = list(analysed) or [
+        *(n.name for n in report.nodes),
+        *(n.name for n in report.left_float if n.name in floated | faster),
+    ]
     rows = []
     for name in names:
         n, a = final.get(name), analysed.get(name)
-        status = "float (promoted)" if name in floated else ("promoted" if name in promoted else "as requested")
+        status = "float (promoted)" if name in floated else "float (faster)" if name in faster else (
+            "promoted" if name in promoted else "as requested"
+        )  # fmt: skip
         rows.append(_row(name, ops.get(name, ""), n, a, status, promoted.get(name)))
     for n in report.nodes:  # nodes the analysis did not cover (none today; kept so the table never drops one)
         if analysed and n.name not in analysed:
@@ -339,7 +351,7 @@ def _node_table(nodes: list[_Row]) -> str:
             v = getattr(n, key)
             if kind == "db":
                 # No figure: a node now float has no output; an activation left float has no error ("-"), unlike an exact one.
-                none_means_absent = key == "activation_sqnr_db" or (key == "output_sqnr_db" and n.status == "float (promoted)")
+                none_means_absent = key == "activation_sqnr_db" or (key == "output_sqnr_db" and n.status.startswith("float"))
                 text = "-" if v is None and none_means_absent else _db(v)
                 cells.append(f'<td class="num">{text}</td>')
             else:

@@ -86,6 +86,10 @@ class PairTimer:
     def time(self, model: onnx.ModelProto, session: Any = None, pairs: int | None = None) -> Latency | None:
         """``model``'s latency beside the float model's; None where the runtime cannot load it.
 
+        A model it loads but cannot run raises QuantizationError: the
+        search, the trials and the model written all stop there, as the
+        model could not be run by its users either.
+
         ``session``: the runtime's session of ``model`` where the caller made
         one (one serves every batch); ``pairs``: this many pairs instead of
         the timer's own count.
@@ -98,7 +102,7 @@ class PairTimer:
                 return None
         # Warm-up at this batch (the first run at a shape plans its memory), and the run that finds a model the runtime
         # loads but cannot run (a kernel refusing its parameters): one line, not the runtime's exception.
-        run_batch(candidate, None, self.feeds, f"a model timed at a batch of {self.batch}")
+        run_batch(candidate, None, self.feeds, f"a model timed at a batch of {self.batch}", self.runtime.runtime)
         before, after = [], []
         for _ in range(pairs or self.pairs):
             for times, s in ((before, self._float), (after, candidate)):

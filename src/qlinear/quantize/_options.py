@@ -206,7 +206,8 @@ _CORE_FIELDS = (
             form="switch",
             group=_TARGET,
             help="measure every node's sensitivity (output SQNR with only that node quantized) and print it; without "
-            "it, it is measured only where the search needs its order (the target missed at the types asked for)",
+            "it, it is measured only where the search needs its order (the target missed at the types asked for, "
+            "or a latency budget)",
         ),
     ),
     (

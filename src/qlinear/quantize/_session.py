@@ -132,12 +132,12 @@ def _hint(e: Exception) -> str:
     return ""
 
 
-def run_batch(sess: ort.InferenceSession, names: list[str] | None, feeds: dict, what: str) -> list:
-    """``sess.run``, its failure said in one line naming what was being run."""
+def run_batch(sess: ort.InferenceSession, names: list[str] | None, feeds: dict, what: str, runtime: str = "ONNX Runtime") -> list:
+    """``sess.run``, its failure said in one line naming what was being run (and ``runtime``, the session's)."""
     try:
         return sess.run(names, feeds)
     except Exception as e:  # ONNX Runtime raises its own exception types
-        raise QuantizationError(f"quantize: ONNX Runtime failed on {what}: {_first_line(e)}") from None
+        raise QuantizationError(f"quantize: {runtime} failed on {what}: {_first_line(e)}") from None
 
 
 def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:

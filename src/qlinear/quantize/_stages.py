@@ -173,9 +173,10 @@ def build(fm: FloatModel, options: QuantizeOptions, run: CalibrationRun | None, 
 
 def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, options: QuantizeOptions, runtime: Runtime,
                 timer: UserBatchTimer, bars: Bars) -> TargetResult:  # fmt: skip
-    """Each node's sensitivity, then the most sensitive nodes promoted up the ``runtime``'s ladder until the target holds.
+    """Where the target is missed at the types asked for, each node's sensitivity, then the most sensitive nodes promoted up the ``runtime``'s ladder until it holds.
 
-    With a latency budget, the most accurate model within it instead
+    The sensitivity is measured only where the search takes a step, or
+    where ``options.analyze`` asks for it (empty otherwise). With a latency budget, the most accurate model within it instead
     (``timer`` times each candidate against the float model at the batches
     the users run; the budget holds at each). The models built on the way are the trade-off the
     report shows.
