@@ -64,7 +64,8 @@ def fetch(work: Path) -> Path:
 
 def clips(models: Path, variants: tuple[str, ...], seed: int) -> list[np.ndarray]:
     """Each phrase by each accent and variant: its 16 windows of mel frames, (16, 76, 32, 1)."""
-    speaker, rng = sm._Speaker(), np.random.default_rng(seed)
+    sm._speaker = sm._speaker or sm._Speaker()  # eSpeak NG starts once a process (speech_model.clips does the same)
+    speaker, rng = sm._speaker, np.random.default_rng(seed)
     mel = session(str(models / "melspectrogram.onnx"))
     out = []
     for accent in sm.ACCENTS:
