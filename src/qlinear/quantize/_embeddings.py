@@ -11,8 +11,9 @@ vectors, and a 30 dB target there asks more than the decisions downstream
 need: openWakeWord's audio embedding quantized at the types asked for has
 a mean cosine similarity of 0.9989 (26.4 dB), and its wake-word model's
 decisions downstream agree with the float pipeline's on 99.7% of clips,
-where the 30 dB target took five promotions and ran at 0.70x the float
-model's latency instead of 0.57x (benchmarks/audio_embedding.py).
+where the 30 dB target took five promotions and ran at 0.70-0.80x the
+float model's latency at one window instead of 0.57-0.62x
+(benchmarks/audio_embedding.py).
 
 An output is taken for an embedding where, in the float model's values on
 the eval data, each sample holds one vector (one axis past the batch
