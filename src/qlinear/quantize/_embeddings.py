@@ -87,8 +87,8 @@ def cosine_similarity(model: onnx.ModelProto, reference: Reference) -> tuple[flo
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    norm_a, norm_b = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        cos = np.einsum("ij,ij->i", a, b) / norms
-    both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
+        cos = np.einsum("ij,ij->i", a, b) / (norm_a * norm_b)
+    both_zero = (norm_a == 0) & (norm_b == 0)
     return np.where(both_zero, 1.0, np.where(np.isfinite(cos), np.clip(cos, -1.0, 1.0), 0.0))

@@ -23,7 +23,7 @@ from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
 from qlinear.quantize._records import plain
 from qlinear.quantize._report_schema import NodeAnalysis, NodeRow, Report
-from qlinear.quantize._report_text import cosine_text, runtime_name
+from qlinear.quantize._report_text import cosine_text, db_text, figure_value, runtime_name, share_text
 from qlinear.quantize._speed import FASTER_IN_FLOAT
 from qlinear.quantize._tradeoff import latency_text
 
@@ -189,11 +189,14 @@ def _summary(report: Report) -> str:
     figures = []
     if out.top1_agreement is not None:  # an output without classes (boxes, a map, an embedding) has no such row
         figures.append(
-            ("top-1 agreement", f"{_share(requested.top1_agreement)} at the requested types → {_share(out.top1_agreement)}")
+            (
+                "top-1 agreement",
+                f"{share_text(requested.top1_agreement)} at the requested types → {share_text(out.top1_agreement)}",
+            )
         )
-    figures.append(("output SQNR", f"{_db(requested.sqnr_db)} dB at the requested types → {_db(out.sqnr_db)} dB"))
+    figures.append(("output SQNR", f"{db_text(requested.sqnr_db)} dB at the requested types → {db_text(out.sqnr_db)} dB"))
     if out.decisions_kept is not None:
-        figures.append(("decisions kept", f"{_share(out.decisions_kept)} (F1 of the scores above 0.5)"))
+        figures.append(("decisions kept", f"{share_text(out.decisions_kept)} (F1 of the scores above 0.5)"))
     if out.cosine_similarity is not None:
         cos = out.cosine_similarity
         figures.append(
@@ -203,7 +206,7 @@ def _summary(report: Report) -> str:
         figures = [("output SQNR", "not measured (no data)")]
     rows += figures
     if out.accuracy:
-        rows.append(("accuracy", f"{_share(out.accuracy.before)} float → {_share(out.accuracy.after)} quantized"))
+        rows.append(("accuracy", f"{share_text(out.accuracy.before)} float → {share_text(out.accuracy.after)} quantized"))
     promotions = report.promotions
     if promotions:
         target = promotions.target.describe().replace(">=", "≥")
@@ -219,8 +222,8 @@ def _summary(report: Report) -> str:
         rows.append(
             (
                 "fine-tuned",
-                f"{tuned.steps} steps, {tuned.seconds:.1f} s: top-1 agreement {_share(held.agreement_before)} → "
-                f"{_share(held.agreement_after)}, output SQNR {_db(held.sqnr_db_before)} → {_db(held.sqnr_db_after)} dB "
+                f"{tuned.steps} steps, {tuned.seconds:.1f} s: top-1 agreement {share_text(held.agreement_before)} → "
+                f"{share_text(held.agreement_after)}, output SQNR {db_text(held.sqnr_db_before)} → {db_text(held.sqnr_db_after)} dB "
                 f"on the held-out data; {state}",
             )
         )
@@ -352,7 +355,7 @@ def _node_table(nodes: list[_Row]) -> str:
             if kind == "db":
                 # No figure: a node now float has no output; an activation left float has no error ("-"), unlike an exact one.
                 none_means_absent = key == "activation_sqnr_db" or (key == "output_sqnr_db" and n.status.startswith("float"))
-                text = "-" if v is None and none_means_absent else _db(v)
+                text = "-" if v is None and none_means_absent else db_text(v)
                 cells.append(f'<td class="num">{text}</td>')
             else:
                 cells.append(f"<td>{_e(v if v is not None else '-')}</td>")
@@ -372,22 +375,9 @@ def _num(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else v
 
 
-def _db(v: float | None) -> str:
-    return "exact" if v is None else f"{v:.1f}"
-
-
-def _share(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.2f}%"
-
-
 def _figure(v: float | None, metric: str) -> str:
-    if v is None:
-        return "-"
-    if metric == "metric":
-        return f"{v:.4g}"
-    if metric == "cosine":
-        return cosine_text(v)
-    return _share(v) if metric in ("agreement", "decisions") else f"{v:.1f} dB"
+    """A trade-off or promotion row's figure; None: not measured."""
+    return "-" if v is None else figure_value(v, metric)
 
 
 def _bytes(n: int) -> str:

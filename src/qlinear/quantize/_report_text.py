@@ -6,7 +6,7 @@ from typing import Any
 
 from qlinear.quantize.targets import TARGETS
 
-__all__ = ["cosine_text", "db_text", "figure_text", "runtime_name", "share_text", "unloadable_text"]
+__all__ = ["cosine_text", "db_text", "figure_text", "figure_value", "runtime_name", "share_text", "unloadable_text"]
 
 
 def runtime_name(report: Any, *, full: bool = False) -> str:
@@ -25,16 +25,29 @@ def share_text(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
+# Each target metric's name as a figure of it reads (AccuracyTarget.metric); any other is the output's SQNR.
+_FIGURE_NAMES = {
+    "agreement": "top-1 agreement",
+    "metric": "metric",
+    "decisions": "decisions kept",
+    "cosine": "mean cosine similarity",
+}
+
+
 def figure_text(value: float | None, metric: str) -> str:
-    if metric == "agreement":
-        return f"top-1 agreement {share_text(value)}"
+    """A figure of ``metric`` with its name: ``top-1 agreement 99.50%``, ``output SQNR 31.2 dB``."""
+    return f"{_FIGURE_NAMES.get(metric, 'output SQNR')} {figure_value(value, metric)}"
+
+
+def figure_value(value: float | None, metric: str) -> str:
+    """A figure of ``metric`` without its name: a share, a cosine, the user's number, or dB (None: exact SQNR)."""
+    if metric in ("agreement", "decisions"):
+        return share_text(value)
     if metric == "metric":
-        return f"metric {'-' if value is None else f'{value:.4g}'}"
-    if metric == "decisions":
-        return f"decisions kept {share_text(value)}"
+        return "-" if value is None else f"{value:.4g}"
     if metric == "cosine":
-        return f"mean cosine similarity {cosine_text(value)}"
-    return f"output SQNR {db_text(value)} dB"
+        return cosine_text(value)
+    return f"{db_text(value)} dB"
 
 
 def cosine_text(value: float | None) -> str:
