@@ -102,6 +102,33 @@ def detection_head(*, separate: bool = False) -> tuple[onnx.ModelProto, dict[str
     return g.to_model(), {"image": rng.uniform(0, 1, (32, 3, 8, 8)).astype(np.float32)}
 
 
+def yolo_head(*, classes: int = 3, samples: int = 160) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A YOLOv8-shaped detector: one output ``(N, 4 + C, 64)``, box centres and sizes in pixels, then Sigmoid class scores.
+
+    Two Conv layers make an 8 x 8 grid of anchors over a 16 x 16 image;
+    a box Conv gives each anchor's offsets and sizes, which a constant grid
+    and a scale turn into pixels; a class Conv with a negative bias gives
+    scores, a few of them above 0.25 an image. Boxes and scores meet in a
+    Concat along axis 1, as the YOLOv8 export writes them.
+    """
+    rng = np.random.default_rng(RNG_SEED)
+    g = qo.Graph("yolo_head", opset=17)
+    x = g.input("images", "float", ("N", 3, 16, 16))
+    h = g.op("Relu", [g.op("Conv", [x, _w(rng, 16, 3, 3, 3), _w(rng, 16)], name="stem", pads=[1] * 4)], name="stem_act")
+    h = g.op("Conv", [h, _w(rng, 16, 16, 3, 3, scale=0.15), _w(rng, 16)], name="down", pads=[1] * 4, strides=[2, 2])
+    h = g.op("Relu", [h], name="down_act")
+    box = g.op("Reshape", [g.op("Conv", [h, _w(rng, 4, 16, 1, 1, scale=0.2)], name="box_conv"), np.array([0, 4, -1], np.int64)],
+               name="box_flat")  # fmt: skip
+    grid = np.zeros((1, 4, 64), np.float32)
+    grid[0, 0], grid[0, 1] = np.tile(np.arange(8) * 2 + 1, 8), np.repeat(np.arange(8) * 2 + 1, 8)  # anchor centres
+    grid[0, 2:] = 12.0  # sizes around 12 pixels: neighbours of a class overlap, and suppression drops some
+    box = g.op("Add", [g.op("Mul", [box, np.float32(1.5)], name="box_scale"), grid], name="box_px")
+    logits = g.op("Conv", [h, _w(rng, classes, 16, 1, 1, scale=0.6), np.full(classes, -2.0, np.float32)], name="cls_conv")
+    scores = g.op("Sigmoid", [g.op("Reshape", [logits, np.array([0, classes, -1], np.int64)], name="cls_flat")], name="cls_sig")
+    g.output(g.op("Concat", [box, scores], name="detections", axis=1, output_names=["output0"]))
+    return g.to_model(), {"images": rng.uniform(0, 1, (samples, 3, 16, 16)).astype(np.float32)}
+
+
 def outlier_mlp(*, outlier: float = 100.0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """Two MatMuls; the hidden activation between them has one channel ``outlier`` times the others.
 

@@ -23,7 +23,7 @@ from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
 from qlinear.quantize._records import plain
 from qlinear.quantize._report_schema import NodeAnalysis, NodeRow, Report
-from qlinear.quantize._report_text import cosine_text, db_text, figure_value, runtime_name, share_text
+from qlinear.quantize._report_text import db_text, figure_value, measure_rows, runtime_name, share_text
 from qlinear.quantize._speed import FASTER_IN_FLOAT
 from qlinear.quantize._tradeoff import latency_text
 
@@ -195,13 +195,7 @@ def _summary(report: Report) -> str:
             )
         )
     figures.append(("output SQNR", f"{db_text(requested.sqnr_db)} dB at the requested types → {db_text(out.sqnr_db)} dB"))
-    if out.decisions_kept is not None:
-        figures.append(("decisions kept", f"{share_text(out.decisions_kept)} (F1 of the scores above 0.5)"))
-    if out.cosine_similarity is not None:
-        cos = out.cosine_similarity
-        figures.append(
-            ("cosine similarity", f"{cosine_text(cos.mean)} mean, {cosine_text(cos.lowest)} lowest (each sample's vector)")
-        )
+    figures += measure_rows(out)
     if report.eval.samples == 0:  # no data: nothing was measured, and no figure is "exact"
         figures = [("output SQNR", "not measured (no data)")]
     rows += figures

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from qlinear.dtypes import element_type
+from qlinear.quantize._detections import RULE as DETECTIONS_RULE
 from qlinear.quantize._precision import FLOAT, FULL_LADDER, Ladder, NodePrecision, candidate_steps
 from qlinear.quantize._sensitivity import NodeSensitivity
 
@@ -37,7 +38,8 @@ class AccuracyTarget:
     """What the output must reach, at least ``value``.
 
     ``metric``: "agreement" (top-1 share), "decisions" (the F1 of the scores
-    above 0.5, for probabilities), "cosine" (the mean cosine similarity of
+    above 0.5, for probabilities), "detections" (the F1 of a detector's
+    detections, boxes matched), "cosine" (the mean cosine similarity of
     an embedding's vectors), "sqnr" (dB) or "metric" (the user's, ``name``).
     """
 
@@ -55,6 +57,8 @@ class AccuracyTarget:
             return f"{self.name} >= {self.value:g}"
         if self.metric == "decisions":
             return f"decisions kept >= {100 * self.value:.2f}% (F1 of the scores above 0.5)"
+        if self.metric == "detections":
+            return f"detections kept >= {100 * self.value:.2f}% ({DETECTIONS_RULE})"
         if self.metric == "cosine":
             return f"mean cosine similarity >= {self.value:g} (an embedding: one centred vector a sample)"
         return f"output SQNR >= {self.value:g} dB"

@@ -94,7 +94,7 @@ class ReportInputs:
     onnxruntime_error: str | None = None  # why ONNX Runtime cannot load the model as written, where it cannot
     tradeoff: list[Candidate] = field(default_factory=list)  # the models the search built, timed
     kept_float_weights: list[str] = field(default_factory=list)  # quantized weights float nodes still read whole
-    measures: dict[str, Any] = field(default_factory=dict)  # the written model's other measures (_stages.measures)
+    measures: dict[str, Any] = field(default_factory=dict)  # the written model's other measures (_measures.measures)
     floated: list[Floated] = field(default_factory=list)  # the kinds of node tried in float for speed
     run_settings: list[RunSetting] = field(default_factory=list)  # the runtime's settings tried for speed
     data_flags: list[str] = field(default_factory=list)  # the data flags that repeat the run
@@ -263,6 +263,7 @@ def build_report(r: ReportInputs) -> Report:
             accuracy=accuracy,
             metric=MetricFigure(**metric) if (metric := r.measures.get("metric")) else None,
             decisions_kept=r.measures.get("decisions_kept"),
+            detections_kept=r.measures.get("detections_kept"),
             cosine_similarity=CosineFigures(*cosine) if (cosine := r.measures.get("cosine_similarity")) else None,
         ),
         fusion=FusionSummary(

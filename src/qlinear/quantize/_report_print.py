@@ -12,7 +12,7 @@ from rich.markup import escape
 from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
 from qlinear.quantize._report_schema import Report
-from qlinear.quantize._report_text import cosine_text, db_text, figure_text, runtime_name, share_text
+from qlinear.quantize._report_text import db_text, figure_text, measure_rows, runtime_name, share_text
 from qlinear.quantize._tradeoff import latency_text
 from qlinear.quantize.targets import QDQ_FORM
 
@@ -117,13 +117,8 @@ def print_report(
                 else ""
             ),
         )
-    if out.decisions_kept is not None:
-        summary.add_row("decisions kept", f"{share_text(out.decisions_kept)} (F1 of the scores above 0.5)")
-    if out.cosine_similarity is not None:
-        cos = out.cosine_similarity
-        summary.add_row(
-            "cosine similarity", f"{cosine_text(cos.mean)} mean, {cosine_text(cos.lowest)} lowest (each sample's vector)"
-        )
+    for row in measure_rows(out):
+        summary.add_row(*row)
     if out.metric:
         summary.add_row("metric", f"{out.metric.name}: {out.metric.value:.6g}")
     if out.accuracy:

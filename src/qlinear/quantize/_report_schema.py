@@ -146,6 +146,7 @@ class OutputFigures:
     accuracy: BeforeAfter | None = None
     metric: MetricFigure | None = None
     decisions_kept: float | None = None
+    detections_kept: float | None = None
     cosine_similarity: CosineFigures | None = None
 
 

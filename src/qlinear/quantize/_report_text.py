@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from qlinear.quantize._detections import RULE as DETECTIONS_RULE
 from qlinear.quantize.targets import TARGETS
 
-__all__ = ["cosine_text", "db_text", "figure_text", "figure_value", "runtime_name", "share_text", "unloadable_text"]
+__all__ = [
+    "cosine_text", "db_text", "figure_text", "figure_value", "measure_rows", "runtime_name", "share_text", "unloadable_text",
+]  # fmt: skip
 
 
 def runtime_name(report: Any, *, full: bool = False) -> str:
@@ -30,6 +33,7 @@ _FIGURE_NAMES = {
     "agreement": "top-1 agreement",
     "metric": "metric",
     "decisions": "decisions kept",
+    "detections": "detections kept",
     "cosine": "mean cosine similarity",
 }
 
@@ -41,7 +45,7 @@ def figure_text(value: float | None, metric: str) -> str:
 
 def figure_value(value: float | None, metric: str) -> str:
     """A figure of ``metric`` without its name: a share, a cosine, the user's number, or dB (None: exact SQNR)."""
-    if metric in ("agreement", "decisions"):
+    if metric in ("agreement", "decisions", "detections"):
         return share_text(value)
     if metric == "metric":
         return "-" if value is None else f"{value:.4g}"
@@ -52,6 +56,21 @@ def figure_value(value: float | None, metric: str) -> str:
 
 def cosine_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def measure_rows(out: Any) -> list[tuple[str, str]]:
+    """The report's rows for the measures beyond SQNR and agreement that ``out`` (its ``output`` figures) holds."""
+    rows = []
+    if out.decisions_kept is not None:
+        rows.append(("decisions kept", f"{share_text(out.decisions_kept)} (F1 of the scores above 0.5)"))
+    if out.detections_kept is not None:
+        rows.append(("detections kept", f"{share_text(out.detections_kept)} ({DETECTIONS_RULE})"))
+    if out.cosine_similarity is not None:
+        cos = out.cosine_similarity
+        rows.append(
+            ("cosine similarity", f"{cosine_text(cos.mean)} mean, {cosine_text(cos.lowest)} lowest (each sample's vector)")
+        )
+    return rows
 
 
 def unloadable_text(opening: str, error: str, options: Any, runtime: Any, backend: str) -> str:

@@ -21,16 +21,15 @@ from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
-from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
-from qlinear.quantize._embeddings import DEFAULT_COSINE, cosine_similarity, embeds
-from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, evaluation_batches, metric_figure, output_figures
+from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, evaluation_batches, output_figures
 from qlinear.quantize._execution import Bars, Execution
 from qlinear.quantize._latency import Latency, UserBatchTimer, worst_ratio
-from qlinear.quantize._metric import load_metric, metric_name
+from qlinear.quantize._measures import default_target, judge, measures
+from qlinear.quantize._metric import metric_name
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._node_cost import node_shares
 from qlinear.quantize._observed import CalibrationState, Observed
-from qlinear.quantize._options import DEFAULT_AGREEMENT, DEFAULT_SQNR_DB, QuantizeOptions
+from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import plan
 from qlinear.quantize._precision import NodePrecision, reachable
 from qlinear.quantize._promotion import AccuracyTarget, Search, promotion_steps, search, search_within
@@ -46,7 +45,7 @@ from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
     "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "datasets", "evaluation",
-    "float_rewrites", "measures", "meet_target", "refine",
+    "float_rewrites", "meet_target", "refine",
 ]  # fmt: skip
 
 HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
@@ -191,19 +190,13 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
 
     if goal is None:
         return TargetResult(requested, start, analysis() if options.analyze else {}, None)
-    pick = 0 if goal.metric == "sqnr" else 1
-    user_metric = load_metric(options.metric) if goal.metric == "metric" else None
-
-    def figure_of(model: onnx.ModelProto) -> float | None:
-        if user_metric is not None:
-            return metric_figure(model, reference, user_metric, goal.name)
-        if goal.metric == "decisions":
-            return decisions_kept(model, reference)
-        if goal.metric == "cosine":
-            return cosine_similarity(model, reference)[0]
-        return output_figures(model, reference)[pick]
-
-    start_figure = start[pick] if goal.metric in ("sqnr", "agreement") else figure_of(requested.model)
+    figure_of = judge(goal, options, builder.fm.model, reference)
+    # The start's SQNR and agreement are already measured; any other figure is measured here.
+    start_figure = (
+        {"sqnr": start[0], "agreement": start[1]}.get(goal.metric)
+        if goal.metric in ("sqnr", "agreement")
+        else figure_of(requested.model)
+    )
     # The promotions' order is the analysis' (a part of the model run a node): measured only where the search takes
     # a step, a target missed at the types asked for or a latency budget to fill, or where the user asks for it.
     searched = options.promote and (options.latency_budget is not None or not goal.met(start_figure))
@@ -309,24 +302,6 @@ def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, refer
     return found, list(timer.time(qmodel) or ()), measures(fm, qmodel, reference, options)
 
 
-def measures(fm: FloatModel, qmodel: onnx.ModelProto, reference: Reference, options: QuantizeOptions) -> dict[str, Any]:
-    """The written model's measures beyond SQNR and agreement, on the eval data the target was met on.
-
-    ``metric``: the user's (its name and value), where one was given;
-    ``decisions_kept``: where the first output holds probabilities;
-    ``cosine_similarity``: its mean and lowest, where it holds an embedding.
-    """
-    found: dict[str, Any] = {"metric": None, "decisions_kept": None, "cosine_similarity": None}
-    if options.metric is not None:
-        name = metric_name(options.metric)
-        found["metric"] = {"name": name, "value": metric_figure(qmodel, reference, load_metric(options.metric), name)}
-    if sigmoid_scores(fm.model, reference.output):
-        found["decisions_kept"] = decisions_kept(qmodel, reference)
-    elif not reference.classifies and embeds(reference):  # as the default target takes it (_goal)
-        found["cosine_similarity"] = cosine_similarity(qmodel, reference)
-    return found
-
-
 def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.ModelProto) -> AccuracyTarget | None:
     """The accuracy target the search reaches, or None (no search)."""
     if options.target_agreement is not None:
@@ -340,14 +315,7 @@ def _goal(options: QuantizeOptions, reference: Reference, float_model: onnx.Mode
     if options.metric is not None:  # with a latency budget and no value, the budget alone decides
         value = -math.inf if options.target_metric is None else float(options.target_metric)
         return AccuracyTarget("metric", value, metric_name(options.metric))
-    if reference.classifies:
-        return AccuracyTarget("agreement", DEFAULT_AGREEMENT)
-    # Probabilities: judged by the decisions they carry, where there are enough of them to judge.
-    if sigmoid_scores(float_model, reference.output) and positive_decisions(reference) >= FEWEST_DECISIONS:
-        return AccuracyTarget("decisions", DEFAULT_AGREEMENT)
-    if embeds(reference):  # one vector a sample: judged by where the vectors point
-        return AccuracyTarget("cosine", DEFAULT_COSINE)
-    return AccuracyTarget("sqnr", DEFAULT_SQNR_DB)
+    return default_target(float_model, reference)
 
 
 def _saved(fm: FloatModel, observed: Observed, execution: Execution) -> CalibrationRun:
