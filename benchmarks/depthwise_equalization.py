@@ -42,7 +42,8 @@ def main() -> None:
             rel, make = em.MODELS[name]
             path = str(unpacked / rel)
             d = getattr(em, make)(unpacked)
-            ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, d["eval"])[0]
+            held_out = em._batches(path, d["eval"])
+            ref = em.first_output(ort.InferenceSession(path, providers=["CPUExecutionProvider"]), held_out)
             runs = [("no promotion", {"promote": False})] + ([("defaults", {})] if args.defaults else [])
             for label, settings in runs:
                 for on in (False, True):
@@ -52,7 +53,7 @@ def main() -> None:
                         path, out, d["cal"], eval=d["eval"], float_where_faster=False, equalize_depthwise=on, **settings
                     )
                     seconds = time.perf_counter() - start
-                    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, d["eval"])[0]
+                    got = em.first_output(ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]), held_out)
                     agree, db, _ = em.figures(name, d, ref, got)
                     done = r.report.algorithms.get("equalize_depthwise")
                     steps = r.report.promotions.steps if r.report.promotions else None

@@ -38,7 +38,7 @@ and Silero's probabilities by the decisions they carry (the F1 of the
 scores above 0.5, float against quantized) and their SQNR; YOLO's output
 by the SQNR of the worse of its boxes and its class scores, and YOLO11n's
 by the detections it keeps as well (qlinear's default measure: scored
-0.25 or more, matched to the float model's at an IoU of 0.5, their F1). Latency: ONNX Runtime, 2 threads, at one sample and
+above 0.25, matched to the float model's at an IoU of 0.5, their F1). Latency: ONNX Runtime, 2 threads, at one sample and
 at a batch of 16 (Silero: its windows), every model in turn in each round,
 medians. Rows: qlinear's defaults, qlinear ``--latency-budget 0.8``, qlinear
 without promotion, and ``quantize_static``.
@@ -253,7 +253,8 @@ def _yolo11(unpacked: Path) -> dict:
             crop = im.crop((x0, y0, x0 + int(w * f), y0 + int(h * f)))
             views.append(letterbox(crop.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else crop))
     x = np.stack(views)
-    return {"cal": {"images": x[64:]}, "eval": {"images": x[:64]}, "labels": None, "detections": True}
+    parts = (slice(0, 4), slice(4, None))  # boxes, class scores
+    return {"cal": {"images": x[64:]}, "eval": {"images": x[:64]}, "labels": None, "parts": parts, "detections": True}
 
 
 def _vad(_unpacked: Path) -> dict:
@@ -304,30 +305,15 @@ def figures(name: str, d: dict, ref: np.ndarray, got: np.ndarray) -> tuple[str, 
     """:func:`_figures` of model ``name`` on its data ``d``: each model judged by what its users decide on."""
     agree, db, accuracy = _figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad"))
     if d.get("detections"):  # YOLO11n: the detections kept, as qlinear's default target judges them
-        agree = f"{_detections_f1(ref, got):.2%} (F1, {_detections_count(ref)} detections)"
+        from qlinear.quantize._detections import count_detections, detections_f1
+
+        agree = f"{detections_f1(ref, got):.2%} (F1, {count_detections(ref)} detections)"
     return agree, db, accuracy
 
 
 def first_output(sess, batches: list[dict]) -> np.ndarray:
     """The model's first output over ``batches``, run one at a time (YOLO11n's 64 images at 640 x 640 at once take GBs)."""
     return np.concatenate([sess.run(None, feeds)[0] for feeds in batches])
-
-
-def _detections_f1(ref: np.ndarray, got: np.ndarray) -> float:
-    """The F1 of the detections of ``got`` (N, 4 + C, A) against ``ref``'s, matched as qlinear's measure matches them."""
-    from qlinear.quantize._detections import detected, matched
-
-    shared = total = 0
-    for want, have in zip(map(detected, ref), map(detected, got), strict=True):
-        shared += matched(want, have)
-        total += len(want.classes) + len(have.classes)
-    return 1.0 if total == 0 else 2 * shared / total
-
-
-def _detections_count(ref: np.ndarray) -> int:
-    from qlinear.quantize._detections import detected
-
-    return sum(len(detected(sample).classes) for sample in ref)
 
 
 def _first(feeds: dict) -> dict:

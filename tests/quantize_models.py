@@ -102,14 +102,17 @@ def detection_head(*, separate: bool = False) -> tuple[onnx.ModelProto, dict[str
     return g.to_model(), {"image": rng.uniform(0, 1, (32, 3, 8, 8)).astype(np.float32)}
 
 
-def yolo_head(*, classes: int = 3, samples: int = 160) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def yolo_head(
+    *, classes: int = 3, samples: int = 160, anchors_first: bool = False
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A YOLOv8-shaped detector: one output ``(N, 4 + C, 64)``, box centres and sizes in pixels, then Sigmoid class scores.
 
     Two Conv layers make an 8 x 8 grid of anchors over a 16 x 16 image;
     a box Conv gives each anchor's offsets and sizes, which a constant grid
     and a scale turn into pixels; a class Conv with a negative bias gives
     scores, a few of them above 0.25 an image. Boxes and scores meet in a
-    Concat along axis 1, as the YOLOv8 export writes them.
+    Concat along axis 1, as the YOLOv8 export writes them (``anchors_first``:
+    both transposed first, and the Concat along axis 2: ``(N, 64, 4 + C)``).
     """
     rng = np.random.default_rng(RNG_SEED)
     g = qo.Graph("yolo_head", opset=17)
@@ -125,7 +128,10 @@ def yolo_head(*, classes: int = 3, samples: int = 160) -> tuple[onnx.ModelProto,
     box = g.op("Add", [g.op("Mul", [box, np.float32(1.5)], name="box_scale"), grid], name="box_px")
     logits = g.op("Conv", [h, _w(rng, classes, 16, 1, 1, scale=0.6), np.full(classes, -2.0, np.float32)], name="cls_conv")
     scores = g.op("Sigmoid", [g.op("Reshape", [logits, np.array([0, classes, -1], np.int64)], name="cls_flat")], name="cls_sig")
-    g.output(g.op("Concat", [box, scores], name="detections", axis=1, output_names=["output0"]))
+    if anchors_first:
+        box = g.op("Transpose", [box], name="box_t", perm=[0, 2, 1])
+        scores = g.op("Transpose", [scores], name="cls_t", perm=[0, 2, 1])
+    g.output(g.op("Concat", [box, scores], name="detections", axis=2 if anchors_first else 1, output_names=["output0"]))
     return g.to_model(), {"images": rng.uniform(0, 1, (samples, 3, 16, 16)).astype(np.float32)}
 
 

@@ -53,6 +53,47 @@ def test_the_tensors_whose_readers_apply_one_function_are_found():
     np.testing.assert_allclose(curves[out["d"]](x), x * np.clip(x + 3, 0, 6) / 6, atol=1e-15)
 
 
+def test_reshapes_pass_a_function_on_and_readers_outside_the_graph_keep_the_plain_range():
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    g = qo.Graph("more_readers", opset=20)
+    x = g.input("x", "float", ("N", 8))
+
+    def dense(h, name):
+        return g.op("MatMul", [h, (rng.standard_normal((8, 8)) * 0.5).astype(np.float32)], name=name)
+
+    a = dense(x, "a")  # reshaped, then a Tanh
+    t = g.op("Tanh", [g.op("Reshape", [a, np.array([-1, 2, 4], np.int64)], name="a_shape")], name="a_tanh")
+    b = dense(g.op("Reshape", [t, np.array([-1, 8], np.int64)], name="flat"), "b")  # a HardSigmoid of alpha 0.1
+    c = dense(g.op("HardSigmoid", [b], name="b_hsig", alpha=0.1, beta=0.6), "c")  # a SiLU whose gate leaves the graph
+    gate = g.op("Sigmoid", [c], name="c_gate")
+    d = dense(g.op("Mul", [c, gate], name="c_silu"), "d")  # a tanh Gelu, and a graph output
+    e = g.op("Gelu", [d], name="d_gelu", approximate="tanh")
+    g.output(e)
+    g.output(gate)
+    model = g.to_model()
+    fm = load_float_model(model)
+    out = {n.name: n.output[0] for n in model.graph.node}
+    curves = consumer_curves(fm)
+    assert set(curves) == {out["a"], out["a_shape"], out["b"], out["d"]}  # a: through its reshape
+    x = np.linspace(-8, 8, 33)
+    np.testing.assert_allclose(curves[out["a"]](x), np.tanh(x), atol=1e-15)
+    np.testing.assert_allclose(curves[out["b"]](x), np.clip(0.1 * x + 0.6, 0, 1), atol=1e-7)  # float32 attributes
+    gelu = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    np.testing.assert_allclose(curves[out["d"]](x), gelu, atol=1e-12)
+    # The same Tanh reader, and an If whose branches read the tensor too (as Silero VAD's read its weights).
+    branches = [
+        helper.make_graph([helper.make_node("Sigmoid", [out["a"]], [f"{k}_y"])], k, [],
+                          [helper.make_tensor_value_info(f"{k}_y", TensorProto.FLOAT, None)])
+        for k in ("then", "other")
+    ]  # fmt: skip
+    model.graph.input.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+    model.graph.node.append(helper.make_node("If", ["flag"], ["picked"], then_branch=branches[0], else_branch=branches[1]))
+    model.graph.output.append(helper.make_tensor_value_info("picked", TensorProto.FLOAT, None))
+    assert out["a"] not in consumer_curves(load_float_model(model))
+
+
 def test_the_error_function_is_within_its_published_bound():
     x = np.linspace(-6, 6, 2001)
     assert np.max(np.abs(_erf(x) - np.array([math.erf(v) for v in x]))) < 1.5e-7

@@ -117,16 +117,7 @@ def _range_through(stats: TensorStats, t: ElementType, curve: Curve) -> tuple[fl
     low, high = min(stats.min, 0.0), max(stats.max, 0.0)
     n = len(_SIDE_FACTORS)
     lows, highs = np.repeat(low * _SIDE_FACTORS, n), np.tile(high * _SIDE_FACTORS, n)  # every pair of the sides' clips
-    edges = stats.edges
-    centers = (edges[:-1] + edges[1:]) / 2
-    counts = stats.counts.astype(np.float64)
-    kept = counts > 0  # empty bins add nothing: leave them out of the (candidates x bins) arrays
-    centers, counts = centers[kept], counts[kept]
-    scales, zps = scale_and_zero_point(lows, highs, t, False)
-    scales, zps = scales.astype(np.float64)[:, None], zps[:, None]
-    levels = np.clip(np.rint(centers / scales) + zps, t.qmin, t.qmax)
-    losses = ((curve(centers) - curve((levels - zps) * scales)) ** 2 * counts).sum(axis=1)
-    best = int(np.argmin(losses))
+    best = int(np.argmin(_losses(stats, t, lows, highs, False, "mse", curve)))
     return float(lows[best]), float(highs[best])
 
 
@@ -143,11 +134,14 @@ def _candidates(low: float, high: float, symmetric: bool) -> tuple[np.ndarray, n
     return np.maximum(low, -bound), np.minimum(high, bound)
 
 
-def _losses(stats: TensorStats, t: ElementType, lows: np.ndarray, highs: np.ndarray, symmetric: bool, method: str) -> np.ndarray:
-    """The loss of each candidate range ``[lows[i], highs[i]]``, from the histogram."""
+def _losses(stats: TensorStats, t: ElementType, lows: np.ndarray, highs: np.ndarray, symmetric: bool, method: str,
+            curve: Curve | None = None) -> np.ndarray:  # fmt: skip
+    """The loss of each candidate range ``[lows[i], highs[i]]``, from the histogram (``mse``: after ``curve``, where given)."""
     edges = stats.edges
     centers = (edges[:-1] + edges[1:]) / 2
     counts = stats.counts.astype(np.float64)
+    if curve is not None:  # many candidates: the empty bins, which add nothing, left out of the (candidates x bins) arrays
+        centers, counts = centers[counts > 0], counts[counts > 0]
     scales, zps = scale_and_zero_point(lows, highs, t, symmetric)
     scales = scales.astype(np.float64)[:, None]
     zps = zps[:, None]
@@ -157,6 +151,8 @@ def _losses(stats: TensorStats, t: ElementType, lows: np.ndarray, highs: np.ndar
             levels = np.clip(np.rint(centers / scales) + zps, qmin, qmax)
         else:  # float codes: the type's own rounding (its grid is not uniform), saturating, zero point 0
             levels = np.clip(centers / scales, qmin, qmax).astype(t.dtype).astype(np.float64)
+        if curve is not None:
+            return ((curve(centers) - curve((levels - zps) * scales)) ** 2 * counts).sum(axis=1)
         return ((centers - (levels - zps) * scales) ** 2 * counts).sum(axis=1)
     return np.array(
         [

@@ -4,14 +4,16 @@ A Conv's output that only a SiLU reads (``x * Sigmoid(x)``, YOLO's
 activation) is used only through that function: below about -6 the SiLU is
 0 whatever x is, so rounding or clipping x there costs nothing, while the
 plain squared error of ``--method mse`` spends its range on that tail. The
-same holds for a Sigmoid's logits (a detector's class scores, a voice
-detector's speech probability), a Tanh, a Gelu, a HardSigmoid and a
-HardSwish. For such a tensor the range is chosen by the squared error of
-the function's output (:func:`qlinear.quantize._choose.activation_params`),
-measured exactly on the histogram's bins, not by its derivative.
+same holds for a Sigmoid's logits (a text detector's probability map, a
+voice detector's speech probability), a Tanh, a Gelu, a HardSigmoid and a
+HardSwish, also where reshapes lie between. For such a tensor the range is
+chosen by the squared error of the function's output at the histogram's
+bin centres (:func:`qlinear.quantize._choose.activation_params`), the
+function itself applied, not its derivative.
 
 Only tensors every reader of which is the function count: a tensor that a
-residual Add also reads needs its own error kept small.
+residual Add also reads, that leaves the graph or that a subgraph reads
+needs its own error kept small.
 """
 
 from __future__ import annotations
@@ -64,24 +66,37 @@ _UNARY: dict[str, Callable[[onnx.NodeProto], Curve]] = {
 }
 
 
+# Ops that move or reshape values without changing them: the function of their output's readers is their input's.
+_LAYOUT = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
+
+
 def consumer_curves(fm: FloatModel) -> dict[str, Curve]:
     """Each float tensor of the main graph whose readers all apply one elementwise function to it: that function."""
     curves: dict[str, Curve] = {}
-    for tensor, readers in fm.consumers.items():
-        curve = _curve(fm, tensor, readers)
+    for tensor in fm.consumers:
+        curve = _curve(fm, tensor)
         if curve is not None:
             curves[tensor] = curve
     return curves
 
 
-def _curve(fm: FloatModel, tensor: str, readers: list[onnx.NodeProto]) -> Curve | None:
-    if tensor in fm.output_names or not all(r.domain in ("", "ai.onnx") for r in readers):
+def _curve(fm: FloatModel, tensor: str, depth: int = 0) -> Curve | None:
+    """The function ``tensor``'s readers apply to it, through reshapes that only one reader makes of it; None if none."""
+    readers = fm.consumers.get(tensor, [])
+    if not readers or depth > 8 or _read_elsewhere(fm, tensor) or not all(r.domain in ("", "ai.onnx") for r in readers):
         return None
     if len(readers) == 1 and readers[0].op_type in _UNARY:
         return _UNARY[readers[0].op_type](readers[0])
+    if len(readers) == 1 and readers[0].op_type in _LAYOUT and readers[0].input[0] == tensor:  # logits reshaped, then a Sigmoid
+        return _curve(fm, readers[0].output[0], depth + 1)
     if len(readers) == 2 and _is_silu(fm, tensor, readers):
         return _silu
     return None
+
+
+def _read_elsewhere(fm: FloatModel, tensor: str) -> bool:
+    """Whether ``tensor`` leaves the graph, or a subgraph (an If's branch) reads it: readers ``consumers`` does not list."""
+    return tensor in fm.output_names or tensor in fm.read_in_subgraphs
 
 
 def _is_silu(fm: FloatModel, tensor: str, readers: list[onnx.NodeProto]) -> bool:
@@ -91,4 +106,4 @@ def _is_silu(fm: FloatModel, tensor: str, readers: list[onnx.NodeProto]) -> bool
     if sigmoid is None or mul is None:
         return False
     gate = sigmoid.output[0]
-    return sorted(mul.input) == sorted([tensor, gate]) and len(fm.consumers.get(gate, [])) == 1 and gate not in fm.output_names
+    return sorted(mul.input) == sorted([tensor, gate]) and len(fm.consumers.get(gate, [])) == 1 and not _read_elsewhere(fm, gate)

@@ -3,7 +3,7 @@
 A YOLOv8-style detector writes one output that concatenates, along its
 channel axis, 4 box coordinates (centre x, centre y, width, height) and a
 Sigmoid's class scores, for every anchor: ``(N, 4 + C, A)``. Its users keep
-the anchors whose best class scores at least :data:`CONFIDENCE`, then drop
+the anchors whose best class scores above :data:`CONFIDENCE`, then drop
 the boxes that overlap a better one of their class (non-maximum
 suppression). Most of the A x C scores are near 0 and nobody reads them,
 so an SQNR of 30 dB over them asks for accuracy no detection needs, and
@@ -14,9 +14,11 @@ quantized one, matched one to one (same class, IoU at least
 :data:`MATCH_IOU`, the float model's best first), and their F1 over all the
 eval data (twice the matched ones over the two counts): 1 where both keep
 the same detections, and where neither keeps any. The thresholds are
-Ultralytics' prediction defaults (``conf=0.25``, ``iou=0.7``,
-``max_det=300`` in its ``cfg/default.yaml``) and the PASCAL VOC / COCO AP50
-match. The default target is the same 99% as a classifier's, where the
+Ultralytics' prediction defaults (a best score above ``conf=0.25``,
+``iou=0.7``, ``max_det=300`` in its ``cfg/default.yaml``) and the PASCAL
+VOC / COCO AP50 match; the suppression reads a sample's 3000 most
+confident boxes (Ultralytics reads 30000), which bounds its square of
+overlaps. The default target is the same 99% as a classifier's, where the
 float model keeps enough detections on the eval data to judge it
 (:data:`~qlinear.quantize._decisions.FEWEST_DECISIONS`); otherwise the
 output's SQNR is (the worse of the boxes' and the scores').
@@ -44,14 +46,14 @@ __all__ = [
     "float_detections",
 ]
 
-CONFIDENCE = 0.25  # a detection's least best-class score (Ultralytics' predict default)
+CONFIDENCE = 0.25  # a detection's best-class score is above it (Ultralytics' predict default)
 NMS_IOU = 0.7  # the overlap with a better box of its class at which a box is dropped (Ultralytics' default)
 MAX_DETECTIONS = 300  # a sample's detections kept, best first (Ultralytics' max_det)
 MATCH_IOU = 0.5  # the overlap at which a quantized detection is the float one's (AP50's)
 # The most confident boxes a sample's suppression reads: its overlaps are a square of them (3000: 72 MB of float32 pairs).
 _CANDIDATES = 3000
 _BOX = 4  # centre x, centre y, width, height
-RULE = f"F1 of the detections scored >= {CONFIDENCE:g}, boxes matched at IoU >= {MATCH_IOU:g}"  # what the figure is
+RULE = f"F1 of the detections scored above {CONFIDENCE:g}, boxes matched at IoU >= {MATCH_IOU:g}"  # what the figure is
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def detected(sample: np.ndarray) -> Detections:
     scores = sample[_BOX:]
     best = np.argmax(scores, axis=0)
     score = scores[best, np.arange(scores.shape[1])]
-    kept = np.flatnonzero(score >= CONFIDENCE)
+    kept = np.flatnonzero(score > CONFIDENCE)
     kept = kept[np.argsort(-score[kept], kind="stable")][:_CANDIDATES]
     centre, size = sample[:2, kept].T, np.abs(sample[2:_BOX, kept].T)
     corners = np.concatenate([centre - size / 2, centre + size / 2], axis=1)
@@ -151,9 +153,33 @@ def matched(want: Detections, got: Detections) -> int:
     return found
 
 
+def count_detections(outputs: np.ndarray) -> int:
+    """The detections of every sample of ``outputs`` ``(N, 4 + C, A)``."""
+    return sum(len(detected(sample).classes) for sample in outputs)
+
+
+def detection_counts(wants: np.ndarray, gots: np.ndarray) -> tuple[int, int]:
+    """``(matched, both counts)`` of the samples of ``gots`` against ``wants`` (each ``(N, 4 + C, A)``): the F1's sums."""
+    shared = total = 0
+    for want_sample, got_sample in zip(wants, gots, strict=True):
+        want, got = detected(want_sample), detected(got_sample)
+        shared += matched(want, got)
+        total += len(want.classes) + len(got.classes)
+    return shared, total
+
+
+def detections_f1(wants: np.ndarray, gots: np.ndarray) -> float:
+    """The F1 of the detections of ``gots`` against those of ``wants`` (each ``(N, 4 + C, A)``); 1 where neither has any."""
+    return _f1(*detection_counts(wants, gots))
+
+
+def _f1(shared: int, total: int) -> float:
+    return 1.0 if total == 0 else 2 * shared / total
+
+
 def float_detections(reference: Reference, layout: DetectionLayout) -> int:
     """The float model's detections over the reference's batches."""
-    return sum(len(detected(s).classes) for _, ref in reference.batches for s in layout.channels_first(ref[reference.output]))
+    return sum(count_detections(layout.channels_first(ref[reference.output])) for _, ref in reference.batches)
 
 
 def detections_kept(model: onnx.ModelProto, reference: Reference, layout: DetectionLayout) -> float:
@@ -161,10 +187,7 @@ def detections_kept(model: onnx.ModelProto, reference: Reference, layout: Detect
     runner = Runner(model, [reference.output], reference.runtime)
     shared = total = 0
     for feeds, ref in reference.batches:
-        wants = layout.channels_first(ref[reference.output])
-        gots = layout.channels_first(runner(feeds)[reference.output])
-        for want_sample, got_sample in zip(wants, gots, strict=True):
-            want, got = detected(want_sample), detected(got_sample)
-            shared += matched(want, got)
-            total += len(want.classes) + len(got.classes)
-    return 1.0 if total == 0 else 2 * shared / total
+        got = runner(feeds)[reference.output]
+        s, t = detection_counts(layout.channels_first(ref[reference.output]), layout.channels_first(got))
+        shared, total = shared + s, total + t
+    return _f1(shared, total)

@@ -191,12 +191,9 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     if goal is None:
         return TargetResult(requested, start, analysis() if options.analyze else {}, None)
     figure_of = judge(goal, options, builder.fm.model, reference)
-    # The start's SQNR and agreement are already measured; any other figure is measured here.
-    start_figure = (
-        {"sqnr": start[0], "agreement": start[1]}.get(goal.metric)
-        if goal.metric in ("sqnr", "agreement")
-        else figure_of(requested.model)
-    )
+    # The start's SQNR and agreement are already measured (output_figures); any other figure is measured here.
+    measured = {"sqnr": start[0], "agreement": start[1]}
+    start_figure = measured[goal.metric] if goal.metric in measured else figure_of(requested.model)
     # The promotions' order is the analysis' (a part of the model run a node): measured only where the search takes
     # a step, a target missed at the types asked for or a latency budget to fill, or where the user asks for it.
     searched = options.promote and (options.latency_budget is not None or not goal.met(start_figure))
