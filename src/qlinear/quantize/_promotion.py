@@ -25,12 +25,42 @@ from qlinear.quantize._detections import RULE as DETECTIONS_RULE
 from qlinear.quantize._precision import FLOAT, FULL_LADDER, Ladder, NodePrecision, candidate_steps
 from qlinear.quantize._sensitivity import NodeSensitivity
 
-__all__ = ["PRUNE_TRIALS", "Promotion", "Search", "AccuracyTarget", "promotion_steps", "search", "search_within"]
+__all__ = [
+    "PRUNE_TRIALS",
+    "TARGET_METRICS",
+    "Promotion",
+    "Search",
+    "AccuracyTarget",
+    "TargetMetric",
+    "promotion_steps",
+    "search",
+    "search_within",
+]
 
 # Nodes the search tries to do without once the target holds (one evaluation each), least sensitive first.
 PRUNE_TRIALS = 16
 # SQNR gained by each bit a side widens by: 6.02 dB (20 log10 2), to guess which side of a promoted node to widen next.
 _DB_PER_BIT = 6.02
+
+
+@dataclass(frozen=True)
+class TargetMetric:
+    """How a target metric reads: its figure's name, its form ("share", "cosine", "db" or the user's "number"), its rule."""
+
+    name: str
+    form: str
+    rule: str = ""  # what the figure is, where its name does not say it
+
+
+# Every target metric (AccuracyTarget.metric), the one place the report, the warnings and the targets' texts read.
+TARGET_METRICS = {
+    "agreement": TargetMetric("top-1 agreement", "share"),
+    "decisions": TargetMetric("decisions kept", "share", "F1 of the scores above 0.5"),
+    "detections": TargetMetric("detections kept", "share", DETECTIONS_RULE),
+    "cosine": TargetMetric("mean cosine similarity", "cosine", "an embedding: one centred vector a sample"),
+    "sqnr": TargetMetric("output SQNR", "db"),
+    "metric": TargetMetric("metric", "number"),  # the user's: its own name in a target's text
+}
 
 
 @dataclass(frozen=True)
@@ -51,17 +81,10 @@ class AccuracyTarget:
         return _as_number(figure, self.metric) >= self.value
 
     def describe(self) -> str:
-        if self.metric == "agreement":
-            return f"top-1 agreement >= {100 * self.value:.2f}%"
-        if self.metric == "metric":
-            return f"{self.name} >= {self.value:g}"
-        if self.metric == "decisions":
-            return f"decisions kept >= {100 * self.value:.2f}% (F1 of the scores above 0.5)"
-        if self.metric == "detections":
-            return f"detections kept >= {100 * self.value:.2f}% ({DETECTIONS_RULE})"
-        if self.metric == "cosine":
-            return f"mean cosine similarity >= {self.value:g} (an embedding: one centred vector a sample)"
-        return f"output SQNR >= {self.value:g} dB"
+        kind = TARGET_METRICS[self.metric]
+        name = self.name if self.metric == "metric" else kind.name
+        bound = {"share": f"{100 * self.value:.2f}%", "db": f"{self.value:g} dB"}.get(kind.form, f"{self.value:g}")
+        return f"{name} >= {bound}" + (f" ({kind.rule})" if kind.rule else "")
 
 
 @dataclass(frozen=True)

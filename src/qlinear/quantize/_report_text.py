@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qlinear.quantize._detections import RULE as DETECTIONS_RULE
+from qlinear.quantize._promotion import TARGET_METRICS, TargetMetric
 from qlinear.quantize.targets import TARGETS
 
 __all__ = [
@@ -28,43 +28,44 @@ def share_text(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
-# Each target metric's name as a figure of it reads (AccuracyTarget.metric); any other is the output's SQNR.
-_FIGURE_NAMES = {
-    "agreement": "top-1 agreement",
-    "metric": "metric",
-    "decisions": "decisions kept",
-    "detections": "detections kept",
-    "cosine": "mean cosine similarity",
-}
-
-
 def figure_text(value: float | None, metric: str) -> str:
     """A figure of ``metric`` with its name: ``top-1 agreement 99.50%``, ``output SQNR 31.2 dB``."""
-    return f"{_FIGURE_NAMES.get(metric, 'output SQNR')} {figure_value(value, metric)}"
+    return f"{_metric(metric).name} {figure_value(value, metric)}"
 
 
 def figure_value(value: float | None, metric: str) -> str:
     """A figure of ``metric`` without its name: a share, a cosine, the user's number, or dB (None: exact SQNR)."""
-    if metric in ("agreement", "decisions", "detections"):
+    form = _metric(metric).form
+    if form == "share":
         return share_text(value)
-    if metric == "metric":
+    if form == "number":
         return "-" if value is None else f"{value:.4g}"
-    if metric == "cosine":
+    if form == "cosine":
         return cosine_text(value)
     return f"{db_text(value)} dB"
+
+
+def _metric(metric: str) -> TargetMetric:
+    """``metric``'s entry; one this qlinear lacks (a report of another's) reads as the output's SQNR."""
+    return TARGET_METRICS.get(metric, TARGET_METRICS["sqnr"])
 
 
 def cosine_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _share_row(metric: str, value: float) -> tuple[str, str]:
+    kind = TARGET_METRICS[metric]
+    return kind.name, f"{share_text(value)} ({kind.rule})"
+
+
 def measure_rows(out: Any) -> list[tuple[str, str]]:
     """The report's rows for the measures beyond SQNR and agreement that ``out`` (its ``output`` figures) holds."""
     rows = []
     if out.decisions_kept is not None:
-        rows.append(("decisions kept", f"{share_text(out.decisions_kept)} (F1 of the scores above 0.5)"))
+        rows.append(_share_row("decisions", out.decisions_kept))
     if out.detections_kept is not None:
-        rows.append(("detections kept", f"{share_text(out.detections_kept)} ({DETECTIONS_RULE})"))
+        rows.append(_share_row("detections", out.detections_kept))
     if out.cosine_similarity is not None:
         cos = out.cosine_similarity
         rows.append(
