@@ -160,9 +160,13 @@ def count_detections(outputs: np.ndarray) -> int:
 
 def detection_counts(wants: np.ndarray, gots: np.ndarray) -> tuple[int, int]:
     """``(matched, both counts)`` of the samples of ``gots`` against ``wants`` (each ``(N, 4 + C, A)``): the F1's sums."""
+    return _counts([detected(sample) for sample in wants], gots)
+
+
+def _counts(wants: list[Detections], gots: np.ndarray) -> tuple[int, int]:
     shared = total = 0
-    for want_sample, got_sample in zip(wants, gots, strict=True):
-        want, got = detected(want_sample), detected(got_sample)
+    for want, got_sample in zip(wants, gots, strict=True):
+        got = detected(got_sample)
         shared += matched(want, got)
         total += len(want.classes) + len(got.classes)
     return shared, total
@@ -177,17 +181,35 @@ def _f1(shared: int, total: int) -> float:
     return 1.0 if total == 0 else 2 * shared / total
 
 
+class FloatDetections:
+    """The float model's detections on a reference's batches, found once for every model the search judges against them."""
+
+    def __init__(self, reference: Reference, layout: DetectionLayout) -> None:
+        self.reference, self.layout = reference, layout
+        self.batches = [
+            [detected(sample) for sample in layout.channels_first(ref[reference.output])] for _, ref in reference.batches
+        ]
+
+    @property
+    def count(self) -> int:
+        return sum(len(d.classes) for batch in self.batches for d in batch)
+
+    def kept(self, model: onnx.ModelProto) -> float:
+        """The F1 of ``model``'s detections against these, over every sample of the reference."""
+        r = self.reference
+        runner = Runner(model, [r.output], r.runtime)
+        shared = total = 0
+        for (feeds, _), wants in zip(r.batches, self.batches, strict=True):
+            s, t = _counts(wants, self.layout.channels_first(runner(feeds)[r.output]))
+            shared, total = shared + s, total + t
+        return _f1(shared, total)
+
+
 def float_detections(reference: Reference, layout: DetectionLayout) -> int:
     """The float model's detections over the reference's batches."""
-    return sum(count_detections(layout.channels_first(ref[reference.output])) for _, ref in reference.batches)
+    return FloatDetections(reference, layout).count
 
 
 def detections_kept(model: onnx.ModelProto, reference: Reference, layout: DetectionLayout) -> float:
     """The F1 of ``model``'s detections against the float model's, over every sample of ``reference``."""
-    runner = Runner(model, [reference.output], reference.runtime)
-    shared = total = 0
-    for feeds, ref in reference.batches:
-        got = runner(feeds)[reference.output]
-        s, t = detection_counts(layout.channels_first(ref[reference.output]), layout.channels_first(got))
-        shared, total = shared + s, total + t
-    return _f1(shared, total)
+    return FloatDetections(reference, layout).kept(model)

@@ -18,7 +18,7 @@ from typing import Any
 import onnx
 
 from qlinear.quantize._decisions import FEWEST_DECISIONS, decisions_kept, positive_decisions, sigmoid_scores
-from qlinear.quantize._detections import detection_layout, detections_kept, float_detections
+from qlinear.quantize._detections import FloatDetections, detection_layout, detections_kept, float_detections
 from qlinear.quantize._embeddings import DEFAULT_COSINE, cosine_similarity, embeds
 from qlinear.quantize._evaluate import Reference, metric_figure, output_figures
 from qlinear.quantize._metric import load_metric, metric_name
@@ -51,9 +51,8 @@ def judge(goal: AccuracyTarget, options: QuantizeOptions, float_model: onnx.Mode
         return lambda model: metric_figure(model, reference, user_metric, goal.name)
     if goal.metric == "decisions":
         return lambda model: decisions_kept(model, reference)
-    if goal.metric == "detections":
-        boxes = detection_layout(float_model, reference)
-        return lambda model: detections_kept(model, reference, boxes)
+    if goal.metric == "detections":  # the float model's detections found once, not once a candidate
+        return FloatDetections(reference, detection_layout(float_model, reference)).kept
     if goal.metric == "cosine":
         return lambda model: cosine_similarity(model, reference)[0]
     pick = 1 if goal.metric == "agreement" else 0
