@@ -64,10 +64,21 @@ def test_each_nodes_figure_is_the_whole_models_with_that_node_alone_quantized(ca
         assert (got[name] is None) == (want[name] is None), name
         if want[name] is not None:
             assert got[name] == pytest.approx(want[name], abs=1e-6), name
-    # Float values held for one node at a time: each node its own group, one float run each, the same figures.
-    monkeypatch.setattr(sensitivity, "HELD_BYTES", 1)
-    again = {name: f.sensitivity_db for name, f in sensitivity.analyze(builder, requested, reference).items()}
-    assert again == got
+    # The float values computed once a batch for all the nodes' parts: one float run a batch.
+    runs = []
+    counted = sensitivity._FloatValues.__call__
+    monkeypatch.setattr(sensitivity._FloatValues, "__call__", lambda self, feeds: runs.append(1) or counted(self, feeds))
+    sensitivity.analyze(builder, requested, reference)
+    assert len(runs) == len(reference.batches)
+    # Float values or weights held for one node at a time: each node its own group, one float run a batch each, the
+    # same figures.
+    for bound in ("HELD_BYTES", "PARTS_HELD_BYTES"):
+        with monkeypatch.context() as m:
+            m.setattr(sensitivity, bound, 1)
+            runs.clear()
+            again = {name: f.sensitivity_db for name, f in sensitivity.analyze(builder, requested, reference).items()}
+            assert again == got, bound
+            assert len(runs) == len(want) * len(reference.batches), bound
 
 
 def test_every_node_is_screened_on_the_first_samples_and_the_most_sensitive_measured_on_all(monkeypatch):
@@ -90,7 +101,8 @@ def test_every_node_is_screened_on_the_first_samples_and_the_most_sensitive_meas
     want = {name: whole[name] if name in again else screen[name] for name in names}
     for name in names:
         assert got[name].sensitivity_db == pytest.approx(want[name], abs=1e-6), name
-    assert sum(ticks) == len(names) + refined == sensitivity.analysis_runs(len(names), reference)
+    # A tick a part run: every node's part on the two screening batches, the refined ones' on the other four.
+    assert sum(ticks) == 2 * len(names) + 4 * refined == sensitivity.analysis_runs(len(names), reference)
     # The order the search promotes by: on all the samples where measured so, else on the screening ones.
     assert sensitivity.most_sensitive_first(got) == sorted(names, key=lambda n: want[n])
 

@@ -52,18 +52,21 @@ class Runner:
     segments.
     """
 
-    def __init__(self, model: onnx.ModelProto, outputs: list[str], runtime: Target) -> None:
-        self.model = with_outputs(model, outputs)
-        self.outputs = [o.name for o in self.model.graph.output]
+    def __init__(
+        self, model: onnx.ModelProto, outputs: list[str], runtime: Target, *, arena: bool | None = None, spinning: bool = True
+    ) -> None:
+        """``arena``, ``spinning``: the runtime's (see ``Target.session``); the arena by default only where no tensor is watched."""
+        model = with_outputs(model, outputs) if outputs else model  # not held: the session has what it needs
+        self.outputs = [o.name for o in model.graph.output]
         self._mixed = None
         self.onnxruntime_error: str | None = None  # why the runtime cannot load it, where it cannot
         try:
-            self._session = runtime.session(self.model, arena=not outputs)  # many tensors: see Target.session
+            self._session = runtime.session(model, arena=not outputs if arena is None else arena, spinning=spinning)
             self.backend = runtime.backend
         except QuantizationError as e:  # no kernels for its types (float4, int2), or a fusion it cannot run
             self.onnxruntime_error = load_reason(e)
             self._session = None
-            self._mixed = MixedRunner(self.model)
+            self._mixed = MixedRunner(model)
             self.backend = "onnxruntime+qlinear"
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

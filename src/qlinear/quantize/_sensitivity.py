@@ -8,8 +8,9 @@ For every node the plan quantizes, three figures on a few held-out batches:
   estimate of it: each node's model is built from the saved calibration
   statistics, and only its part downstream of the node
   (:mod:`._downstream`) runs, on the float model's values of what that
-  part reads, computed once for all the nodes (in groups holding at most
-  :data:`HELD_BYTES` of them). Every node on the first
+  part reads, computed once a batch for all the nodes (in groups whose
+  parts read at most :data:`HELD_BYTES` of them a batch and hold at most
+  :data:`PARTS_HELD_BYTES` of weights). Every node on the first
   :data:`SCREEN_SAMPLES` samples, the most sensitive by that on all of
   them: the search's first promotions are ordered as finely as before, at
   a fraction of the parts' runs;
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 import qlinear
 from qlinear._errors import QuantizationError
@@ -41,7 +43,16 @@ from qlinear.quantize._precision import FLOAT, NodePrecision
 from qlinear.quantize._session import only_outputs
 from qlinear.quantize._to_qdq import sqnr_db
 
-__all__ = ["HELD_BYTES", "SCREEN_SAMPLES", "NodeSensitivity", "analysis_runs", "analyze", "most_sensitive_first", "refined_count"]
+__all__ = [
+    "HELD_BYTES",
+    "PARTS_HELD_BYTES",
+    "SCREEN_SAMPLES",
+    "NodeSensitivity",
+    "analysis_runs",
+    "analyze",
+    "most_sensitive_first",
+    "refined_count",
+]
 
 # Every node is measured on the first SCREEN_SAMPLES eval samples; the most sensitive of them by that, a share of
 # REFINED_SHARE and at least REFINED_FEWEST, on all the analysis' samples. The promotions take the most sensitive
@@ -50,9 +61,11 @@ __all__ = ["HELD_BYTES", "SCREEN_SAMPLES", "NodeSensitivity", "analysis_runs", "
 SCREEN_SAMPLES = 16
 REFINED_SHARE = 0.25
 REFINED_FEWEST = 8
-# The float values the nodes' parts read, held at most (bytes over the analysis' samples); past it the nodes go in
-# groups, one float run each.
+# The float values the nodes' parts read, held at most (bytes over a batch's samples); past it the nodes go in
+# groups, one float run a batch each.
 HELD_BYTES = 256 * 2**20
+# The weights a group's parts hold at most: their sessions live together while the group runs batch by batch.
+PARTS_HELD_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,7 @@ def analyze(
     activation_db = _activation_sqnr(builder, full, screen)
     unchanged: dict[int, Unchanged] = {}  # the float model at each opset, serialized once
     # Each part's reads first (the models let go: a part holds its model's weights), then each group's parts again.
-    reads = {name: _part(builder, names, requested, name, reference.outputs, unchanged)[::2] for name in names}
+    reads = {name: _part(builder, names, requested, name, reference.outputs, unchanged)[0] for name in names}
     power = _powers(builder, names, requested, reads, screen, {}, unchanged, progress)
     rest = reference.batch_range(len(screen.batches), len(reference.batches))
     if rest.batches:  # more samples than the screening's: the most sensitive go on to them
@@ -101,9 +114,9 @@ def analyze(
 
 
 def analysis_runs(nodes: int, reference: Reference) -> int:
-    """How many parts :func:`analyze` runs for ``nodes`` nodes on ``reference`` (its progress bar's length)."""
-    more = len(reference.head(SCREEN_SAMPLES).batches) < len(reference.batches)
-    return nodes + (refined_count(nodes) if more else 0)
+    """How many part runs (a node's part on a batch) :func:`analyze` makes for ``nodes`` nodes on ``reference`` (its progress bar's length)."""
+    screened = len(reference.head(SCREEN_SAMPLES).batches)
+    return nodes * screened + refined_count(nodes) * (len(reference.batches) - screened)
 
 
 def refined_count(nodes: int) -> int:
@@ -111,25 +124,51 @@ def refined_count(nodes: int) -> int:
     return min(nodes, max(REFINED_FEWEST, math.ceil(REFINED_SHARE * nodes)))
 
 
-def _powers(builder: ModelBuilder, names: list[str], requested: dict[str, NodePrecision],
-            reads: dict[str, tuple[int, tuple[str, ...]]], reference: Reference, before: dict[str, OutputsPower | None],
-            unchanged: dict[int, Unchanged], progress: Callable[[int], None] | None) -> dict[str, OutputsPower | None]:  # fmt: skip
+def _powers(builder: ModelBuilder, names: list[str], requested: dict[str, NodePrecision], reads: dict[str, _Reads],
+            reference: Reference, before: dict[str, OutputsPower | None], unchanged: dict[int, Unchanged],
+            progress: Callable[[int], None] | None) -> dict[str, OutputsPower | None]:  # fmt: skip
     """The output's signal and noise with each node of ``reads`` alone quantized, on ``reference``'s batches.
 
-    ``reads``: each node's opset and what its part reads; ``before``: a
-    node's power on earlier batches, continued. None: the node's change
-    reaches no judged output.
+    ``reads``: what each node's part reads; ``before``: a node's power on
+    earlier batches, continued. None: the node's change reaches no judged
+    output. A group's parts run batch by batch: each batch's float values
+    are computed once for all of them and let go before the next batch's.
     """
     power: dict[str, OutputsPower | None] = {}
     for opset, group in _groups(builder, reads, reference):
-        values = _float_values(builder.float_at(opset), list(dict.fromkeys(t for n in group for t in reads[n][1])), reference)
-        for name in group:
-            part = _part(builder, names, requested, name, reference.outputs, unchanged)[1]
-            power[name] = _part_power(part, values, reference, before.get(name))
-            if progress:
-                progress(1)
-        del values  # before the next group's are computed
+        computed = _FloatValues(builder.float_at(opset), [t for n in group for t in reads[n].names], reference)
+        runners: dict[str, tuple[Runner, tuple[str, ...]] | None] = {}
+        for k, (feeds, _) in enumerate(reference.batches):
+            values = computed(feeds)
+            if not runners:  # the parts let go once their sessions hold them; none keeps its largest run's memory or
+                # spins, as they take turns
+                for name in group:
+                    part = _part(builder, names, requested, name, reference.outputs, unchanged)[1]
+                    model = part.model(element_types(values)) if part.outputs else None
+                    runners[name] = None if model is None else (
+                        Runner(model, [], reference.runtime, arena=False, spinning=False), part.reads)  # fmt: skip
+            batch = reference.batch_range(k, k + 1)
+            for name, runner in runners.items():
+                if runner is not None:
+                    got = runner[0]({t: values[t] for t in runner[1]})
+                    power[name] = output_power(batch, [got], power.get(name, before.get(name)))
+                if progress:
+                    progress(1)
+            del values  # before the next batch's are computed
+        for name, runner in runners.items():
+            if runner is None:
+                power[name] = None
+        del runners  # the sessions, before the next group's
     return power
+
+
+@dataclass(frozen=True)
+class _Reads:
+    """What a node's part reads of the float model (at ``opset``), and the bytes of the weights the part holds."""
+
+    opset: int
+    names: tuple[str, ...]
+    weight_bytes: int
 
 
 def _part(
@@ -139,36 +178,42 @@ def _part(
     name: str,
     outputs: list[str],
     unchanged: dict[int, Unchanged],
-) -> tuple[int, Downstream, tuple[str, ...]]:
-    """The opset and the downstream part of the model with only ``name`` quantized, and what the part reads."""
+) -> tuple[_Reads, Downstream]:
+    """What the downstream part of the model with only ``name`` quantized reads, and the part."""
     alone = {other: FLOAT for other in names if other != name}
     alone[name] = requested[name]
     built = builder.build(alone)
     if built.opset not in unchanged:
         unchanged[built.opset] = Unchanged.of(builder.float_at(built.opset))
     part = downstream(built.model, unchanged[built.opset], outputs)
-    return built.opset, part, part.reads
+    return _Reads(built.opset, part.reads, sum(t.ByteSize() for t in part.initializers)), part
 
 
-def _groups(
-    builder: ModelBuilder, reads: dict[str, tuple[int, tuple[str, ...]]], reference: Reference
-) -> list[tuple[int, list[str]]]:
-    """The nodes in graph order, in groups of one opset whose parts read at most :data:`HELD_BYTES` of float values."""
-    samples = sum((_count(feeds, reference.axes) or 1) for feeds, _ in reference.batches)
+def _groups(builder: ModelBuilder, reads: dict[str, _Reads], reference: Reference) -> list[tuple[int, list[str]]]:
+    """The nodes in graph order, in groups of one opset whose parts run together.
+
+    A group's parts read at most :data:`HELD_BYTES` of float values a
+    batch (the largest batch), and hold at most :data:`PARTS_HELD_BYTES`
+    of weights.
+    """
+    largest = max((_count(feeds, reference.axes) or 1) for feeds, _ in reference.batches)
     sizes: dict[str, int] = {}
-    for opset in dict.fromkeys(opset for opset, _ in reads.values()):
-        read = list(dict.fromkeys(t for o, names in reads.values() if o == opset for t in names))
+    for opset in dict.fromkeys(r.opset for r in reads.values()):
+        read = list(dict.fromkeys(t for r in reads.values() if r.opset == opset for t in r.names))
         sizes.update(_sample_bytes(builder.float_at(opset), read, reference))
     groups: list[tuple[int, list[str]]] = []
     held: set[str] = set()
-    for name, (opset, names) in reads.items():
-        more = set(names) - held
-        if groups and groups[-1][0] == opset and samples * sum(sizes[t] for t in held | more) <= HELD_BYTES:
+    weights = 0
+    for name, r in reads.items():
+        more = set(r.names) - held
+        fits = largest * sum(sizes[t] for t in held | more) <= HELD_BYTES and weights + r.weight_bytes <= PARTS_HELD_BYTES
+        if groups and groups[-1][0] == r.opset and fits:
             groups[-1][1].append(name)
             held |= more
+            weights += r.weight_bytes
         else:
-            groups.append((opset, [name]))
-            held = set(names)
+            groups.append((r.opset, [name]))
+            held, weights = set(r.names), r.weight_bytes
     return groups
 
 
@@ -185,32 +230,21 @@ def _sample_bytes(float_model, reads: list[str], reference: Reference) -> dict[s
     return {t: -(-np.asarray(values[t]).nbytes // per) for t in reads}
 
 
-def _float_values(float_model, reads: list[str], reference: Reference) -> list[dict[str, np.ndarray]]:
-    """Each reference batch's float values of ``reads`` (the batch's own inputs among them).
+class _FloatValues:
+    """A batch's float values of ``reads`` (the batch's own inputs among them).
 
     The model's outputs are only these, so the runtime computes no node they do not need.
     """
-    computed = [t for t in reads if t not in reference.batches[0][0]]
-    runner = Runner(only_outputs(float_model, computed), [], reference.runtime) if computed else None
-    out = []
-    for feeds, _ in reference.batches:
-        values = {**(runner(feeds) if runner is not None else {}), **feeds}
-        out.append({t: np.asarray(values[t]) for t in reads})
-    return out
 
+    def __init__(self, float_model: onnx.ModelProto, reads: list[str], reference: Reference) -> None:
+        self.reads = list(dict.fromkeys(reads))
+        computed = [t for t in self.reads if t not in reference.batches[0][0]]
+        model = only_outputs(float_model, computed)
+        self.runner = Runner(model, [], reference.runtime, spinning=False) if computed else None  # it takes turns with the parts
 
-def _part_power(
-    part: Downstream, values: list[dict[str, np.ndarray]], reference: Reference, before: OutputsPower | None = None
-) -> OutputsPower | None:
-    """The output power of the model the part was cut from, each batch's part run on the float values it reads.
-
-    ``before``: the power on earlier batches, continued. None: the part
-    reaches no judged output (the node's change is exact there).
-    """
-    if not part.outputs:
-        return None
-    runner = Runner(part.model(element_types(values[0])), [], reference.runtime)
-    return output_power(reference, [runner({t: batch[t] for t in part.reads}) for batch in values], before)
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = {**(self.runner(feeds) if self.runner is not None else {}), **feeds}
+        return {t: np.asarray(values[t]) for t in self.reads}
 
 
 def most_sensitive_first(figures: dict[str, NodeSensitivity]) -> list[str]:
