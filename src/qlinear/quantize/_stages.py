@@ -35,7 +35,7 @@ from qlinear.quantize._precision import NodePrecision, reachable
 from qlinear.quantize._promotion import AccuracyTarget, Search, promotion_steps, search, search_within
 from qlinear.quantize._refusals import check_without_data, no_classes
 from qlinear.quantize._run_settings import RunSetting, settings_where_faster
-from qlinear.quantize._sensitivity import NodeSensitivity, analysis_runs, analyze, most_sensitive_first
+from qlinear.quantize._sensitivity import SCREEN_SAMPLES, NodeSensitivity, analysis_runs, analyze, most_sensitive_first
 from qlinear.quantize._speed import Floated, float_where_faster
 from qlinear.quantize._stats import load_calibration, save_stats
 from qlinear.quantize._tradeoff import Candidate, tradeoff
@@ -44,12 +44,15 @@ from qlinear.quantize.targets import target
 from qlinear.quantize.targets._target import Target as Runtime
 
 __all__ = [
-    "ANALYSIS_SAMPLES", "HELD_OUT", "RunData", "TargetResult", "build", "calibration", "datasets", "evaluation",
+    "ANALYSIS_SAMPLES", "HELD_OUT", "NODE_SAMPLES", "RunData", "TargetResult", "build", "calibration", "datasets", "evaluation",
     "float_rewrites", "meet_target", "refine",
 ]  # fmt: skip
 
 HELD_OUT = 0.2  # share of the calibration data held out for evaluation when no eval data is given
-ANALYSIS_SAMPLES = 64  # eval samples the per-node analysis (and the evaluation's nodes' own SQNRs) run on at most
+ANALYSIS_SAMPLES = 64  # eval samples the per-node analysis runs on at most
+# Eval samples the evaluation's nodes' own SQNRs run on at most: a figure to read, not to decide by, from two runs with
+# every node's output watched (no fusion across them), the analysis' screening count.
+NODE_SAMPLES = SCREEN_SAMPLES
 
 
 @dataclass
@@ -293,9 +296,9 @@ def evaluation(fm: FloatModel, qmodel: onnx.ModelProto, met: TargetResult, refer
     """The written model against the float one: its figures on the eval data (``reference``'s), its latency at each batch, its measures."""
     quantized = [p.name for p in met.built.plan.nodes]
     nodes = {name: fm.producer_output(name) for name in quantized}
-    with bars.task("evaluating", evaluation_batches(reference, ANALYSIS_SAMPLES)) as step:
-        # The nodes' own SQNRs on the analysis' samples: each model run with every node's output as an output.
-        found = evaluate(fm.model, qmodel, nodes, reference, node_samples=ANALYSIS_SAMPLES, progress=step)
+    with bars.task("evaluating", evaluation_batches(reference, NODE_SAMPLES)) as step:
+        # The nodes' own SQNRs on the first samples: each model run with every node's output as an output.
+        found = evaluate(fm.model, qmodel, nodes, reference, node_samples=NODE_SAMPLES, progress=step)
     return found, list(timer.time(qmodel) or ()), measures(fm, qmodel, reference, options)
 
 
