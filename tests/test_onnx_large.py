@@ -127,3 +127,13 @@ def test_run_reads_a_model_with_markers():
     x = rng.standard_normal((2, 64)).astype(np.float32)
     for backend in ("qlinear", "onnxruntime"):
         assert np.array_equal(qo.run(marked, {"x": x}, backend=backend)["y"], qo.run(model, {"x": x}, backend=backend)["y"])
+
+
+def test_tensor_bytes_counts_a_markers_value_and_an_inline_tensors_size():
+    store = large.TensorStore()
+    value = np.zeros((256, 64), np.float32)
+    marker = store.marker("w", value)
+    assert marker.ByteSize() < 200  # the marker itself names the value, it does not hold it
+    assert large.tensor_bytes(marker) == value.nbytes
+    inline = numpy_helper.from_array(value, "w")
+    assert large.tensor_bytes(inline) == inline.ByteSize() >= value.nbytes

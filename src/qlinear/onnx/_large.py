@@ -36,7 +36,7 @@ from qlinear._errors import QuantizationError
 
 __all__ = [
     "PROTOBUF_LIMIT", "TensorStore", "byte_size", "check_model", "digest", "graph_only", "has_markers", "infer_shapes", "inline", "into_store",
-    "is_large", "session", "value_of",
+    "is_large", "session", "tensor_bytes", "value_of",
 ]  # fmt: skip
 
 # What protobuf serializes, less a margin for the graph around the tensors.
@@ -125,6 +125,11 @@ def byte_size(model: onnx.ModelProto) -> int:
         light, moved = graph_only(model)
         size = light.ByteSize() + sum(t.ByteSize() for t in moved)
     return size + sum(value_of(t).nbytes for t in model.graph.initializer if is_marker(t))
+
+
+def tensor_bytes(t: TensorProto) -> int:
+    """The bytes ``t`` holds: a marker's value's, any other tensor's serialized size."""
+    return value_of(t).nbytes if is_marker(t) else t.ByteSize()
 
 
 def is_large(model: onnx.ModelProto) -> bool:

@@ -34,6 +34,7 @@ import onnx
 
 import qlinear
 from qlinear._errors import QuantizationError
+from qlinear.onnx import _large as large
 from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._data import _count, _take
 from qlinear.quantize._downstream import Downstream, Unchanged, downstream, element_types
@@ -186,7 +187,7 @@ def _part(
     if built.opset not in unchanged:
         unchanged[built.opset] = Unchanged.of(builder.float_at(built.opset))
     part = downstream(built.model, unchanged[built.opset], outputs)
-    return _Reads(built.opset, part.reads, sum(t.ByteSize() for t in part.initializers)), part
+    return _Reads(built.opset, part.reads, sum(large.tensor_bytes(t) for t in part.initializers)), part
 
 
 def _groups(builder: ModelBuilder, reads: dict[str, _Reads], reference: Reference) -> list[tuple[int, list[str]]]:
