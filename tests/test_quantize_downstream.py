@@ -73,7 +73,7 @@ def test_each_nodes_figure_is_the_whole_models_with_that_node_alone_quantized(ca
     assert len(runs) == len(reference.batches)
     # Float values or weights held for one node at a time: each node its own group, one float run a batch each, the
     # same figures.
-    for bound in ("HELD_BYTES", "PARTS_HELD_BYTES"):
+    for bound in ("HELD_BYTES", "PARTS_HELD_BYTES", "PARTS_HELD"):
         with monkeypatch.context() as m:
             m.setattr(sensitivity, bound, 1)
             runs.clear()

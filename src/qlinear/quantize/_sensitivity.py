@@ -46,6 +46,7 @@ from qlinear.quantize._to_qdq import sqnr_db
 
 __all__ = [
     "HELD_BYTES",
+    "PARTS_HELD",
     "PARTS_HELD_BYTES",
     "SCREEN_SAMPLES",
     "NodeSensitivity",
@@ -67,6 +68,8 @@ REFINED_FEWEST = 8
 HELD_BYTES = 256 * 2**20
 # The weights a group's parts hold at most: their sessions live together while the group runs batch by batch.
 PARTS_HELD_BYTES = 256 * 2**20
+# The parts' sessions a group holds at most (each has its own threads).
+PARTS_HELD = 64
 
 
 @dataclass(frozen=True)
@@ -137,30 +140,41 @@ def _powers(builder: ModelBuilder, names: list[str], requested: dict[str, NodePr
     """
     power: dict[str, OutputsPower | None] = {}
     for opset, group in _groups(builder, reads, reference):
-        computed = _FloatValues(builder.float_at(opset), [t for n in group for t in reads[n].names], reference)
-        runners: dict[str, tuple[Runner, tuple[str, ...]] | None] = {}
-        for k, (feeds, _) in enumerate(reference.batches):
-            values = computed(feeds)
-            if not runners:  # the parts let go once their sessions hold them; none keeps its largest run's memory or
-                # spins, as they take turns
-                for name in group:
-                    part = _part(builder, names, requested, name, reference.outputs, unchanged)[1]
-                    model = part.model(element_types(values)) if part.outputs else None
-                    runners[name] = None if model is None else (
-                        Runner(model, [], reference.runtime, arena=False, spinning=False), part.reads)  # fmt: skip
-            batch = reference.batch_range(k, k + 1)
-            for name, runner in runners.items():
-                if runner is not None:
-                    got = runner[0]({t: values[t] for t in runner[1]})
-                    power[name] = output_power(batch, [got], power.get(name, before.get(name)))
-                if progress:
-                    progress(1)
-            del values  # before the next batch's are computed
-        for name, runner in runners.items():
-            if runner is None:
-                power[name] = None
-        del runners  # the sessions, before the next group's
+        power.update(_group_powers(builder, names, requested, opset, group, reads, reference, before, unchanged, progress))
     return power
+
+
+def _group_powers(builder: ModelBuilder, names: list[str], requested: dict[str, NodePrecision], opset: int,
+                  group: list[str], reads: dict[str, _Reads], reference: Reference,
+                  before: dict[str, OutputsPower | None], unchanged: dict[int, Unchanged],
+                  progress: Callable[[int], None] | None) -> dict[str, OutputsPower | None]:  # fmt: skip
+    """:func:`_powers` for one group; its sessions go when it returns, before the next group's are made."""
+    computed = _FloatValues(builder.float_at(opset), [t for n in group for t in reads[n].names], reference)
+    power: dict[str, OutputsPower | None] = dict.fromkeys(group)
+    runners: dict[str, tuple[Runner, tuple[str, ...]] | None] = {}
+    for k, (feeds, _) in enumerate(reference.batches):
+        values = computed(feeds)
+        if k == 0:  # the parts let go once their sessions hold them; the sessions take turns: no arena, no spinning
+            runners = {name: _runner(builder, names, requested, name, reference, unchanged, values) for name in group}
+        batch = reference.batch_range(k, k + 1)
+        for name, runner in runners.items():
+            if runner is not None:
+                got = runner[0]({t: values[t] for t in runner[1]})
+                power[name] = output_power(batch, [got], power[name] or before.get(name))
+            if progress:
+                progress(1)
+        del values  # before the next batch's are computed
+    return power
+
+
+def _runner(builder: ModelBuilder, names: list[str], requested: dict[str, NodePrecision], name: str, reference: Reference,
+            unchanged: dict[int, Unchanged], values: dict[str, np.ndarray]) -> tuple[Runner, tuple[str, ...]] | None:  # fmt: skip
+    """A session of ``name``'s part and what it reads, or None where the part reaches no judged output."""
+    part = _part(builder, names, requested, name, reference.outputs, unchanged)[1]
+    if not part.outputs:
+        return None
+    model = part.model(element_types(values))
+    return Runner(model, [], reference.runtime, arena=False, spinning=False), part.reads
 
 
 @dataclass(frozen=True)
@@ -187,6 +201,8 @@ def _part(
     if built.opset not in unchanged:
         unchanged[built.opset] = Unchanged.of(builder.float_at(built.opset))
     part = downstream(built.model, unchanged[built.opset], outputs)
+    if not part.outputs:  # nothing to run: it reads nothing and holds no session
+        return _Reads(built.opset, (), 0), part
     return _Reads(built.opset, part.reads, sum(large.tensor_bytes(t) for t in part.initializers)), part
 
 
@@ -194,8 +210,8 @@ def _groups(builder: ModelBuilder, reads: dict[str, _Reads], reference: Referenc
     """The nodes in graph order, in groups of one opset whose parts run together.
 
     A group's parts read at most :data:`HELD_BYTES` of float values a
-    batch (the largest batch), and hold at most :data:`PARTS_HELD_BYTES`
-    of weights.
+    batch (the largest batch), hold at most :data:`PARTS_HELD_BYTES` of
+    weights, and are at most :data:`PARTS_HELD`.
     """
     largest = max((_count(feeds, reference.axes) or 1) for feeds, _ in reference.batches)
     sizes: dict[str, int] = {}
@@ -208,7 +224,7 @@ def _groups(builder: ModelBuilder, reads: dict[str, _Reads], reference: Referenc
     for name, r in reads.items():
         more = set(r.names) - held
         fits = largest * sum(sizes[t] for t in held | more) <= HELD_BYTES and weights + r.weight_bytes <= PARTS_HELD_BYTES
-        if groups and groups[-1][0] == r.opset and fits:
+        if groups and groups[-1][0] == r.opset and fits and len(groups[-1][1]) < PARTS_HELD:
             groups[-1][1].append(name)
             held |= more
             weights += r.weight_bytes
