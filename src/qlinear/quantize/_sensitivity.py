@@ -149,7 +149,7 @@ def _group_powers(builder: ModelBuilder, names: list[str], requested: dict[str, 
                   before: dict[str, OutputsPower | None], unchanged: dict[int, Unchanged],
                   progress: Callable[[int], None] | None) -> dict[str, OutputsPower | None]:  # fmt: skip
     """:func:`_powers` for one group; its sessions go when it returns, before the next group's are made."""
-    computed = _FloatValues(builder.float_at(opset), [t for n in group for t in reads[n].names], reference)
+    computed = _float_values(builder.float_at(opset), [t for n in group for t in reads[n].names], reference)
     power: dict[str, OutputsPower | None] = dict.fromkeys(group)
     runners: dict[str, tuple[Runner, tuple[str, ...]] | None] = {}
     for k, (feeds, _) in enumerate(reference.batches):
@@ -247,21 +247,25 @@ def _sample_bytes(float_model, reads: list[str], reference: Reference) -> dict[s
     return {t: -(-np.asarray(values[t]).nbytes // per) for t in reads}
 
 
-class _FloatValues:
-    """A batch's float values of ``reads`` (the batch's own inputs among them).
+def _float_values(
+    float_model: onnx.ModelProto, reads: list[str], reference: Reference
+) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A function of a batch's feeds giving its float values of ``reads`` (the batch's own inputs among them).
 
-    The model's outputs are only these, so the runtime computes no node they do not need.
+    The model's outputs are only these, so the runtime computes no node
+    they do not need. Its session keeps no arena: the values it returns are
+    many and go once the batch's parts have run, and it takes turns with
+    the parts' sessions, so it does not spin either.
     """
+    reads = list(dict.fromkeys(reads))
+    computed = [t for t in reads if t not in reference.batches[0][0]]
+    runner = Runner(only_outputs(float_model, computed), [], reference.runtime, arena=False, spinning=False) if computed else None
 
-    def __init__(self, float_model: onnx.ModelProto, reads: list[str], reference: Reference) -> None:
-        self.reads = list(dict.fromkeys(reads))
-        computed = [t for t in self.reads if t not in reference.batches[0][0]]
-        model = only_outputs(float_model, computed)
-        self.runner = Runner(model, [], reference.runtime, spinning=False) if computed else None  # it takes turns with the parts
+    def values(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        got = {**(runner(feeds) if runner is not None else {}), **feeds}
+        return {t: np.asarray(got[t]) for t in reads}
 
-    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = {**(self.runner(feeds) if self.runner is not None else {}), **feeds}
-        return {t: np.asarray(values[t]) for t in self.reads}
+    return values
 
 
 def most_sensitive_first(figures: dict[str, NodeSensitivity]) -> list[str]:
