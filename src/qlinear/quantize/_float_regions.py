@@ -17,17 +17,28 @@ square root or a fractional power, a node of the front end, one that reads
 a graph input the same way. A LayerNorm's square root of its variance is
 no front end's magnitude: the walk back from a root stops at a mean, so a
 patch embedding before a LayerNorm is quantized as before.
+
+A front end can be a cascade of filters. A constant-Q transform computes
+each octave from the one above it, low-passed and halved by a Conv
+(basic-pitch's CQT: 8 such Convs between its 18 filters): that Conv's
+output is the signal the next octave's filters read, so its rounding
+reaches the Log through them. A compute node whose output a float filter
+reads through data movement and joins alone (no activation between: one
+linear filter after another) is of the same front end and stays float
+too, back to the raw input. A learned layer before the front end has an
+activation between, and stays quantized.
 """
 
 from __future__ import annotations
 
 from qlinear.quantize._model import FloatModel
-from qlinear.quantize._node_placement import COMPUTE_OPS
+from qlinear.quantize._node_placement import COMPUTE_OPS, DATA_MOVEMENT_OPS
 
-__all__ = ["FLOAT_BEFORE_LOG", "FLOAT_BEFORE_ROOT", "float_regions"]
+__all__ = ["FLOAT_BEFORE_LOG", "FLOAT_BEFORE_ROOT", "FLOAT_IN_FRONT_END", "float_regions"]
 
 FLOAT_BEFORE_LOG = "output reaches a Log (rounding error would be unbounded relative error)"
 FLOAT_BEFORE_ROOT = "a front end on the raw input whose output reaches a Sqrt or fractional Pow (a magnitude of small values)"
+FLOAT_IN_FRONT_END = "a filter before a front end's float filters, through data movement alone (one linear front end)"
 
 # The ops that hold weights (a Gather its table, an Einsum its operand): a value made by one of these is that node's,
 # and the walk stops there.
@@ -42,6 +53,8 @@ _PASSING_OPS = frozenset(
 )  # fmt: skip
 # A root's input walked back no further than a mean: a normalization's statistic, not a magnitude.
 _NOT_PAST_FOR_A_ROOT = frozenset({"ReduceMean"})
+# Ops between one front-end filter and the next: values moved or joined, not computed on (a max pool picks among them).
+_BETWEEN_FILTERS = (DATA_MOVEMENT_OPS - {"MaxPool"}) | {"Concat", "Identity", "Cast"}
 
 
 def float_regions(fm: FloatModel) -> dict[str, str]:
@@ -57,6 +70,23 @@ def float_regions(fm: FloatModel) -> dict[str, str]:
     for tensor in _reaching(fm, roots, _PASSING_OPS - _NOT_PAST_FOR_A_ROOT):
         if tensor in front:
             found.setdefault(tensor, FLOAT_BEFORE_ROOT)
+    return {**found, **_earlier_filters(fm, found)}
+
+
+def _earlier_filters(fm: FloatModel, floated: dict[str, str]) -> dict[str, str]:
+    """The compute nodes' outputs that ``floated``'s makers read through :data:`_BETWEEN_FILTERS` alone, walked back in turn."""
+    found: dict[str, str] = {}
+    frontier = list(floated)
+    while frontier:
+        maker = fm.producer.get(frontier.pop())
+        if maker is None or maker.op_type not in _COMPUTE_OPS:  # a value on the way, not a filter's output
+            continue
+        reads = [i for i in maker.input if i and i not in fm.initializers]
+        for tensor in _reaching(fm, reads, _BETWEEN_FILTERS):
+            producer = fm.producer.get(tensor)
+            if producer is not None and producer.op_type in _COMPUTE_OPS and tensor not in floated and tensor not in found:
+                found[tensor] = FLOAT_IN_FRONT_END
+                frontier.append(tensor)
     return found
 
 

@@ -14,10 +14,16 @@ import onnx
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._precision import NodePrecision
 
-__all__ = ["COMPUTE_OPS", "NodePlan", "WeightPlan", "node_plan"]
+__all__ = ["COMPUTE_OPS", "DATA_MOVEMENT_OPS", "NodePlan", "WeightPlan", "node_plan"]
 
 # The operators quantized by default: the ones that do the arithmetic.
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# Ops whose output values are a subset or rearrangement of the input's: they
+# can run on quantized values with the input's parameters, exactly.
+DATA_MOVEMENT_OPS = frozenset(
+    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice", "Split", "DepthToSpace", "SpaceToDepth",
+     "Pad"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ from qlinear.quantize._exclusion import excluded_nodes
 from qlinear.quantize._float_regions import float_regions
 from qlinear.quantize._joins import quantize_joins
 from qlinear.quantize._model import FloatModel, attribute
-from qlinear.quantize._node_placement import COMPUTE_OPS, NodePlan, node_plan
+from qlinear.quantize._node_placement import COMPUTE_OPS, DATA_MOVEMENT_OPS, NodePlan, node_plan
 from qlinear.quantize._precision import NodePrecision, wider_activation
 from qlinear.quantize.targets import target
 
@@ -73,13 +73,6 @@ if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithm
 __all__ = [
     "COMPUTE_OPS", "DATA_MOVEMENT_OPS", "PROMOTED_TO_FLOAT", "Plan", "left_float_text", "listed", "moves_data", "plan",
 ]  # fmt: skip
-
-# Ops whose output values are a subset or rearrangement of the input's: they
-# can run on quantized values with the input's parameters, exactly.
-DATA_MOVEMENT_OPS = frozenset(
-    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "Slice", "Split", "DepthToSpace", "SpaceToDepth",
-     "Pad"}
-)  # fmt: skip
 
 
 def moves_data(node: onnx.NodeProto) -> bool:
