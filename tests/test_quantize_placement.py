@@ -485,10 +485,20 @@ def _front_end(tail: str) -> onnx.ModelProto:
         h = g.op("Transpose", [h], name="channels", perm=[0, 2, 1])  # (N, 4, 31)
     elif tail == "compressed":
         h = g.op("Pow", [g.op("Relu", [h], name="rectify"), np.float32(0.3)], name="compress")
-    elif tail == "layernorm":  # a patch embedding's shape: Conv, then a LayerNorm written out
-        mean = g.op("ReduceMean", [h], name="mean", axes=[1])
-        centred = g.op("Sub", [h, mean], name="centre")
-        var = g.op("ReduceMean", [g.op("Pow", [centred, np.float32(2.0)], name="square")], name="var", axes=[1])
+    elif tail in ("layernorm", "summed"):  # a patch embedding's shape: Conv, then a LayerNorm written out
+        if tail == "layernorm":
+
+            def mean(v, name):
+                return g.op("ReduceMean", [v], name=name, axes=[1])
+        else:  # as jax2tf writes a mean: a sum times 1 / n
+
+            def mean(v, name):
+                return g.op(
+                    "Mul", [g.op("ReduceSum", [v, np.array([1], np.int64)], name=f"{name}_sum"), np.float32(1 / 8)], name=name
+                )
+
+        centred = g.op("Sub", [h, mean(h, "mean")], name="centre")
+        var = mean(g.op("Pow", [centred, np.float32(2.0)], name="square"), "var")
         h = g.op("Div", [centred, g.op("Sqrt", [g.op("Add", [var, np.float32(1e-5)], name="eps")], name="std")], name="norm")
     elif tail == "deep":  # the root comes after a second layer: not the front end's
         h = g.op("Conv", [g.op("Relu", [h], name="r0"), w(8, 8, 1)], name="mix")
@@ -511,6 +521,7 @@ def _front_end(tail: str) -> onnx.ModelProto:
         ("sqrt", {"filters"}, "a front end on the raw input whose output reaches a Sqrt"),
         ("compressed", {"filters"}, "a front end on the raw input whose output reaches a Sqrt or fractional Pow"),
         ("layernorm", set(), None),  # a normalization's root: the patch embedding is quantized
+        ("summed", set(), None),  # the same, its means written as sums scaled by 1 / n
         ("deep", set(), None),  # the root is the second layer's: both layers quantized
     ],
 )
@@ -518,6 +529,6 @@ def test_a_front_end_whose_magnitude_reaches_a_log_or_a_root_stays_float(tail, l
     _, p = _plan(_front_end(tail))
     kept_float = {name for name, _, reason in p.left_float if why is not None and reason.startswith(why)}
     assert kept_float == left
-    learned = {"conv", "classifier"} | ({"down"} if tail == "activated" else set())
+    learned = {"conv", "classifier"} | ({"down"} if tail == "activated" else set()) | ({"filters"} if why is None else set())
     assert {n.name for n in p.nodes} >= learned
     assert not {n.name for n in p.nodes} & left

@@ -184,13 +184,33 @@ _AFFINE = frozenset({"Add", "Sub", "Mul", "Div"})
 _SCORES = frozenset({"Softmax", "LogSoftmax", "Gemm", "MatMul"})
 
 
+def _normalized_exp(g: onnx.GraphProto, div: onnx.NodeProto, producer: dict, rank: int) -> bool:
+    """Whether ``div`` divides an ``Exp`` by its own sum over the last of ``rank`` axes (through reshapes and broadcasts)."""
+    exp = producer.get(div.input[0])
+    if exp is None or exp.op_type != "Exp" or len(div.input) < 2:
+        return False
+    name = div.input[1]
+    for _ in range(8):
+        node = producer.get(name)
+        if node is None or node.op_type not in (*_PASS_THROUGH, "Expand", "ReduceSum"):
+            return False
+        if node.op_type == "ReduceSum":
+            axes = [a.ints for a in node.attribute if a.name == "axes"]
+            given = next((t for t in g.initializer if len(node.input) > 1 and t.name == node.input[1]), None)
+            found = list(axes[0]) if axes else [] if given is None else onnx.numpy_helper.to_array(given).tolist()
+            return node.input[0] == exp.output[0] and [a % rank for a in found] == [rank - 1]
+        name = node.input[0]
+    return False
+
+
 def classifies(model: onnx.ModelProto, output: str, first: np.ndarray, *, labelled: bool = False) -> bool:
     """Whether ``output`` (``first``: its first batch) holds class scores along its last axis.
 
     Float, two or more along that axis, and either given labels
-    (``labelled``: the user says it classifies) or made by a Softmax,
-    LogSoftmax, Gemm or MatMul, through reshapes, casts and a constant bias
-    or scale. Anything else is a map or a regression (a detector's Sigmoid
+    (``labelled``: the user says it classifies) or made by a Softmax (or
+    one written out, ``Exp(a) / ReduceSum(Exp(a))`` over the last axis, as
+    jax2tf exports it), LogSoftmax, Gemm or MatMul, through reshapes, casts
+    and a constant bias or scale. Anything else is a map or a regression (a detector's Sigmoid
     probabilities over the image, boxes, an image, features), compared by
     SQNR: the top-1 along a map's width is no figure of its quality.
     """
@@ -207,6 +227,8 @@ def classifies(model: onnx.ModelProto, output: str, first: np.ndarray, *, labell
         if node is None:
             return False
         if node.op_type in _SCORES and node.domain in ("", "ai.onnx"):
+            return True
+        if node.op_type == "Div" and _normalized_exp(g, node, producer, first.ndim):
             return True
         if node.op_type in _PASS_THROUGH:
             name = node.input[0]

@@ -15,8 +15,9 @@ another compute node stays float, however long the way (data movement,
 element-wise arithmetic, Concat, sums): for a Log, any such node; for a
 square root or a fractional power, a node of the front end, one that reads
 a graph input the same way. A LayerNorm's square root of its variance is
-no front end's magnitude: the walk back from a root stops at a mean, so a
-patch embedding before a LayerNorm is quantized as before.
+no front end's magnitude: the walk back from a root stops at a mean
+(a ReduceMean, or a ReduceSum scaled by a constant, as jax2tf writes one),
+so a patch embedding before a LayerNorm is quantized as before.
 
 A front end can be a cascade of filters. A constant-Q transform computes
 each octave from the one above it, low-passed and halved by a Conv
@@ -30,6 +31,10 @@ activation between, and stays quantized.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
 
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._node_placement import COMPUTE_OPS, DATA_MOVEMENT_OPS
@@ -67,7 +72,7 @@ def float_regions(fm: FloatModel) -> dict[str, str]:
     roots = [n.input[0] for n in fm.graph.node if _is_root(fm, n)]
     found = dict.fromkeys(_reaching(fm, logs, _PASSING_OPS), FLOAT_BEFORE_LOG)
     front = _front_end_outputs(fm)
-    for tensor in _reaching(fm, roots, _PASSING_OPS - _NOT_PAST_FOR_A_ROOT):
+    for tensor in _reaching(fm, roots, _PASSING_OPS - _NOT_PAST_FOR_A_ROOT, stop=lambda n: _scaled_sum(fm, n)):
         if tensor in front:
             found.setdefault(tensor, FLOAT_BEFORE_ROOT)
     return {**found, **_earlier_filters(fm, found)}
@@ -98,8 +103,19 @@ def _is_root(fm: FloatModel, node) -> bool:
     return exponent is not None and exponent.size == 1 and 0.0 < float(exponent.reshape(-1)[0]) < 1.0
 
 
-def _reaching(fm: FloatModel, sinks: list[str], passing: frozenset[str]) -> set[str]:
-    """The tensors from which a value flows into one of ``sinks`` through ``passing`` ops only."""
+def _scaled_sum(fm: FloatModel, node) -> bool:
+    """Whether ``node`` scales a ReduceSum's output by a constant (a mean written out: ``Sum(x) * (1 / n)``)."""
+    if node.op_type not in ("Mul", "Div") or len(node.input) != 2:
+        return False
+    summed = [i for i in node.input if (p := fm.producer.get(i)) is not None and p.op_type == "ReduceSum"]
+    scale = [i for i in node.input if i in fm.initializers]
+    return len(summed) == 1 and len(scale) == 1 and (node.op_type == "Mul" or scale[0] == node.input[1])
+
+
+def _reaching(
+    fm: FloatModel, sinks: list[str], passing: frozenset[str], stop: Callable[[onnx.NodeProto], bool] = lambda n: False
+) -> set[str]:
+    """The tensors from which a value flows into one of ``sinks`` through ``passing`` ops only (and none that ``stop``s)."""
     found: set[str] = set()
     frontier = list(sinks)
     while frontier:
@@ -108,7 +124,7 @@ def _reaching(fm: FloatModel, sinks: list[str], passing: frozenset[str]) -> set[
             continue
         found.add(tensor)
         producer = fm.producer.get(tensor)
-        if producer is not None and producer.op_type in passing:
+        if producer is not None and producer.op_type in passing and not stop(producer):
             frontier.extend(i for i in producer.input if i and i not in fm.initializers)
     return found
 
