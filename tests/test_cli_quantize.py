@@ -70,6 +70,19 @@ def test_model_with_nothing_to_quantize(tmp_path, capsys):
     g.save(str(path))
     out = str(tmp_path / "q.onnx")
     _fails(["quantize", str(path), "-o", out, "--calibrate-random", "8"], capsys, "nothing to quantize", out)
+    # A model quantized already (ONNX Runtime's dynamic quantization: its inputs quantized as it runs, integer MatMuls)
+    # has nothing left to quantize either: the line says so, and what to give instead.
+    g = qo.Graph("dynamic", opset=17)
+    x = g.input("x", "float", ("N", 4))
+    codes, scale, zero = g.op("DynamicQuantizeLinear", [x], output_names=["codes", "scale", "zero"])
+    w = np.arange(-6, 6, dtype=np.int8).reshape(4, 3)
+    product = g.op("MatMulInteger", [codes, w, zero, np.int8(0)])
+    g.output(g.op("Mul", [g.op("Cast", [product], to=1), scale], output_names=["y"]))
+    g.save(str(path))
+    _fails(
+        ["quantize", str(path), "-o", out, "--calibrate-random", "8"], capsys,
+        "it is quantized already (1 DynamicQuantizeLinear, 1 MatMulInteger): quantize the float model it was made from", out,
+    )  # fmt: skip
 
 
 def test_calibration_that_does_not_fit(tmp_path, capsys):

@@ -37,12 +37,30 @@ def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
         _check_loadable(planned, target(options.target))
         return
     if not planned.left_float:
+        done = _quantized_ops(fm)
         raise QuantizationError(
             "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
+            + (f"; it is quantized already ({done}): quantize the float model it was made from" if done else "")
         )
     raise QuantizationError(
         f"quantize: the model has nothing to quantize: every node stays float: {left_float_text(planned.left_float, 5)}"
     )
+
+
+# Ops that compute on quantized values: a model holding them (and nothing left to quantize) was quantized already.
+_QUANTIZED_OPS = frozenset(
+    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "QLinearConv",
+     "QLinearMatMul", "QGemm", "MatMulNBits", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+)  # fmt: skip
+
+
+def _quantized_ops(fm: FloatModel) -> str:
+    """The quantized ops ``fm`` holds, counted (``22 DynamicQuantizeLinear, 21 ConvInteger``), most first; empty if none."""
+    counts: dict[str, int] = {}
+    for node in fm.graph.node:
+        if node.op_type in _QUANTIZED_OPS:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda item: -item[1]))
 
 
 def _check_loadable(planned: Any, runtime: Runtime) -> None:
