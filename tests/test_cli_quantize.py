@@ -11,6 +11,7 @@ from importlib import resources
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import qlinear.onnx as qo
 from qlinear.cli import main
@@ -83,6 +84,18 @@ def test_model_with_nothing_to_quantize(tmp_path, capsys):
         ["quantize", str(path), "-o", out, "--calibrate-random", "8"], capsys,
         "it is quantized already (1 DynamicQuantizeLinear, 1 MatMulInteger): quantize the float model it was made from", out,
     )  # fmt: skip
+    # Every layer in the branches of an If (an export that picks its weights by a flag): none in the main graph.
+    branch = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["b"])], "branch", [], [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")],
+    )  # fmt: skip
+    g = qo.Graph("chooses", opset=17)
+    g.input("x", "float", ("N", 4))
+    flag = g.input("flag", "bool", ())
+    g.output(g.op("If", [flag], then_branch=branch, else_branch=branch, output_names=["y"]))
+    g.save(str(path))
+    _fails(["quantize", str(path), "-o", out, "--calibrate-random", "8"], capsys,
+           "in its main graph; its compute nodes (2 MatMul) lie inside If, Loop or Scan bodies, which stay float", out)  # fmt: skip
 
 
 def test_calibration_that_does_not_fit(tmp_path, capsys):

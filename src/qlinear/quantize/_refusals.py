@@ -6,9 +6,11 @@ Each refusal is one QuantizationError line, raised in the load stage so that no 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import onnx
 
 from qlinear._errors import QuantizationError
 from qlinear.quantize._data import Dataset
@@ -16,7 +18,7 @@ from qlinear.quantize._evaluate import Runner, classifies
 from qlinear.quantize._exclusion import unmatched
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._options import QuantizeOptions
-from qlinear.quantize._placement import left_float_text, plan
+from qlinear.quantize._placement import COMPUTE_OPS, left_float_text, plan
 from qlinear.quantize.algorithms import ALGORITHMS
 from qlinear.quantize.targets import target
 from qlinear.quantize.targets._target import Target as Runtime
@@ -37,10 +39,9 @@ def check_plannable(fm: FloatModel, options: QuantizeOptions) -> None:
         _check_loadable(planned, target(options.target))
         return
     if not planned.left_float:
-        done = _quantized_ops(fm)
         raise QuantizationError(
             "quantize: the model has nothing to quantize: no Conv, ConvTranspose, Gemm, MatMul or Gather on constant weights"
-            + (f"; it is quantized already ({done}): quantize the float model it was made from" if done else "")
+            + _why_none(fm)
         )
     raise QuantizationError(
         f"quantize: the model has nothing to quantize: every node stays float: {left_float_text(planned.left_float, 5)}"
@@ -54,11 +55,32 @@ _QUANTIZED_OPS = frozenset(
 )  # fmt: skip
 
 
-def _quantized_ops(fm: FloatModel) -> str:
-    """The quantized ops ``fm`` holds, counted (``22 DynamicQuantizeLinear, 21 ConvInteger``), most first; empty if none."""
+def _why_none(fm: FloatModel) -> str:
+    """Why a model's graph holds nothing to quantize, where it says: quantized already, or its compute in subgraphs."""
+    done = _counted(fm.graph.node, _QUANTIZED_OPS)
+    if done:
+        return f"; it is quantized already ({done}): quantize the float model it was made from"
+    nested = _counted(_subgraph_nodes(fm.graph), frozenset(COMPUTE_OPS))
+    if nested:  # Silero VAD's all-rates export: every layer in the branches of one If on the sample rate
+        return f" in its main graph; its compute nodes ({nested}) lie inside If, Loop or Scan bodies, which stay float"
+    return ""
+
+
+def _subgraph_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of ``graph``'s subgraphs (If branches, Loop and Scan bodies), nested ones too."""
+    found = []
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in (a.g,) if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                found += [*sub.node, *_subgraph_nodes(sub)]
+    return found
+
+
+def _counted(nodes: Iterable[onnx.NodeProto], ops: frozenset[str]) -> str:
+    """The nodes of ``ops`` among ``nodes``, counted by op (``22 DynamicQuantizeLinear, 21 ConvInteger``), most first."""
     counts: dict[str, int] = {}
-    for node in fm.graph.node:
-        if node.op_type in _QUANTIZED_OPS:
+    for node in nodes:
+        if node.op_type in ops:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda item: -item[1]))
 
