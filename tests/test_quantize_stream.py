@@ -91,6 +91,47 @@ def test_streamed_codes_are_the_in_memory_codes(tmp_path, weights, granularity):
     assert 10 * np.log10((ref**2).sum() / ((ref - got) ** 2).sum()) > (30 if weights == "int8" else 10)
 
 
+@pytest.mark.parametrize(("weights", "granularity"), [("int8", "per-channel"), ("int4", "blocked")])
+def test_a_gemm_reading_its_weight_transposed_stores_it_transposed_as_the_in_memory_path_does(tmp_path, weights, granularity):
+    # nn.Linear as torch exports it on a 2-D input: Gemm(x, W, b, transB=1). Stored as W transposed and transB=0, its
+    # DequantizeLinear fuses into MatMulNBits; left transposed, ONNX Runtime dequantizes the weight on every run.
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((COLS, ROWS)).astype(np.float32) * 0.1  # (out, in)
+    inits = _external(tmp_path / "in", {"w": w})
+    inits.append(onnx.numpy_helper.from_array(rng.standard_normal(COLS).astype(np.float32), "b"))
+    node = helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="linear", transB=1)
+    graph = helper.make_graph(
+        [node], "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", ROWS])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", COLS])], initializer=inits,
+    )  # fmt: skip
+    src = _save(tmp_path / "in", graph, 21)
+    options = dict(weights=weights, granularity=granularity, activations=None)
+    out = tmp_path / "streamed.onnx"
+    qq.quantize_weights_streaming(src, out, qq.QuantizeOptions(**options))
+    streamed = onnx.load(str(out))
+    gemm = next(n for n in streamed.graph.node if n.op_type == "Gemm")
+    assert {a.name: a.i for a in gemm.attribute}.get("transB", 0) == 0
+    whole = qq.quantize_model(str(src), None, eval={"x": rng.standard_normal((4, ROWS)).astype(np.float32)}, promote=False,
+                              bias_correction=False, gptq=False, awq=False, **options).model  # fmt: skip
+    assert np.array_equal(
+        _codes(out, "w"), qlinear.from_tensor_proto(next(t for t in whole.graph.initializer if t.name == "w_q"))
+    )
+    feeds = {"x": rng.standard_normal((4, ROWS)).astype(np.float32)}
+    ref, got = qo.run(str(src), feeds, backend="onnxruntime")["y"], qo.run(str(out), feeds, backend="onnxruntime")["y"]
+    assert 10 * np.log10((ref**2).sum() / ((ref - got) ** 2).sum()) > (30 if weights == "int8" else 10)
+    if granularity == "blocked":  # ONNX Runtime runs it as MatMulNBits
+        so = ort.SessionOptions()
+        so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+        ort.InferenceSession(str(out), so, providers=["CPUExecutionProvider"])
+        assert "MatMulNBits" in {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+        # And the MatMulNBits form written as it streams takes it too.
+        packed = tmp_path / "packed.onnx"
+        qq.quantize_weights_streaming(src, packed, qq.QuantizeOptions(**options, format="matmulnbits"))
+        assert {n.op_type for n in onnx.load(str(packed)).graph.node} == {"MatMulNBits"}
+
+
 def test_a_model_over_2_gb(tmp_path):
     # Five weights of 436 MB: 2.2 GB of external data, written straight from numpy and removed afterwards.
     rng = np.random.default_rng(1)

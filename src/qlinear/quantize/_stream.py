@@ -188,8 +188,15 @@ def quantize_weights_streaming(
                 or weight.name not in graph.initializers
             ):
                 continue
+            # A Gemm's weight read transposed (transB=1) is stored transposed, transB=0, as the in-memory path
+            # stores it: only then does ONNX Runtime fuse its DequantizeLinear into MatMulNBits.
+            transposed = _untransposable(node, weight)
+            if transposed:
+                node.attributes["transB"] = ir.AttrInt64("transB", 0)
+                channel_axis, reduction_axis = 1, 0
             if weight.name not in done:
                 array = _read(weight.const_value, base)
+                array = array.T if transposed else array
                 if array.ndim < 2 and node.op_type != "MatMul":
                     continue
                 # The type the plan stores it in (a table the runtime gathers as 8-bit codes, say).
@@ -203,7 +210,7 @@ def quantize_weights_streaming(
                     weight_only=True,
                 )  # fmt: skip
                 before += array.nbytes
-                done[weight.name] = _dequantize(ir, graph, node, weight, params, axis, block, wt, base, spill)
+                done[weight.name] = _dequantize(ir, graph, node, weight, params, axis, block, wt, base, spill, transposed)
                 centred[weight.name] = params.zero_point is not None and bool(np.any(params.zero_point))
                 after += (int(np.prod(weight.const_value.shape.numpy())) * wt.bits + 7) // 8 + params.scale.nbytes
                 del array
@@ -248,6 +255,13 @@ def _weight_site(node) -> tuple[int, int, int] | None:
     return None
 
 
+def _untransposable(node, weight) -> bool:
+    """Whether ``node`` is a Gemm reading ``weight`` (2-D, read by it alone) transposed: ``transB=1``, ``transA=0``."""
+    if node.op_type != "Gemm" or node.attributes.get_int("transB", 0) != 1 or node.attributes.get_int("transA", 0) != 0:
+        return False
+    return len(weight.const_value.shape) == 2 and len(list(weight.uses())) == 1
+
+
 def _read(tensor, base: Path) -> np.ndarray:
     """A weight's values, read from its external data with a plain read (no mapping left behind), or from the model."""
     import onnx_ir as ir
@@ -289,10 +303,10 @@ def _spilled(ir, array: np.ndarray, name: str, folder: Path):
     return lazy, load
 
 
-def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base: Path, spill: Path):
-    """A DequantizeLinear of lazily quantized codes for ``weight``, inserted before ``node``; its output value."""
+def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base: Path, spill: Path, transposed: bool = False):
+    """A DequantizeLinear of lazily quantized codes for ``weight`` (``transposed``: of its transpose), before ``node``."""
     source = weight.const_value
-    shape = source.shape
+    shape = ir.Shape(list(reversed(source.shape.numpy()))) if transposed else source.shape
     # The scale in the weight's own float type, as the in-memory path stores it: a float16 model's
     # DequantizeLinear gives float16, and its codes are the float16 weight's.
     params = QuantParams(in_float_type(params.scale, source.dtype.value), params.zero_point)
@@ -306,6 +320,7 @@ def _dequantize(ir, graph, node, weight, params, axis: int, block: int, t, base:
 
     def codes():
         array = _read(source, base)
+        array = np.ascontiguousarray(array.T) if transposed else array
         array = array if own_type else array.astype(np.float32)
         q = qlinear.quantize_linear(array, load_scale(), load_zero_point(), axis=axis, block_size=block, output_dtype=t.name)
         return ir.Tensor(q, name=weight.name + CODES)
