@@ -660,7 +660,7 @@ def test_the_profile_gives_each_stage_in_order_and_they_add_up_to_the_run(capsys
     calibrate = next(t for t in profile if t.stage == "calibrate")
     assert [p.name for p in calibrate.parts] == ["calibrating (samples)"]
     assert {p.name for t in profile for p in t.parts} >= {"analysing nodes", "evaluating"}
-    # Linux lets a process reset its peak: each stage's own, not the run's so far.
+    # On Linux each stage's own peak, not the run's so far (read beside the process's peak, which stays as it is).
     assert {t.peak_since for t in profile} == {"stage"}
     # The JSON holds it; --profile prints it.
     assert qq.Report.from_json(r.report.to_json()).profile == profile

@@ -18,7 +18,7 @@ import numpy as np
 from qlinear._errors import QuantizationError
 from qlinear.quantize._calibration_executors import executor
 from qlinear.quantize._data import Dataset
-from qlinear.quantize._memory import peak_rss_bytes
+from qlinear.quantize._memory import Peak
 from qlinear.quantize._model import FloatModel
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._patches import Patches
@@ -109,49 +109,52 @@ def calibrate(
     :data:`SAVE_EVERY_SECONDS`, and at the end; ``--save-stats``); ``resume``: a file
     so written, whose batches are skipped and counted as they were.
     """
-    start = time.perf_counter()
-    observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []), tuple(gram_patches or []))
-    names = observed.names
-    model = only_outputs(fm.model, names)  # no node past the last tensor observed runs (a float tail, post-processing)
-    sess = runtime.session(model, arena=False, spinning=False) if names else None
-    if sess is not None and not fixed_batch:
-        batch_size = held_batch_size(sess, names, data, batch_size)
-    if resume is not None:
-        stats, extras, done = load_calibration(resume, model_digest=fm.digest, what="resume")
-        if done is None:
-            raise QuantizationError(f"quantize: {resume} holds finished statistics, not a calibration to continue; use stats=")
-        missing = [t for t in observed.tensors if t not in stats]
-        if missing:
-            raise QuantizationError(f"quantize: {resume} holds no statistics for {missing[:3]}; calibrate again")
-        state = CalibrationState.resumed(observed, stats, extras, done)
-    else:
-        state = CalibrationState(observed)
-    skip = state.batches
+    with Peak() as peak:  # the calibration's own peak, the process's left alone
+        start = time.perf_counter()
+        observed = Observed(tuple(tensors), dict(channel_axes or {}), tuple(gram_tensors or []), tuple(gram_patches or []))
+        names = observed.names
+        model = only_outputs(fm.model, names)  # no node past the last tensor observed runs (a float tail, post-processing)
+        sess = runtime.session(model, arena=False, spinning=False) if names else None
+        if sess is not None and not fixed_batch:
+            batch_size = held_batch_size(sess, names, data, batch_size)
+        if resume is not None:
+            stats, extras, done = load_calibration(resume, model_digest=fm.digest, what="resume")
+            if done is None:
+                raise QuantizationError(
+                    f"quantize: {resume} holds finished statistics, not a calibration to continue; use stats="
+                )
+            missing = [t for t in observed.tensors if t not in stats]
+            if missing:
+                raise QuantizationError(f"quantize: {resume} holds no statistics for {missing[:3]}; calibrate again")
+            state = CalibrationState.resumed(observed, stats, extras, done)
+        else:
+            state = CalibrationState(observed)
+        skip = state.batches
 
-    last_save = [time.perf_counter()]
+        last_save = [time.perf_counter()]
 
-    def save(final: bool = False) -> None:
-        # At most every SAVE_EVERY_SECONDS, and at the end: a Gram matrix can be tens of megabytes.
-        if state_path is not None and (final or time.perf_counter() - last_save[0] >= SAVE_EVERY_SECONDS):
-            save_stats(state.stats, state_path, model_digest=fm.digest, extras=state.extras(), batches=state.batches)
-            last_save[0] = time.perf_counter()
+        def save(final: bool = False) -> None:
+            # At most every SAVE_EVERY_SECONDS, and at the end: a Gram matrix can be tens of megabytes.
+            if state_path is not None and (final or time.perf_counter() - last_save[0] >= SAVE_EVERY_SECONDS):
+                save_stats(state.stats, state_path, model_digest=fm.digest, extras=state.extras(), batches=state.batches)
+                last_save[0] = time.perf_counter()
 
-    batches = (b for k, b in enumerate(data.batches(batch_size)) if k >= skip)
-    runner = executor(sess, workers=workers, ray_address=ray_address, first=skip, runtime=runtime.name)
-    del sess  # on workers or Ray it only measured the first sample: each worker holds a session of its own
-    for reduced, n in runner.run(model, observed, batches):
-        state.add(reduced, n)
-        save()
-        if progress:
-            progress(n)
-    save(final=True)
-    means = {t: state.sums[t] / state.counts[t] for t in state.sums if state.counts.get(t)}
+        batches = (b for k, b in enumerate(data.batches(batch_size)) if k >= skip)
+        runner = executor(sess, workers=workers, ray_address=ray_address, first=skip, runtime=runtime.name)
+        del sess  # on workers or Ray it only measured the first sample: each worker holds a session of its own
+        for reduced, n in runner.run(model, observed, batches):
+            state.add(reduced, n)
+            save()
+            if progress:
+                progress(n)
+        save(final=True)
+        means = {t: state.sums[t] / state.counts[t] for t in state.sums if state.counts.get(t)}
     return CalibrationRun(
         state.stats,
         state.batches,
         state.samples,
         time.perf_counter() - start,
-        peak_rss_bytes(),
+        peak.bytes,
         means,
         state.grams,
         batch_size,

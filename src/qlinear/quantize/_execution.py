@@ -25,7 +25,7 @@ from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 from qlinear.onnx import save
 from qlinear.quantize._checked import check_quantized
-from qlinear.quantize._memory import peak_rss_bytes, reset_peak_rss
+from qlinear.quantize._memory import Peak
 from qlinear.quantize._profile import PartTime, StageTime
 
 __all__ = ["Bars", "Execution", "checked_output", "unwritable", "write_atomically"]
@@ -119,19 +119,20 @@ class Bars:
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Time ``name`` and read its peak memory; on a console, its name and elapsed time from its first second."""
-        since = "stage" if reset_peak_rss() else "process"
         start, self._parts = time.perf_counter(), []
         if self.console is not None:
             self._live = Progress(*_COLUMNS, console=self.console, transient=True)
             self._live.add_task(name, total=None)
             self._live.start()
+        peak = Peak()
         try:
-            yield
+            with peak:
+                yield
         finally:
             if self._live is not None:
                 self._live.stop()
                 self._live = None
-            self.stages.append(StageTime(name, time.perf_counter() - start, peak_rss_bytes(), since, self._parts))
+            self.stages.append(StageTime(name, time.perf_counter() - start, peak.bytes, peak.since, self._parts))
 
     @contextmanager
     def task(self, description: str, total: int | None) -> Iterator:
