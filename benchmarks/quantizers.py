@@ -204,10 +204,8 @@ def worker(spec: dict) -> dict:
     return {"seconds": seconds, "peak_rss_bytes": peak_rss_bytes(), **extra}
 
 
-def ort_static(
-    model: str, out: str, batches: list[dict], *, activations: str = "QUInt8", method: str = "MinMax", per_channel: bool = True
-) -> None:
-    """ONNX Runtime's ``quantize_static`` as the benchmarks run it: QDQ, int8 weights (per channel unless told), on ``batches``."""
+def ort_static(model: str, out: str, batches: list[dict], *, activations: str = "QUInt8", method: str = "MinMax") -> None:
+    """ONNX Runtime's ``quantize_static`` as the benchmarks run it: QDQ, per-channel int8 weights, on ``batches``."""
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -218,7 +216,7 @@ def ort_static(
             return next(self.batches, None)
 
     quantize_static(
-        model, str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+        model, str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
         activation_type=getattr(QuantType, activations), weight_type=QuantType.QInt8,
         calibrate_method=getattr(CalibrationMethod, method),
     )  # fmt: skip

@@ -371,20 +371,30 @@ def test_what_classifies():
     )
     assert not classifies(made_by(("MatMul", [w], {}), ("Sigmoid", [], {})), "y", scores)  # per-class probabilities, multi-label
 
-    def written_softmax(axis: int, same_exp: bool = True) -> onnx.ModelProto:
+    def written_softmax(axis, same_exp: bool = True, opset: int = 17, reshaped: bool = False) -> onnx.ModelProto:
         """A Softmax as jax2tf writes it: Exp(x - max) / Expand(Reshape(ReduceSum(Exp(x - max))))."""
-        g = qo.Graph("head", opset=17)
+        g = qo.Graph("head", opset=opset)
         x = g.input("x", "float", ("N", 8))
         logits = g.op("Relu", [g.op("MatMul", [x, w])])  # not a score-making op next to the output: the Div decides
         top = g.op("ReduceMax", [logits], axes=[-1], keepdims=1)
         e = g.op("Exp", [g.op("Sub", [logits, g.op("Expand", [top, np.array([4, 10], np.int64)])])])
-        summed = g.op("ReduceSum", [e if same_exp else g.op("Exp", [logits]), np.array([axis], np.int64)], keepdims=0)
-        shape = np.array([-1, 1] if axis in (-1, 1) else [1, 10], np.int64)
+        source = e if same_exp else g.op("Exp", [logits])
+        if opset < 13:  # the axes an attribute
+            summed = g.op("ReduceSum", [source], axes=[axis], keepdims=0)
+        else:
+            summed = g.op("ReduceSum", [source, np.array(axis, np.int64).reshape(np.shape(axis))], keepdims=0)
+        shape = np.array([-1, 1] if np.reshape(axis, -1)[0] in (-1, 1) else [1, 10], np.int64)
         spread = g.op("Expand", [g.op("Reshape", [summed, shape]), np.array([4, 10], np.int64)])
-        g.output(g.op("Div", [e, spread], output_names=["y"]))
+        y = g.op("Div", [e, spread])
+        if reshaped:  # a reshape after the Div: the Exp's rank is no longer the output's
+            y = g.op("Reshape", [y, np.array([-1, 10], np.int64)])
+        g.output(g.op("Identity", [y], output_names=["y"]))
         return g.to_model()
 
     assert classifies(written_softmax(-1), "y", scores) and classifies(written_softmax(1), "y", scores)
+    assert classifies(written_softmax(-1, opset=11), "y", scores) and classifies(written_softmax([-1]), "y", scores)
+    assert classifies(written_softmax(-1, reshaped=True), "y", scores)  # -1 is the Exp's last axis whatever its rank
+    assert not classifies(written_softmax(1, reshaped=True), "y", scores)  # axis 1 of an Exp of unknown rank: not read
     assert not classifies(written_softmax(0), "y", scores)  # normalized over the batch: no distribution a sample
     assert not classifies(written_softmax(-1, same_exp=False), "y", scores)  # divided by another Exp's sum
     assert not classifies(made_by(("Relu", [], {})), "y", scores)  # the same model without its Softmax

@@ -472,15 +472,19 @@ def _front_end(tail: str) -> onnx.ModelProto:
         octave = g.op("Conv", [low, w(8, 1, 8)], name="filters2", strides=[4])  # (N, 8, 31)
         h = g.op("Concat", [h, octave], name="octaves", axis=1)  # (N, 16, 31)
         bands = 8
-    if tail in ("cqt", "sqrt", "octaves", "activated"):
+    if tail == "interior":  # two linear layers in a row inside the network, after an activation: no filter bank
+        h = g.op("Conv", [g.op("Conv", [g.op("Relu", [h], name="act0"), w(8, 8, 1)], name="mixa"), w(8, 8, 1)], name="mixb")
+    if tail in ("cqt", "sqrt", "octaves", "activated", "interior", "weighted"):
         h = g.op("Transpose", [h], name="t", perm=[0, 2, 1])
         h = g.op("Reshape", [h, np.array([0, 31, 2, bands], np.int64)], name="pairs")
         re_ = g.op("Slice", [h, np.array([0], np.int64), np.array([1], np.int64), np.array([2], np.int64)], name="re")
         im = g.op("Slice", [h, np.array([1], np.int64), np.array([2], np.int64), np.array([2], np.int64)], name="im")
         both = g.op("Concat", [g.op("Mul", [re_, re_], name="re2"), g.op("Mul", [im, im], name="im2")], name="join", axis=2)
         power = g.op("ReduceSum", [both, np.array([2], np.int64)], name="sum", keepdims=0)  # (N, 31, 4)
+        if tail == "weighted":  # a weight for each bin on the power: no mean, the walk back from the root goes on
+            power = g.op("Mul", [power, rng.uniform(0.1, 0.9, (31, bands)).astype(np.float32)], name="bins")
         h = g.op("Mul", [g.op("Sqrt", [power], name="magnitude"), np.float32(2.0)], name="gain")
-        if tail != "sqrt":  # twelve ops between the filters and the Log: more than any fixed depth
+        if tail not in ("sqrt", "weighted"):  # twelve ops between the filters and the Log: more than any fixed depth
             h = g.op("Log", [g.op("Add", [h, np.float32(1e-6)], name="floor")], name="log")
         h = g.op("Transpose", [h], name="channels", perm=[0, 2, 1])  # (N, 4, 31)
     elif tail == "compressed":
@@ -503,7 +507,7 @@ def _front_end(tail: str) -> onnx.ModelProto:
     elif tail == "deep":  # the root comes after a second layer: not the front end's
         h = g.op("Conv", [g.op("Relu", [h], name="r0"), w(8, 8, 1)], name="mix")
         h = g.op("Sqrt", [g.op("Relu", [h], name="r1")], name="root")
-    channels = {"cqt": 4, "sqrt": 4}.get(tail, 8)
+    channels = {"cqt": 4, "sqrt": 4, "interior": 4, "weighted": 4}.get(tail, 8)
     h = g.op("Relu", [g.op("Conv", [h, w(6, channels, 3)], name="conv")], name="relu")
     h = g.op("ReduceMean", [h], name="pool", axes=[-1], keepdims=0)
     g.output(g.op("Gemm", [h, w(3, 6)], name="classifier", transB=1, output_names=["logits"]))
@@ -518,6 +522,9 @@ def _front_end(tail: str) -> onnx.ModelProto:
         ("octaves", {"down"}, "a filter before a front end's float filters"),  # the octave's low-pass: the same front end
         ("activated", {"filters", "filters2"}, "output reaches a Log"),  # a Relu after "down": quantized
         ("activated", set(), "a filter before a front end's float filters"),
+        ("interior", {"mixb"}, "output reaches a Log"),  # "mixa" feeds it with nothing between, but reads no raw input
+        ("interior", set(), "a filter before a front end's float filters"),
+        ("weighted", {"filters"}, "a front end on the raw input whose output reaches a Sqrt"),
         ("sqrt", {"filters"}, "a front end on the raw input whose output reaches a Sqrt"),
         ("compressed", {"filters"}, "a front end on the raw input whose output reaches a Sqrt or fractional Pow"),
         ("layernorm", set(), None),  # a normalization's root: the patch embedding is quantized
@@ -530,5 +537,6 @@ def test_a_front_end_whose_magnitude_reaches_a_log_or_a_root_stays_float(tail, l
     kept_float = {name for name, _, reason in p.left_float if why is not None and reason.startswith(why)}
     assert kept_float == left
     learned = {"conv", "classifier"} | ({"down"} if tail == "activated" else set()) | ({"filters"} if why is None else set())
+    learned |= {"mixa", "filters"} if tail == "interior" else set()
     assert {n.name for n in p.nodes} >= learned
     assert not {n.name for n in p.nodes} & left

@@ -184,23 +184,40 @@ _AFFINE = frozenset({"Add", "Sub", "Mul", "Div"})
 _SCORES = frozenset({"Softmax", "LogSoftmax", "Gemm", "MatMul"})
 
 
-def _normalized_exp(g: onnx.GraphProto, div: onnx.NodeProto, producer: dict, rank: int) -> bool:
-    """Whether ``div`` divides an ``Exp`` by its own sum over the last of ``rank`` axes (through reshapes and broadcasts)."""
+def _normalized_exp(g: onnx.GraphProto, div: onnx.NodeProto, producer: dict, rank: int | None) -> bool:
+    """Whether ``div`` divides an ``Exp`` by its own sum over the Exp's last axis (through reshapes and broadcasts).
+
+    ``rank``: the Exp's rank where known (the output's, no reshape between);
+    else only a sum over axis -1 is the last axis. A sum whose axes are not
+    a constant (an initializer or an attribute) is not read.
+    """
     exp = producer.get(div.input[0])
     if exp is None or exp.op_type != "Exp" or len(div.input) < 2:
         return False
     name = div.input[1]
-    for _ in range(8):
+    for _ in range(8):  # reshapes and broadcasts between the sum and the Div: an exporter writes two or three
         node = producer.get(name)
         if node is None or node.op_type not in (*_PASS_THROUGH, "Expand", "ReduceSum"):
             return False
         if node.op_type == "ReduceSum":
-            axes = [a.ints for a in node.attribute if a.name == "axes"]
-            given = next((t for t in g.initializer if len(node.input) > 1 and t.name == node.input[1]), None)
-            found = list(axes[0]) if axes else [] if given is None else onnx.numpy_helper.to_array(given).tolist()
-            return node.input[0] == exp.output[0] and [a % rank for a in found] == [rank - 1]
+            return node.input[0] == exp.output[0] and _sums_last_axis(g, node, rank)
         name = node.input[0]
     return False
+
+
+def _sums_last_axis(g: onnx.GraphProto, node: onnx.NodeProto, rank: int | None) -> bool:
+    """Whether ReduceSum ``node`` sums over the last axis alone (of ``rank`` axes; None: read as -1 only)."""
+    attribute = [list(a.ints) for a in node.attribute if a.name == "axes"]
+    if attribute:  # before opset 13
+        axes = attribute[0]
+    else:
+        given = next((t for t in g.initializer if len(node.input) > 1 and t.name == node.input[1]), None)
+        if given is None:
+            return False
+        axes = onnx.numpy_helper.to_array(given).reshape(-1).tolist()
+    if rank is None:
+        return axes == [-1]
+    return [a % rank for a in axes] == [rank - 1]
 
 
 def classifies(model: onnx.ModelProto, output: str, first: np.ndarray, *, labelled: bool = False) -> bool:
@@ -221,16 +238,17 @@ def classifies(model: onnx.ModelProto, output: str, first: np.ndarray, *, labell
     g = model.graph
     producer = producers(g)
     constant = {t.name for t in g.initializer} | {n.output[0] for n in g.node if n.op_type == "Constant"}
-    name = output
+    name, rank = output, first.ndim  # the rank of the value reached, while no reshape lies between it and the output
     for _ in range(32):
         node = producer.get(name)
         if node is None:
             return False
         if node.op_type in _SCORES and node.domain in ("", "ai.onnx"):
             return True
-        if node.op_type == "Div" and _normalized_exp(g, node, producer, first.ndim):
+        if node.op_type == "Div" and _normalized_exp(g, node, producer, rank):
             return True
         if node.op_type in _PASS_THROUGH:
+            rank = rank if node.op_type in ("Identity", "Cast") else None
             name = node.input[0]
         elif node.op_type in _AFFINE and len([i for i in node.input if i not in constant]) == 1:
             name = next(i for i in node.input if i not in constant)

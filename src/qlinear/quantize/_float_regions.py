@@ -23,11 +23,12 @@ A front end can be a cascade of filters. A constant-Q transform computes
 each octave from the one above it, low-passed and halved by a Conv
 (basic-pitch's CQT: 8 such Convs between its 18 filters): that Conv's
 output is the signal the next octave's filters read, so its rounding
-reaches the Log through them. A compute node whose output a float filter
-reads through data movement and joins alone (no activation between: one
-linear filter after another) is of the same front end and stays float
-too, back to the raw input. A learned layer before the front end has an
-activation between, and stays quantized.
+reaches the Log through them. A compute node of the linear front end (one
+that takes the raw input through data movement, joins and other such
+nodes alone) whose output a float filter reads the same way stays float
+too. A learned layer before the front end has an activation between, and
+a chain of linear layers inside a network reads no raw input: both stay
+quantized.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ _PASSING_OPS = frozenset(
 )  # fmt: skip
 # A root's input walked back no further than a mean: a normalization's statistic, not a magnitude.
 _NOT_PAST_FOR_A_ROOT = frozenset({"ReduceMean"})
-# Ops between one front-end filter and the next: values moved or joined, not computed on (a max pool picks among them).
+# Ops between one front-end filter and the next: values moved or joined, not computed on. A max pool is left out: it
+# is no linear map, and the pooling of a learned network.
 _BETWEEN_FILTERS = (DATA_MOVEMENT_OPS - {"MaxPool"}) | {"Concat", "Identity", "Cast"}
 
 
@@ -79,7 +81,12 @@ def float_regions(fm: FloatModel) -> dict[str, str]:
 
 
 def _earlier_filters(fm: FloatModel, floated: dict[str, str]) -> dict[str, str]:
-    """The compute nodes' outputs that ``floated``'s makers read through :data:`_BETWEEN_FILTERS` alone, walked back in turn."""
+    """The filters of the linear front end whose outputs ``floated``'s makers read through :data:`_BETWEEN_FILTERS` alone.
+
+    Only the front end's (:func:`_linear_front_end`): a chain of linear
+    layers inside a network, ending at a Log, is no filter bank.
+    """
+    linear = _linear_front_end(fm)
     found: dict[str, str] = {}
     frontier = list(floated)
     while frontier:
@@ -88,11 +95,35 @@ def _earlier_filters(fm: FloatModel, floated: dict[str, str]) -> dict[str, str]:
             continue
         reads = [i for i in maker.input if i and i not in fm.initializers]
         for tensor in _reaching(fm, reads, _BETWEEN_FILTERS):
-            producer = fm.producer.get(tensor)
-            if producer is not None and producer.op_type in _COMPUTE_OPS and tensor not in floated and tensor not in found:
+            if tensor in linear and tensor not in floated and tensor not in found:
                 found[tensor] = FLOAT_IN_FRONT_END
                 frontier.append(tensor)
     return found
+
+
+def _linear_front_end(fm: FloatModel) -> set[str]:
+    """The outputs of compute nodes that take a graph input as their data through data movement and such nodes alone.
+
+    A filter cascade on the raw input: each node's data input (the first;
+    every input of a Concat) made by a graph input, a move or a join of
+    one, or another such node. A shape, a table index or an activation on
+    the way ends it.
+    """
+    raw = {i.name for i in fm.graph.input} - set(fm.initializers)
+    reached, frontier, outputs = set(raw), list(raw), set()
+    while frontier:
+        tensor = frontier.pop()
+        for n in fm.consumers.get(tensor, []):
+            data = n.input if n.op_type == "Concat" else n.input[:1]
+            if tensor not in data or (n.op_type not in _BETWEEN_FILTERS and n.op_type not in _COMPUTE_OPS):
+                continue
+            if n.op_type in _COMPUTE_OPS:
+                outputs.update(o for o in n.output if o)
+            for o in n.output:
+                if o and o not in reached:
+                    reached.add(o)
+                    frontier.append(o)
+    return outputs
 
 
 def _is_root(fm: FloatModel, node) -> bool:
@@ -104,12 +135,21 @@ def _is_root(fm: FloatModel, node) -> bool:
 
 
 def _scaled_sum(fm: FloatModel, node) -> bool:
-    """Whether ``node`` scales a ReduceSum's output by a constant (a mean written out: ``Sum(x) * (1 / n)``)."""
+    """Whether ``node`` makes a mean of a ReduceSum's output: ``Sum(x) * c`` with a scalar ``c`` in (0, 1), or ``Sum(x) / n``, ``n > 1``.
+
+    A gain or a per-bin weight on a power spectrum is no mean, and leaves the walk going.
+    """
     if node.op_type not in ("Mul", "Div") or len(node.input) != 2:
         return False
     summed = [i for i in node.input if (p := fm.producer.get(i)) is not None and p.op_type == "ReduceSum"]
     scale = [i for i in node.input if i in fm.initializers]
-    return len(summed) == 1 and len(scale) == 1 and (node.op_type == "Mul" or scale[0] == node.input[1])
+    if len(summed) != 1 or len(scale) != 1 or (node.op_type == "Div" and scale[0] != node.input[1]):
+        return False
+    c = fm.constant(scale[0])
+    if c is None or c.size != 1:
+        return False
+    c = float(c.reshape(-1)[0])
+    return 0.0 < c < 1.0 if node.op_type == "Mul" else c > 1.0
 
 
 def _reaching(
