@@ -10,7 +10,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-__all__ = ["call_intrinsic", "host_has"]
+__all__ = ["call_intrinsic", "host_has", "prefetch"]
 
 
 def host_has(*features: str) -> bool:
@@ -34,3 +34,19 @@ def call_intrinsic(builder, name, result_type, args):
     """Call the LLVM intrinsic ``name`` on ``args`` (declared on first use in the module)."""
     function_type = ir.FunctionType(result_type, [a.type for a in args])
     return builder.call(cgutils.get_or_insert_function(builder.module, function_type, name), args)
+
+
+def prefetch(builder, pointer, nbytes, line):
+    """Ask for the ``line``-byte cache lines of ``nbytes`` from ``pointer`` into every cache level (PREFETCHT0).
+
+    A hint: it never faults, so it may point past an array's end.
+    """
+    i8 = ir.IntType(8)
+    i32 = ir.IntType(32)
+    start = builder.bitcast(pointer, i8.as_pointer())
+    for offset in range(0, nbytes, line):
+        at = builder.gep(start, [ir.Constant(ir.IntType(64), offset)])
+        # read (0), keep in every level (3), data cache (1)
+        call_intrinsic(
+            builder, "llvm.prefetch.p0i8", ir.VoidType(), [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)]
+        )
