@@ -70,11 +70,12 @@ __all__ = [
 ]
 
 LINE = 64  # bytes of a cache line
-# QuantizeLinear's lines ask for x this many bytes ahead of the line they
-# load. The hardware prefetchers alone left one core of an Intel Xeon guest
-# waiting on memory (8-bit per-tensor Q of 16M elements: 1.0-1.06x ONNX
-# Runtime's time, 0.6-0.7x with these prefetches; 8 KB ahead gave 0.63-0.75x,
-# 32 KB 0.68-0.73x).
+# QuantizeLinear's lines of integer codes ask for x this many bytes ahead of
+# the line they load. The hardware prefetchers alone left one core of an
+# Intel Xeon guest waiting on memory (8-bit per-tensor Q of 16M elements:
+# 1.0-1.06x ONNX Runtime's time, 0.6-0.7x with these prefetches; 8 KB ahead
+# gave 0.63-0.75x, 32 KB 0.68-0.73x). Float codes are bound by computing
+# them (about twice the time of the memory they move) and do without.
 PREFETCH_AHEAD = 16 << 10
 # Only runs of one scale at least this long stream: a run's partial lines at
 # either end go by ordinary stores and small loops, which made runs of 1024
@@ -178,10 +179,14 @@ def _clamp(builder, v, low, high):
 def _load_values(builder, x_data, xj, lanes, x_is_int):
     """``lanes`` float32 values of ``x`` from element ``xj``: float32 as they are, int32 converted as ``np.float32`` does."""
     f32 = ir.VectorType(ir.FloatType(), lanes)
-    ahead = builder.add(xj, ir.Constant(xj.type, PREFETCH_AHEAD // 4))
-    prefetch(builder, builder.gep(x_data, [ahead]), lanes * 4, LINE)
     raw = _load(builder, x_data, xj, ir.VectorType(ir.IntType(32), lanes) if x_is_int else f32)
     return builder.sitofp(raw, f32) if x_is_int else raw
+
+
+def _ask_ahead(builder, x_data, xj, lanes):
+    """Prefetch the ``lanes`` float32 (or int32) values of ``x`` :data:`PREFETCH_AHEAD` bytes past element ``xj``."""
+    at = builder.add(xj, ir.Constant(xj.type, PREFETCH_AHEAD // 4))
+    prefetch(builder, builder.gep(x_data, [at]), lanes * 4, LINE)
 
 
 def _keep_first_nan(builder, first, result):
@@ -346,7 +351,9 @@ def _quantize_line(x, dst, nontemporal):
     def codegen(context, builder, signature, args):
         xs, xj_, ds, dj_, s_, z_, splits_, lo, hi, mask_ = args
         f32 = ir.VectorType(ir.FloatType(), lanes)
-        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, lanes, x_is_int)
+        x_data = _data(context, builder, signature.args[0], xs)
+        _ask_ahead(builder, x_data, xj_, lanes)
+        v = _load_values(builder, x_data, xj_, lanes, x_is_int)
         s, z = _three_splat(builder, s_, splits_, f32), _three_splat(builder, z_, splits_, f32)
         codes = _integer_codes(builder, v, s, z, lo, hi, mask_)
         out = builder.trunc(codes, ir.VectorType(ir.IntType(dst.dtype.bitwidth), lanes))
