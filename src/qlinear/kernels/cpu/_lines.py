@@ -73,9 +73,9 @@ LINE = 64  # bytes of a cache line
 # QuantizeLinear's lines of integer codes ask for x this many bytes ahead of
 # the line they load. The hardware prefetchers alone left one core of an
 # Intel Xeon guest waiting on memory (8-bit per-tensor Q of 16M elements:
-# 1.0-1.06x ONNX Runtime's time, 0.6-0.7x with these prefetches; 8 KB ahead
-# gave 0.63-0.75x, 32 KB 0.68-0.73x). Float codes are bound by computing
-# them (about twice the time of the memory they move) and do without.
+# 1.0-1.06x ONNX Runtime's time, 0.6-0.7x with these prefetches; 4 KB ahead
+# gave 0.75x, 32 KB 0.68-0.73x). Float codes are bound by computing them
+# (about twice the time of the memory they move) and do without.
 PREFETCH_AHEAD = 16 << 10
 # Only runs of one scale at least this long stream: a run's partial lines at
 # either end go by ordinary stores and small loops, which made runs of 1024
