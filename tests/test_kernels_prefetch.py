@@ -21,12 +21,12 @@ from qlinear.kernels.cpu._reciprocal_lines import quantize_reciprocal_line, reci
 
 @njit
 def _cached(x, dst, s, z, qmin, qmax, mask):
-    quantize_cached_line(x, 0, dst, 0, (s, s, s), (z, z, z), (64 // dst.itemsize, 64 // dst.itemsize), qmin, qmax, mask)
+    quantize_cached_line(x, 0, dst, 0, (s, s, s), (z, z, z), (LINE // dst.itemsize, LINE // dst.itemsize), qmin, qmax, mask)
 
 
 @njit
 def _streamed(x, dst, s, z, qmin, qmax, mask):
-    quantize_line(x, 0, dst, 0, (s, s, s), (z, z, z), (64 // dst.itemsize, 64 // dst.itemsize), qmin, qmax, mask)
+    quantize_line(x, 0, dst, 0, (s, s, s), (z, z, z), (LINE // dst.itemsize, LINE // dst.itemsize), qmin, qmax, mask)
 
 
 @njit

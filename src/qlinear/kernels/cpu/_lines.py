@@ -176,17 +176,17 @@ def _clamp(builder, v, low, high):
     return builder.select(builder.fcmp_ordered("<", v, high), v, high)
 
 
-def _load_values(builder, x_data, xj, lanes, x_is_int):
-    """``lanes`` float32 values of ``x`` from element ``xj``: float32 as they are, int32 converted as ``np.float32`` does."""
+def _load_values(builder, x_data, xj, lanes, x_is_int, ask_ahead=False):
+    """``lanes`` float32 values of ``x`` from element ``xj``: float32 as they are, int32 converted as ``np.float32`` does.
+
+    With ``ask_ahead``, first prefetch the values :data:`PREFETCH_AHEAD` bytes further on (the lines of integer codes).
+    """
     f32 = ir.VectorType(ir.FloatType(), lanes)
+    if ask_ahead:
+        at = builder.add(xj, ir.Constant(xj.type, PREFETCH_AHEAD // 4))
+        prefetch(builder, builder.gep(x_data, [at]), lanes * 4, LINE)
     raw = _load(builder, x_data, xj, ir.VectorType(ir.IntType(32), lanes) if x_is_int else f32)
     return builder.sitofp(raw, f32) if x_is_int else raw
-
-
-def _ask_ahead(builder, x_data, xj, lanes):
-    """Prefetch the ``lanes`` float32 (or int32) values of ``x`` :data:`PREFETCH_AHEAD` bytes past element ``xj``."""
-    at = builder.add(xj, ir.Constant(xj.type, PREFETCH_AHEAD // 4))
-    prefetch(builder, builder.gep(x_data, [at]), lanes * 4, LINE)
 
 
 def _keep_first_nan(builder, first, result):
@@ -351,9 +351,7 @@ def _quantize_line(x, dst, nontemporal):
     def codegen(context, builder, signature, args):
         xs, xj_, ds, dj_, s_, z_, splits_, lo, hi, mask_ = args
         f32 = ir.VectorType(ir.FloatType(), lanes)
-        x_data = _data(context, builder, signature.args[0], xs)
-        _ask_ahead(builder, x_data, xj_, lanes)
-        v = _load_values(builder, x_data, xj_, lanes, x_is_int)
+        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, lanes, x_is_int, ask_ahead=True)
         s, z = _three_splat(builder, s_, splits_, f32), _three_splat(builder, z_, splits_, f32)
         codes = _integer_codes(builder, v, s, z, lo, hi, mask_)
         out = builder.trunc(codes, ir.VectorType(ir.IntType(dst.dtype.bitwidth), lanes))

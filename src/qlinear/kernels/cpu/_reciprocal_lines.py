@@ -45,7 +45,6 @@ from numba.extending import intrinsic
 from qlinear._builtins import max
 from qlinear.kernels.cpu._lines import (
     LINE,
-    _ask_ahead,
     _data,
     _integer_codes,
     _load_values,
@@ -174,9 +173,7 @@ def quantize_reciprocal_line(typingctx, x, xj, dst, dj, s, r, z, limit, qmin, qm
         i32 = ir.VectorType(ir.IntType(32), lanes)
         codes_type = ir.VectorType(ir.IntType(bits), lanes)
         dst_data = _data(context, builder, signature.args[2], ds)
-        x_data = _data(context, builder, signature.args[0], xs)
-        _ask_ahead(builder, x_data, xj_, lanes)
-        v = _load_values(builder, x_data, xj_, lanes, x_is_int)
+        v = _load_values(builder, _data(context, builder, signature.args[0], xs), xj_, lanes, x_is_int, ask_ahead=True)
         z = _splat(builder, z_, f32)
         low, high = builder.fsub(_splat(builder, lo_, f32), z), builder.fsub(_splat(builder, hi_, f32), z)
         q = builder.fmul(v, _splat(builder, r_, f32))
