@@ -23,7 +23,17 @@ from qlinear.quantize._precision import (
     reachable,
     wider_activation,
 )
-from qlinear.quantize._promotion import PRUNE_TRIALS, AccuracyTarget, Promotion, promotion_steps, search
+from qlinear.quantize._promotion import (
+    COST_FLOOR,
+    PRUNE_TRIALS,
+    AccuracyTarget,
+    Promotion,
+    cheapest_first,
+    predicted_cost,
+    promotion_steps,
+    search,
+    search_cheapest,
+)
 from qlinear.quantize._sensitivity import NodeSensitivity, most_sensitive_first
 from quantize_models import outlier_mlp
 
@@ -157,6 +167,85 @@ def test_search_that_cannot_reach_the_target_keeps_the_best_found():
     figures = {0: 10.0, 1: 14.0, 2: 19.0, 3: 17.0}
     found = search(steps, 10.0, AccuracyTarget("sqnr", 30.0), lambda p: figures[len(p)])
     assert not found.met and len(found.promotions) == 2 and found.figure == 19.0
+
+
+def test_cheapest_first_ranks_by_the_noise_a_node_adds_over_its_cost_in_float():
+    figures = _figures({"conv": 20.0, "dense0": 30.0, "dense1": 26.0, "exact": None, "broken": float("nan")})
+    ranking = most_sensitive_first(figures)
+    assert ranking == ["broken", "conv", "dense1", "dense0", "exact"]
+    # The conv adds the most noise (1e-2 of the output's power) but costs a third of the run in float; the dense
+    # layers add 1e-3 and 2.5e-3 for 1% and nothing (the floor). A node that broke the output alone stays first.
+    costs = {"conv": 0.34, "dense0": 0.01, "dense1": -0.02, "exact": 0.0, "broken": 0.5}
+    assert cheapest_first(ranking, figures, costs) == ["broken", "dense1", "dense0", "conv", "exact"]
+    # A cost below the floor, or one the profile did not give, ranks as the floor: the sensitivity decides.
+    cheap = {"conv": COST_FLOOR / 10, "dense1": -1.0}
+    assert cheapest_first(ranking, figures, cheap) == ranking
+    # Equal ratios keep the sensitivity order.
+    same = _figures({"a": 20.0, "b": 20.0})
+    assert cheapest_first(["b", "a"], same, {}) == ["b", "a"]
+
+
+def _floats(nodes):
+    return [Promotion(n, NodePrecision("int8", "uint8"), FLOAT) for n in nodes]
+
+
+def test_search_takes_a_cheaper_set_that_meets_the_target():
+    steps, cheap = _floats(["conv", "dense"]), _floats(["dense", "conv"])
+    costs = {"conv": 0.3, "dense": 0.01}
+    calls = []
+
+    def measure(precision):  # either node in float alone meets the target
+        calls.append(frozenset(precision))
+        return 0.995 if precision else 0.98
+
+    found, taken = search_cheapest(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
+    assert found.met and found.order == "cost" and taken is cheap and [p.node for p in found.promotions] == ["dense"]
+    # The sensitivity order's {conv} first, then the cheap list's {dense}: each judged once, both counted.
+    assert found.evaluations == len(calls) == len(set(calls)) == 2
+    assert predicted_cost(found.promotions, costs) == 0.01 and predicted_cost(_steps(["conv"]), costs) == 0.0
+
+
+def test_the_sensitivity_result_stands_where_no_cheaper_set_meets_the_target():
+    # Only the conv fixes the output; the cheap list's prefixes that cost less hold the dense layer alone.
+    steps, cheap = _floats(["conv", "dense"]), _floats(["dense", "conv"])
+    costs = {"conv": 0.3, "dense": 0.01}
+    calls = []
+
+    def measure(precision):
+        calls.append(frozenset(precision))
+        return 0.995 if "conv" in precision else 0.98
+
+    found, taken = search_cheapest(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
+    assert found.met and found.order == "sensitivity" and taken is steps and [p.node for p in found.promotions] == ["conv"]
+    assert found.evaluations == len(calls) == 2 and set(calls) == {frozenset({"conv"}), frozenset({"dense"})}
+    # No cheaper prefix (each node costs about the same): the sensitivity search alone, no evaluation more.
+    calls.clear()
+    found, _ = search_cheapest(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, {"conv": 0.01, "dense": 0.01})
+    assert found.order == "sensitivity" and found.evaluations == len(calls) == 1
+    # A cheap prefix whose nodes together cost less, but whose search ends on the first result's node: that stands.
+    calls.clear()
+    steps, faster = _floats(["conv", "a", "b"]), {"conv": -0.03, "a": -0.05, "b": 0.01}
+    found, taken = search_cheapest(_floats(["conv", "a"]), steps, 0.98, AccuracyTarget("agreement", 0.99), measure, faster)
+    assert found.order == "sensitivity" and taken is steps and [p.node for p in found.promotions] == ["conv"]
+    # The same list both ways: one search.
+    calls.clear()
+    steps = _floats(["conv", "dense"])
+    found, taken = search_cheapest(steps, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
+    assert found.order == "sensitivity" and taken is steps and found.evaluations == len(calls) == 1
+
+
+def test_a_target_the_sensitivity_order_misses_is_searched_in_the_cheap_order_too():
+    # With one float node allowed, the sensitivity order floats the conv, which does not reach the target; the
+    # cheap order floats the dense layer, which does (as on one draw of magika's files).
+    steps, cheap = _floats(["conv"]), _floats(["dense"])
+    found, taken = search_cheapest(
+        cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), lambda p: 0.995 if "dense" in p else 0.985,
+        {"conv": 0.3, "dense": 0.0},
+    )  # fmt: skip
+    assert found.met and taken is cheap and [p.node for p in found.promotions] == ["dense"]
+    # Missed both ways: the sensitivity order's best stands.
+    found, taken = search_cheapest(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), lambda p: 0.985, {"conv": 0.3})
+    assert not found.met and taken is steps and found.order == "sensitivity" and found.evaluations == 2
 
 
 @pytest.fixture(scope="module")

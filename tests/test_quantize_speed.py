@@ -240,6 +240,53 @@ def test_node_shares_count_each_nodes_kernels_and_the_qdq_beside_it():
     assert node_shares(unloadable, [{"x": data["x"][:1]}], qq.targets.target("ort-cpu")) is None
 
 
+def test_float_costs_are_a_nodes_time_among_quantized_neighbours_less_its_time_as_asked():
+    from qlinear.quantize._node_cost import float_costs
+
+    # Two batches of the model as asked (8 ms and 30 ms runs), and of the models with every other node in float.
+    asked = [({"dw0": 1e-3, "pw0": 2e-3, "dw1": 2e-3}, 8e-3), ({"dw0": 2e-3, "pw0": 6e-3, "dw1": 4e-3}, 30e-3)]
+    odd = [({"dw0": 3e-3, "pw0": 2e-3, "dw1": 1e-3}, 9e-3), ({"dw0": 8e-3, "pw0": 6e-3, "dw1": 4e-3}, 36e-3)]
+    even = [({"pw0": 2.4e-3, "dw1": 9e-3}, 9e-3), ({"pw0": 3e-3, "dw1": 9e-3}, 31e-3)]
+    costs = float_costs(asked, [(odd, {"dw0", "dw1"}), (even, {"pw0"})])
+    # dw0: (3 - 1) / 8 and (8 - 2) / 30: 0.225 on the mean; dw1 (1 - 2) / 8 and 0: faster in float.
+    assert costs["dw0"] == pytest.approx(0.225) and costs["dw1"] == pytest.approx(-0.0625)
+    # pw0 from the model that has it in float, not from the other: (0.4 / 8 - 3 / 30) / 2.
+    assert costs["pw0"] == pytest.approx(-0.025) and set(costs) == {"dw0", "pw0", "dw1"}
+    # A model the runtime gave no profile of, or one of other batches: no costs.
+    assert float_costs(None, [(odd, {"dw0"})]) is None and float_costs(asked, [(None, {"dw0"})]) is None
+    assert float_costs(asked, [(odd[:1], {"dw0"})]) is None
+
+
+def test_float_costs_rank_the_nodes_as_their_measured_latency_does():
+    from qlinear.quantize._node_cost import alternate, float_costs, node_seconds
+
+    rng = np.random.default_rng(0)
+    g = qo.Graph("convs", opset=17)
+    h, channels, names = g.input("x", "float", ("N", 32, 32, 32)), 32, []
+    for k, (out, size) in enumerate([(128, 3), (32, 1), (64, 3), (16, 1), (32, 3)]):
+        w = (rng.standard_normal((out, channels, size, size)) * 0.1).astype(np.float32)
+        h = g.op("Relu", [g.op("Conv", [h, w, np.zeros(out, np.float32)], name=f"c{k}", pads=[size // 2] * 4)])
+        channels = out
+        names.append(f"c{k}")
+    g.output(h)
+    model, data = g.to_model(), {"x": rng.standard_normal((32, 32, 32, 32)).astype(np.float32)}
+    runtime, feeds = qq.targets.target("ort-cpu"), [{"x": data["x"][:1]}, {"x": data["x"][:16]}]
+
+    def run(floated, timed=False):
+        eval_data = {"x": data["x"][:16]} if timed else None
+        return qq.quantize_model(model, None, data, eval=eval_data, promote=False, exclude=floated, float_where_faster=False)
+
+    floated = [(node_seconds(run(sorted(half)).model, feeds, runtime), half) for half in alternate(names)]
+    costs = float_costs(node_seconds(run([]).model, feeds, runtime), floated)
+    assert set(costs) == set(names)
+    dearest, cheapest = max(costs, key=costs.get), min(costs, key=costs.get)
+    # The 128-channel 3x3 Conv on the input costs the most in float, by far (about half a run as asked; the rest 0.04-0.16).
+    assert dearest == "c0" and costs["c0"] > costs[cheapest] + 0.05
+    # Timed against the float model in pairs, the one predicted dearest slows the model more than the cheapest.
+    latency = {n: max(t.ratio for t in run([n], timed=True).report.latency_ms) for n in (dearest, cheapest)}
+    assert latency[dearest] > latency[cheapest]
+
+
 def test_promoted_nodes_are_left_as_the_search_set_them():
     model, _ = _mobile_block()
     fm = load_float_model(model)

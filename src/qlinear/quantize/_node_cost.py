@@ -21,7 +21,7 @@ import onnx
 
 from qlinear.onnx._graph import producers, readers
 
-__all__ = ["ADDED", "node_shares"]
+__all__ = ["ADDED", "alternate", "float_costs", "node_seconds", "node_shares"]
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 # The key of the share of the kernels the runtime added, which name no node of the model.
@@ -35,6 +35,54 @@ def node_shares(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]
     node's bound is its nodes' shares and that. None where the runtime
     cannot tell (no profile, or it cannot load or run the model).
     """
+    timed = node_seconds(model, feeds, runtime)
+    if timed is None:
+        return None
+    return [{name: t / run for name, t in times.items()} for times, run in timed]
+
+
+def float_costs(
+    asked: list[tuple[dict[str, float], float]] | None,
+    floated: list[tuple[list[tuple[dict[str, float], float]] | None, set[str]]],
+) -> dict[str, float] | None:
+    """Each node's predicted cost of running in float, as a share of a run of the model at the types asked for.
+
+    ``asked``: :func:`node_seconds` of the model at the types asked for;
+    ``floated``: the same of models with a set of nodes in float, and
+    that set. A node's cost, at each batch, is its seconds (its Q/DQ's
+    included) in the model that has it in float less those in the model
+    as asked, over the run as asked; the mean over the batches. Timed
+    where it runs among quantized neighbours, it pays for the Q and DQ a
+    float node adds at its edges, which its time in the float model does
+    not show. Negative: the node runs faster in float. None where the
+    runtime gave no profile of one of the models.
+    """
+    if asked is None or any(times is None or len(times) != len(asked) for times, _ in floated):
+        return None
+    costs: dict[str, float] = {}
+    for times, nodes in floated:
+        for (as_asked, run), (in_float, _) in zip(asked, times, strict=True):
+            if run <= 0:
+                return None
+            for name in nodes:
+                change = (in_float.get(name, 0.0) - as_asked.get(name, 0.0)) / run / len(asked)
+                costs[name] = costs.get(name, 0.0) + change
+    return costs
+
+
+def alternate(nodes: Sequence[str]) -> tuple[set[str], set[str]]:
+    """``nodes`` (in graph order) in two sets, every other one: along a chain, a node's neighbours are in the other."""
+    return set(nodes[0::2]), set(nodes[1::2])
+
+
+def node_seconds(
+    model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], runtime: Any
+) -> list[tuple[dict[str, float], float]] | None:
+    """For each batch of ``feeds``, each compute node's seconds in a run of ``model`` with its Q/DQ's, and a run's.
+
+    The kernels the runtime added are under :data:`ADDED`. None where the
+    runtime cannot tell (no profile, or it cannot load or run the model).
+    """
     if runtime.node_times is None:
         return None
     timed = runtime.node_times(model, feeds)
@@ -42,17 +90,16 @@ def node_shares(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]
         return None
     neighbours = _qdq_neighbours(model.graph)
     names = {n.name for n in model.graph.node}
-    shares = []
+    out = []
     for times, run in timed:
         if run <= 0:
             return None
-        share = {ADDED: sum(t for name, t in times.items() if name not in names) / run}  # kernels of no model node
+        seconds = {ADDED: sum(t for name, t in times.items() if name not in names)}  # kernels of no model node
         for node in model.graph.node:
             if node.op_type not in _QDQ:
-                own = times.get(node.name, 0.0) + sum(times.get(q, 0.0) for q in neighbours.get(node.name, ()))
-                share[node.name] = own / run
-        shares.append(share)
-    return shares
+                seconds[node.name] = times.get(node.name, 0.0) + sum(times.get(q, 0.0) for q in neighbours.get(node.name, ()))
+        out.append((seconds, run))
+    return out
 
 
 def _qdq_neighbours(graph: onnx.GraphProto) -> dict[str, set[str]]:

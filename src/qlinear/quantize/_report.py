@@ -379,9 +379,12 @@ def _promotions(search: Search | None) -> Promotions | None:
         after=search.figure,
         evaluations=search.evaluations,
         steps=[
-            PromotionStep(p.node, p.before.describe(), p.after.describe(), p.figure if p.measured else None)
+            PromotionStep(
+                p.node, p.before.describe(), p.after.describe(), p.figure if p.measured else None, search.costs.get(p.node)
+            )
             for p in search.promotions
         ],
+        order=search.order,
     )
 
 

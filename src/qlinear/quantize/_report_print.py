@@ -196,13 +196,15 @@ def print_report(
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(options_named(w) if options_named else w)}")
     if promotions and promotions.steps:
-        steps = Table(title="promotions (most sensitive nodes first)")
+        order = "cheapest for the noise they remove first" if promotions.order == "cost" else "most sensitive nodes first"
+        steps = Table(title=f"promotions ({order})")
         steps.add_column("node", overflow="fold", ratio=1)
-        for col in ("from", "to", "figure after"):
+        for col in ("from", "to", "figure after", "predicted cost"):
             steps.add_column(col, no_wrap=True)
         for step in promotions.steps:
             after = "-" if step.figure_after is None else figure_text(step.figure_after, promotions.target.metric)
-            steps.add_row(step.node, step.from_, step.to, after)
+            cost = "-" if step.predicted_cost is None else f"{step.predicted_cost:+.1%}"
+            steps.add_row(step.node, step.from_, step.to, after, cost)
         console.print(steps)
     _print_tradeoff(report, console)
     if analysis and report.analysis:

@@ -216,6 +216,7 @@ class PromotionStep:
     from_: str = field(metadata={"key": "from"})
     to: str = ""
     figure_after: float | None = None  # None: not measured at this step
+    predicted_cost: float | None = None  # the node's cost in float, a share of the float model's run (the profile's)
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,7 @@ class Promotions:
     after: float | None
     evaluations: int
     steps: list[PromotionStep] = field(default_factory=list)
+    order: str = "sensitivity"  # the list searched: "sensitivity" (most sensitive first) or "cost" (cheapest first)
 
 
 @dataclass(frozen=True)

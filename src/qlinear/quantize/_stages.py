@@ -27,12 +27,20 @@ from qlinear.quantize._latency import Latency, UserBatchTimer, worst_ratio
 from qlinear.quantize._measures import default_target, judge, measures
 from qlinear.quantize._metric import metric_name
 from qlinear.quantize._model import FloatModel
-from qlinear.quantize._node_cost import node_shares
+from qlinear.quantize._node_cost import alternate, float_costs, node_seconds, node_shares
 from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import plan
-from qlinear.quantize._precision import NodePrecision, reachable
-from qlinear.quantize._promotion import AccuracyTarget, Search, promotion_steps, search, search_within
+from qlinear.quantize._precision import FLOAT, NodePrecision, reachable
+from qlinear.quantize._promotion import (
+    AccuracyTarget,
+    Promotion,
+    Search,
+    cheapest_first,
+    promotion_steps,
+    search_cheapest,
+    search_within,
+)
 from qlinear.quantize._refusals import check_without_data, no_classes
 from qlinear.quantize._run_settings import RunSetting, settings_where_faster
 from qlinear.quantize._sensitivity import SCREEN_SAMPLES, NodeSensitivity, analysis_runs, analyze, most_sensitive_first
@@ -203,10 +211,10 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     figures = analysis() if searched or options.analyze else {}
     # A node widens only the sides it quantizes: an embedding its table, an activation x activation MatMul its inputs.
     precisions = {p.name: p.precision for p in requested.plan.nodes}
-    steps = []  # no promotion asked for: a target given is judged at the types asked, not reached for
-    if searched:
-        steps = promotion_steps(
-            most_sensitive_first(figures), precisions, figures, max_float=math.ceil(options.max_float * len(precisions)),
+
+    def steps_in(ranking: list[str]) -> list[Promotion]:
+        return promotion_steps(
+            ranking, precisions, figures, max_float=math.ceil(options.max_float * len(precisions)),
             allows=builder.allows, ladder=runtime.ladder,
         )  # fmt: skip
 
@@ -227,6 +235,20 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     def float_shares() -> list[dict[str, float]] | None:
         return node_shares(builder.fm.model, timer.feeds, runtime)
 
+    steps, cheap, costs = [], [], None  # no promotion asked for: a target given is judged at the types asked, not reached for
+    if searched:
+        ranking = most_sensitive_first(figures)
+        ranking_in_graph = [p.name for p in requested.plan.nodes if p.name in figures]
+        steps = cheap = steps_in(ranking)
+        # What each node costs in float: the runtime's profiles of the model as asked and of two with every other node
+        # float, so that each is timed among quantized neighbours.
+        costs = float_costs(
+            node_seconds(as_written({}), timer.feeds, runtime),
+            [(node_seconds(as_written(dict.fromkeys(half, FLOAT)), timer.feeds, runtime), half) for half in alternate(ranking_in_graph)],
+        )  # fmt: skip
+        if costs is not None:
+            cheap = steps_in(cheapest_first(ranking, figures, costs))
+
     with bars.task("promoting to the target", None) as step:
 
         def measure(precision):
@@ -239,10 +261,15 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
             return None if latency is None else worst_ratio(latency)
 
         if options.latency_budget is None:
-            found = search(steps, start_figure, goal, measure)
+            found, steps = search_cheapest(cheap, steps, start_figure, goal, measure, costs or {})
         else:
             binding = any(v is not None for v in (options.target_agreement, options.target_sqnr_db, options.target_metric))
+            order = "cost" if cheap != steps else "sensitivity"
+            steps = cheap  # the most accuracy for the latency: the cheapest steps first
             found = search_within(steps, start_figure, goal, float(options.latency_budget), ratio, measure, binding=binding)
+            found = replace(found, order=order)
+        if costs:
+            found = replace(found, costs={p.node: costs.get(p.node, 0.0) for p in found.promotions})
         precision, floated = found.precision, []
         if options.float_where_faster and options.promote:
             quantized = {p.name: p.precision for p in requested.plan.nodes}
