@@ -262,6 +262,10 @@ def test_one_fragile_node_is_promoted_and_no_other(outliers):
     r = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
     assert r.promotions.met and r.output.top1_agreement >= qq.DEFAULT_AGREEMENT
     assert {s.node for s in r.promotions.steps} == {"down"}
+    # What "down" costs in float came from ONNX Runtime's profiles; the report says which list the search took it from.
+    assert all(isinstance(s.predicted_cost, float) for s in r.promotions.steps)
+    assert r.promotions.order in ("sensitivity", "cost")
+    assert qq.Report.from_json(r.to_json()).promotions == r.promotions
     up = next(n for n in r.nodes if n.name == "up")
     assert (up.weight_type, up.activation_type) == ("int8", "uint8")
     assert r.promotions.before == plain.output.top1_agreement
