@@ -32,7 +32,7 @@ from qlinear.quantize._promotion import (
     predicted_cost,
     promotion_steps,
     search,
-    search_cheapest,
+    search_cheaper,
 )
 from qlinear.quantize._sensitivity import NodeSensitivity, most_sensitive_first
 from quantize_models import outlier_mlp
@@ -189,6 +189,11 @@ def _floats(nodes):
     return [Promotion(n, NodePrecision("int8", "uint8"), FLOAT) for n in nodes]
 
 
+def _both(cheap, steps, start, target, measure, costs):
+    """The search on ``steps``, then :func:`search_cheaper` after it, as the quantizer runs them."""
+    return search_cheaper(search(steps, start, target, measure), cheap, steps, target, measure, costs)
+
+
 def test_search_takes_a_cheaper_set_that_meets_the_target():
     steps, cheap = _floats(["conv", "dense"]), _floats(["dense", "conv"])
     costs = {"conv": 0.3, "dense": 0.01}
@@ -198,7 +203,7 @@ def test_search_takes_a_cheaper_set_that_meets_the_target():
         calls.append(frozenset(precision))
         return 0.995 if precision else 0.98
 
-    found, taken = search_cheapest(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
+    found, taken = _both(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
     assert found.met and found.order == "cost" and taken is cheap and [p.node for p in found.promotions] == ["dense"]
     # The sensitivity order's {conv} first, then the cheap list's {dense}: each judged once, both counted.
     assert found.evaluations == len(calls) == len(set(calls)) == 2
@@ -215,22 +220,22 @@ def test_the_sensitivity_result_stands_where_no_cheaper_set_meets_the_target():
         calls.append(frozenset(precision))
         return 0.995 if "conv" in precision else 0.98
 
-    found, taken = search_cheapest(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
+    found, taken = _both(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
     assert found.met and found.order == "sensitivity" and taken is steps and [p.node for p in found.promotions] == ["conv"]
     assert found.evaluations == len(calls) == 2 and set(calls) == {frozenset({"conv"}), frozenset({"dense"})}
     # No cheaper prefix (each node costs about the same): the sensitivity search alone, no evaluation more.
     calls.clear()
-    found, _ = search_cheapest(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, {"conv": 0.01, "dense": 0.01})
+    found, _ = _both(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, {"conv": 0.01, "dense": 0.01})
     assert found.order == "sensitivity" and found.evaluations == len(calls) == 1
     # A cheap prefix whose nodes together cost less, but whose search ends on the first result's node: that stands.
     calls.clear()
     steps, faster = _floats(["conv", "a", "b"]), {"conv": -0.03, "a": -0.05, "b": 0.01}
-    found, taken = search_cheapest(_floats(["conv", "a"]), steps, 0.98, AccuracyTarget("agreement", 0.99), measure, faster)
+    found, taken = _both(_floats(["conv", "a"]), steps, 0.98, AccuracyTarget("agreement", 0.99), measure, faster)
     assert found.order == "sensitivity" and taken is steps and [p.node for p in found.promotions] == ["conv"]
     # The same list both ways: one search.
     calls.clear()
     steps = _floats(["conv", "dense"])
-    found, taken = search_cheapest(steps, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
+    found, taken = _both(steps, steps, 0.98, AccuracyTarget("agreement", 0.99), measure, costs)
     assert found.order == "sensitivity" and taken is steps and found.evaluations == len(calls) == 1
 
 
@@ -238,13 +243,13 @@ def test_a_target_the_sensitivity_order_misses_is_searched_in_the_cheap_order_to
     # With one float node allowed, the sensitivity order floats the conv, which does not reach the target; the
     # cheap order floats the dense layer, which does (as on one draw of magika's files).
     steps, cheap = _floats(["conv"]), _floats(["dense"])
-    found, taken = search_cheapest(
+    found, taken = _both(
         cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), lambda p: 0.995 if "dense" in p else 0.985,
         {"conv": 0.3, "dense": 0.0},
     )  # fmt: skip
     assert found.met and taken is cheap and [p.node for p in found.promotions] == ["dense"]
     # Missed both ways: the sensitivity order's best stands.
-    found, taken = search_cheapest(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), lambda p: 0.985, {"conv": 0.3})
+    found, taken = _both(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), lambda p: 0.985, {"conv": 0.3})
     assert not found.met and taken is steps and found.order == "sensitivity" and found.evaluations == 2
 
 
@@ -262,15 +267,32 @@ def test_one_fragile_node_is_promoted_and_no_other(outliers):
     r = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
     assert r.promotions.met and r.output.top1_agreement >= qq.DEFAULT_AGREEMENT
     assert {s.node for s in r.promotions.steps} == {"down"}
-    # What "down" costs in float came from ONNX Runtime's profiles; the report says which list the search took it from.
-    assert all(isinstance(s.predicted_cost, float) for s in r.promotions.steps)
-    assert r.promotions.order in ("sensitivity", "cost")
-    assert qq.Report.from_json(r.to_json()).promotions == r.promotions
     up = next(n for n in r.nodes if n.name == "up")
     assert (up.weight_type, up.activation_type) == ("int8", "uint8")
     assert r.promotions.before == plain.output.top1_agreement
     ranking = sorted(r.analysis, key=lambda n: n.sensitivity_db)
     assert [n.name for n in ranking] == ["down", "up"] and ranking[0].sensitivity_db < 10 < 30 < ranking[1].sensitivity_db
+
+
+def test_a_slow_result_is_searched_for_a_cheaper_set_and_a_fast_one_is_not(outliers, monkeypatch):
+    import qlinear.quantize._stages as stages
+
+    model, cal, ev = outliers
+    runs = []
+    real = stages.node_seconds
+    monkeypatch.setattr(stages, "node_seconds", lambda *a: runs.append(1) or real(*a))
+    # Slower than FAST_ENOUGH (0 here): what "down" costs in float comes from ONNX Runtime's profiles of three models.
+    monkeypatch.setattr(stages, "FAST_ENOUGH", 0.0)
+    r = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
+    assert [s.node for s in r.promotions.steps] == ["down"] and isinstance(r.promotions.steps[0].predicted_cost, float)
+    assert r.promotions.order == "sensitivity" and len(runs) == 3  # "up" alone, cheaper or not, misses the target
+    assert qq.Report.from_json(r.to_json()).promotions == r.promotions
+    # Fast enough: no profile, no second search, the same model.
+    runs.clear()
+    monkeypatch.setattr(stages, "FAST_ENOUGH", math.inf)
+    fast = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
+    assert runs == [] and fast.promotions.steps[0].predicted_cost is None and fast.promotions.order == "sensitivity"
+    assert fast.promotions.evaluations <= r.promotions.evaluations
 
 
 def test_sensitivity_is_the_output_sqnr_with_only_that_node_quantized(outliers):

@@ -21,9 +21,10 @@ sensitivity) over its predicted cost, so that a cheap node that fixes
 enough comes before an expensive one that fixes more. That is the
 greedy answer to a knapsack, which fails where one costly node is
 needed (it holds most of the noise, and the float nodes allowed went to
-cheap ones first), so both lists are searched (:func:`search_cheapest`):
-the sensitivity order first, then the cheap one as far as it is
-predicted to cost less, and the model that meets the target at the
+cheap ones first), so both lists are searched (:func:`search_cheaper`):
+the sensitivity order first, then, where its model is slow enough that
+a cheaper set could matter (:data:`FAST_ENOUGH`), the cheap one as far
+as it is predicted to cost less; the model that meets the target at the
 lower predicted cost is kept.
 """
 
@@ -39,6 +40,8 @@ from qlinear.quantize._precision import FLOAT, FULL_LADDER, Ladder, NodePrecisio
 from qlinear.quantize._sensitivity import NodeSensitivity
 
 __all__ = [
+    "COST_FLOOR",
+    "FAST_ENOUGH",
     "PRUNE_TRIALS",
     "TARGET_METRICS",
     "Promotion",
@@ -49,12 +52,16 @@ __all__ = [
     "promotion_steps",
     "search",
     "predicted_cost",
-    "search_cheapest",
+    "search_cheaper",
     "search_within",
 ]
 
 # Nodes the search tries to do without once the target holds (one evaluation each), least sensitive first.
 PRUNE_TRIALS = 16
+# A model that meets its target at no more than this share of the float model's latency at every batch the users run
+# is not searched for a cheaper set of promotions: the runtime's profiles and a second search cost more of the run
+# than the little they could save there (ONNX Runtime's integer kernels run these models at 0.5-0.8x).
+FAST_ENOUGH = 0.85
 # The least cost a node is ranked by (a share of the float model's run): below the profile's resolution, every
 # node is as cheap as another and the noise it adds alone ranks it.
 COST_FLOOR = 0.005
@@ -234,44 +241,43 @@ def search(
     return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned, dict(figures))
 
 
-def search_cheapest(
+def search_cheaper(
+    found: Search,
     cheap: list[Promotion],
     steps: list[Promotion],
-    start_figure: float | None,
     target: AccuracyTarget,
     measure: Callable[[dict[str, NodePrecision]], float | None],
     costs: dict[str, float],
 ) -> tuple[Search, list[Promotion]]:
-    """:func:`search` on ``steps`` (most sensitive node first), then on ``cheap`` where it could cost less.
+    """After ``found``, :func:`search` on ``steps`` (most sensitive node first), a search of ``cheap`` for a cheaper set.
 
     ``cheap``: the same steps in :func:`cheapest_first`'s order; ``costs``:
     each node's predicted cost in float. The cheap list is searched only
-    as far as its prefixes are predicted to cost less than the first
-    result by more than :data:`COST_FLOOR` (all of it where that missed
-    the target), and its result is taken where it meets the target at a
+    as far as its prefixes are predicted to cost less than ``found`` by
+    more than :data:`COST_FLOOR` (all of it where ``found`` missed the
+    target), and its result is taken where it meets the target at a
     predicted cost that much lower (prefixes whose nodes cost less than
-    nothing in float can reach the first result's own nodes). An
-    assignment both searches meet is evaluated once; the evaluations
+    nothing in float can reach the first result's own nodes). The
+    prefixes ``found`` judged are not judged again; the evaluations
     counted are the two searches' together. Returns the search and the
     list it took.
     """
-    judged: dict[frozenset, float | None] = {}
+    judged = {_key({s.node: s.after for s in steps[:k]}): f for k, f in found.tried.items()}
+    added = [0]
 
     def once(precision: dict[str, NodePrecision]) -> float | None:
         key = _key(precision)
         if key not in judged:
+            added[0] += 1
             judged[key] = measure(precision)
         return judged[key]
 
-    found = search(steps, start_figure, target, once)
-    if cheap == steps:
-        return found, steps
     spent = predicted_cost(found.promotions, costs) if found.met else math.inf
     affordable = max((k for k in range(1, len(cheap) + 1) if predicted_cost(cheap[:k], costs) < spent - COST_FLOOR), default=0)
-    other = search(cheap[:affordable], start_figure, target, once) if affordable else None
+    other = search(cheap[:affordable], found.start_figure, target, once) if affordable and cheap != steps else None
     if other is not None and other.met and predicted_cost(other.promotions, costs) < spent - COST_FLOOR:
-        return replace(other, order="cost", evaluations=len(judged)), cheap
-    return replace(found, evaluations=len(judged)), steps
+        return replace(other, order="cost", evaluations=found.evaluations + added[0]), cheap
+    return replace(found, evaluations=found.evaluations + added[0]), steps
 
 
 def predicted_cost(promotions: list[Promotion], costs: dict[str, float]) -> float:

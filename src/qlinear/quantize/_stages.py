@@ -33,12 +33,14 @@ from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import plan
 from qlinear.quantize._precision import FLOAT, NodePrecision, reachable
 from qlinear.quantize._promotion import (
+    FAST_ENOUGH,
     AccuracyTarget,
     Promotion,
     Search,
     cheapest_first,
     promotion_steps,
-    search_cheapest,
+    search,
+    search_cheaper,
     search_within,
 )
 from qlinear.quantize._refusals import check_without_data, no_classes
@@ -235,19 +237,19 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     def float_shares() -> list[dict[str, float]] | None:
         return node_shares(builder.fm.model, timer.feeds, runtime)
 
-    steps, cheap, costs = [], [], None  # no promotion asked for: a target given is judged at the types asked, not reached for
-    if searched:
-        ranking = most_sensitive_first(figures)
-        ranking_in_graph = [p.name for p in requested.plan.nodes if p.name in figures]
-        steps = cheap = steps_in(ranking)
-        # What each node costs in float: the runtime's profiles of the model as asked and of two with every other node
-        # float, so that each is timed among quantized neighbours.
+    ranking = most_sensitive_first(figures) if searched else []
+    steps = steps_in(ranking) if searched else []  # no promotion asked for: a target given is judged at the types asked
+
+    def cheap_steps() -> tuple[list[Promotion], dict[str, float]]:
+        """The steps cheapest for the noise they remove first, and each node's predicted cost in float (none: ``steps``)."""
+        # The runtime's profiles of the model as asked and of two with every other node float, each node timed among
+        # quantized neighbours (the Q/DQ a float node adds at its edges counted).
+        in_graph = [p.name for p in requested.plan.nodes if p.name in figures]
         costs = float_costs(
             node_seconds(as_written({}), timer.feeds, runtime),
-            [(node_seconds(as_written(dict.fromkeys(half, FLOAT)), timer.feeds, runtime), half) for half in alternate(ranking_in_graph)],
+            [(node_seconds(as_written(dict.fromkeys(half, FLOAT)), timer.feeds, runtime), half) for half in alternate(in_graph)],
         )  # fmt: skip
-        if costs is not None:
-            cheap = steps_in(cheapest_first(ranking, figures, costs))
+        return (steps, {}) if costs is None else (steps_in(cheapest_first(ranking, figures, costs)), costs)
 
     with bars.task("promoting to the target", None) as step:
 
@@ -260,10 +262,15 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
             latency = timed(precision)[0]
             return None if latency is None else worst_ratio(latency)
 
+        costs: dict[str, float] = {}
         if options.latency_budget is None:
-            found, steps = search_cheapest(cheap, steps, start_figure, goal, measure, costs or {})
+            found = search(steps, start_figure, goal, measure)
+            if found.promotions and (not found.met or _slower_than(FAST_ENOUGH, timed(found.precision)[0])):
+                cheap, costs = cheap_steps()  # where a cheaper set of promotions could matter to the users
+                found, steps = search_cheaper(found, cheap, steps, goal, measure, costs)
         else:
             binding = any(v is not None for v in (options.target_agreement, options.target_sqnr_db, options.target_metric))
+            cheap, costs = cheap_steps() if steps else (steps, {})
             order = "cost" if cheap != steps else "sensitivity"
             steps = cheap  # the most accuracy for the latency: the cheapest steps first
             found = search_within(steps, start_figure, goal, float(options.latency_budget), ratio, measure, binding=binding)
@@ -304,6 +311,11 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
                 write(model)
             built = replace(built, model=model)
     return TargetResult(built, start, figures, found, candidates, floated, settings)
+
+
+def _slower_than(ratio: float, latency: tuple[Latency, ...] | None) -> bool:
+    """Whether ``latency`` passes ``ratio`` of the float model's at some batch (a model the runtime cannot load does)."""
+    return latency is None or worst_ratio(latency) > ratio
 
 
 def refine(fm: FloatModel, qmodel: onnx.ModelProto, data: Dataset, reference: Reference, options: QuantizeOptions,
