@@ -22,6 +22,7 @@ _model_digests.install()
 
 import pytest  # noqa: E402
 
+import qlinear.quantize._node_cost as _node_cost  # noqa: E402
 import qlinear.quantize._speed as _speed  # noqa: E402
 import qlinear.quantize._stages as _stages  # noqa: E402
 
@@ -30,9 +31,15 @@ def _every_node_kept(fm, quantized, precision, timed, shares=None, float_shares=
     return precision, []
 
 
+def _no_profile(model, feeds, runtime):
+    return None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _placement_by_timing_only_where_asked():
     """Keep every node the types allow quantized, as ``float_where_faster=False`` does, unless a test is marked ``timed``.
+
+    And give the promotion search no profile, so that it searches the sensitivity order alone (``timed``: as shipped).
 
     Which kinds of node run faster in float is a timing on the machine at hand, so a test of anything else would
     see a node float on one machine and quantized on another. ``tests/test_quantize_speed.py`` tests the pass with
@@ -41,6 +48,8 @@ def _placement_by_timing_only_where_asked():
     """
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_stages, "float_where_faster", _every_node_kept)
+        # No profile either: the promotion search's cheap order, like the speed trials, rests on the machine's timings.
+        patch.setattr(_stages, "node_seconds", _no_profile)
         yield
 
 
@@ -48,3 +57,4 @@ def _placement_by_timing_only_where_asked():
 def _timed_placement_where_marked(request, monkeypatch):
     if request.node.get_closest_marker("timed") is not None:
         monkeypatch.setattr(_stages, "float_where_faster", _speed.float_where_faster)
+        monkeypatch.setattr(_stages, "node_seconds", _node_cost.node_seconds)

@@ -11,6 +11,7 @@ import qlinear.onnx as qo
 import qlinear.quantize as qq
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
+from qlinear.quantize._cheaper_search import COST_FLOOR, cheapest_first, predicted_cost, search_cheaper
 from qlinear.quantize._precision import (
     ACTIVATION_PROMOTION,
     FLOAT,
@@ -23,17 +24,7 @@ from qlinear.quantize._precision import (
     reachable,
     wider_activation,
 )
-from qlinear.quantize._promotion import (
-    COST_FLOOR,
-    PRUNE_TRIALS,
-    AccuracyTarget,
-    Promotion,
-    cheapest_first,
-    predicted_cost,
-    promotion_steps,
-    search,
-    search_cheaper,
-)
+from qlinear.quantize._promotion import PRUNE_TRIALS, AccuracyTarget, Promotion, promotion_steps, search
 from qlinear.quantize._sensitivity import NodeSensitivity, most_sensitive_first
 from quantize_models import outlier_mlp
 
@@ -274,25 +265,29 @@ def test_one_fragile_node_is_promoted_and_no_other(outliers):
     assert [n.name for n in ranking] == ["down", "up"] and ranking[0].sensitivity_db < 10 < 30 < ranking[1].sensitivity_db
 
 
+@pytest.mark.timed
 def test_a_slow_result_is_searched_for_a_cheaper_set_and_a_fast_one_is_not(outliers, monkeypatch):
+    import qlinear.quantize._node_cost as node_cost
     import qlinear.quantize._stages as stages
 
     model, cal, ev = outliers
     runs = []
-    real = stages.node_seconds
-    monkeypatch.setattr(stages, "node_seconds", lambda *a: runs.append(1) or real(*a))
+    monkeypatch.setattr(stages, "node_seconds", lambda *a: runs.append(1) or node_cost.node_seconds(*a))
+    monkeypatch.setattr(stages, "float_where_faster", lambda fm, q, precision, *a: (precision, []))
     # Slower than FAST_ENOUGH (0 here): what "down" costs in float comes from ONNX Runtime's profiles of three models.
     monkeypatch.setattr(stages, "FAST_ENOUGH", 0.0)
-    r = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
+    slow = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False)
+    r = slow.report
     assert [s.node for s in r.promotions.steps] == ["down"] and isinstance(r.promotions.steps[0].predicted_cost, float)
     assert r.promotions.order == "sensitivity" and len(runs) == 3  # "up" alone, cheaper or not, misses the target
     assert qq.Report.from_json(r.to_json()).promotions == r.promotions
     # Fast enough: no profile, no second search, the same model.
     runs.clear()
     monkeypatch.setattr(stages, "FAST_ENOUGH", math.inf)
-    fast = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False).report
-    assert runs == [] and fast.promotions.steps[0].predicted_cost is None and fast.promotions.order == "sensitivity"
-    assert fast.promotions.evaluations <= r.promotions.evaluations
+    fast = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False)
+    assert runs == [] and fast.report.promotions.steps[0].predicted_cost is None
+    assert fast.report.promotions.order == "sensitivity" and fast.report.promotions.evaluations <= r.promotions.evaluations
+    assert fast.model.SerializeToString() == slow.model.SerializeToString()
 
 
 def test_sensitivity_is_the_output_sqnr_with_only_that_node_quantized(outliers):

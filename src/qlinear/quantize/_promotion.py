@@ -12,27 +12,14 @@ from the saved statistics. Then it drops each promoted node's steps that
 the target holds without (up to :data:`PRUNE_TRIALS` nodes, least sensitive
 first): a round promotes every node once, not only the ones that matter. Where even the whole list misses the target,
 the best model evaluated is kept and the caller says so.
-
-Where the runtime's profile says what each node costs in float
-(:func:`~qlinear.quantize._node_cost.float_costs`), the list is first
-ordered a second way, by what a step buys for what it costs
-(:func:`cheapest_first`): the output noise a node alone adds (from its
-sensitivity) over its predicted cost, so that a cheap node that fixes
-enough comes before an expensive one that fixes more. That is the
-greedy answer to a knapsack, which fails where one costly node is
-needed (it holds most of the noise, and the float nodes allowed went to
-cheap ones first), so both lists are searched (:func:`search_cheaper`):
-the sensitivity order first, then, where its model is slow enough that
-a cheaper set could matter (:data:`FAST_ENOUGH`), the cheap one as far
-as it is predicted to cost less; the model that meets the target at the
-lower predicted cost is kept.
+A second order, by what each step costs, is :mod:`._cheaper_search`'s.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from qlinear.dtypes import element_type
 from qlinear.quantize._detections import RULE as DETECTIONS_RULE
@@ -40,31 +27,19 @@ from qlinear.quantize._precision import FLOAT, FULL_LADDER, Ladder, NodePrecisio
 from qlinear.quantize._sensitivity import NodeSensitivity
 
 __all__ = [
-    "COST_FLOOR",
-    "FAST_ENOUGH",
     "PRUNE_TRIALS",
     "TARGET_METRICS",
     "Promotion",
     "Search",
     "AccuracyTarget",
     "TargetMetric",
-    "cheapest_first",
     "promotion_steps",
     "search",
-    "predicted_cost",
-    "search_cheaper",
     "search_within",
 ]
 
 # Nodes the search tries to do without once the target holds (one evaluation each), least sensitive first.
 PRUNE_TRIALS = 16
-# A model that meets its target at no more than this share of the float model's latency at every batch the users run
-# is not searched for a cheaper set of promotions: the runtime's profiles and a second search cost more of the run
-# than the little they could save there (ONNX Runtime's integer kernels run these models at 0.5-0.8x).
-FAST_ENOUGH = 0.85
-# The least cost a node is ranked by (a share of the float model's run): below the profile's resolution, every
-# node is as cheap as another and the noise it adds alone ranks it.
-COST_FLOOR = 0.005
 # SQNR gained by each bit a side widens by: 6.02 dB (20 log10 2), to guess which side of a promoted node to widen next.
 _DB_PER_BIT = 6.02
 
@@ -144,25 +119,6 @@ class Search:
         return {p.node: p.after for p in self.promotions}
 
 
-def cheapest_first(ranking: list[str], figures: dict[str, NodeSensitivity], costs: dict[str, float]) -> list[str]:
-    """``ranking`` (most sensitive first) reordered by the output noise each node adds alone over its cost in float.
-
-    The noise is ``10 ** (-sensitivity_db / 10)`` of the output's power (a
-    node that broke the output alone: unbounded; an exact one: none);
-    the cost is ``costs``' (a share of the float model's run, at least
-    :data:`COST_FLOOR`; a node the profile did not see costs the floor).
-    Equal ratios keep ``ranking``'s order.
-    """
-    place = {n: k for k, n in enumerate(ranking)}
-
-    def value(n: str) -> float:
-        db = figures[n].sensitivity_db
-        noise = 0.0 if db is None else math.inf if db != db else 10.0 ** (-db / 10.0)
-        return noise / max(costs.get(n, 0.0), COST_FLOOR)
-
-    return sorted(ranking, key=lambda n: (-value(n), place[n]))
-
-
 def promotion_steps(
     ranking: list[str],
     start: dict[str, NodePrecision],
@@ -239,51 +195,6 @@ def search(
         judged = {_key({s.node: s.after for s in steps[:k]}): f for k, f in figures.items()}
         kept, figure, pruned = _prune(kept, figure, target, measure, judged)
     return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned, dict(figures))
-
-
-def search_cheaper(
-    found: Search,
-    cheap: list[Promotion],
-    steps: list[Promotion],
-    target: AccuracyTarget,
-    measure: Callable[[dict[str, NodePrecision]], float | None],
-    costs: dict[str, float],
-) -> tuple[Search, list[Promotion]]:
-    """After ``found``, :func:`search` on ``steps`` (most sensitive node first), a search of ``cheap`` for a cheaper set.
-
-    ``cheap``: the same steps in :func:`cheapest_first`'s order; ``costs``:
-    each node's predicted cost in float. The cheap list is searched only
-    as far as its prefixes are predicted to cost less than ``found`` by
-    more than :data:`COST_FLOOR` (all of it where ``found`` missed the
-    target), and its result is taken where it meets the target at a
-    predicted cost that much lower (prefixes whose nodes cost less than
-    nothing in float can reach the first result's own nodes). The
-    prefixes ``found`` judged are not judged again; the evaluations
-    counted are the two searches' together. Returns the search and the
-    list it took.
-    """
-    judged = {_key({s.node: s.after for s in steps[:k]}): f for k, f in found.tried.items()}
-    added = [0]
-
-    def once(precision: dict[str, NodePrecision]) -> float | None:
-        key = _key(precision)
-        if key not in judged:
-            added[0] += 1
-            judged[key] = measure(precision)
-        return judged[key]
-
-    spent = predicted_cost(found.promotions, costs) if found.met else math.inf
-    affordable = max((k for k in range(1, len(cheap) + 1) if predicted_cost(cheap[:k], costs) < spent - COST_FLOOR), default=0)
-    other = search(cheap[:affordable], found.start_figure, target, once) if affordable and cheap != steps else None
-    if other is not None and other.met and predicted_cost(other.promotions, costs) < spent - COST_FLOOR:
-        return replace(other, order="cost", evaluations=found.evaluations + added[0]), cheap
-    return replace(found, evaluations=found.evaluations + added[0]), steps
-
-
-def predicted_cost(promotions: list[Promotion], costs: dict[str, float]) -> float:
-    """The predicted cost of ``promotions``: the sum of ``costs`` over the nodes they leave float (0 where not given)."""
-    last = {p.node: p.after for p in promotions}
-    return sum(costs.get(node, 0.0) for node, p in last.items() if not p.quantized)
 
 
 def search_within(

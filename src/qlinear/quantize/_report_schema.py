@@ -216,7 +216,7 @@ class PromotionStep:
     from_: str = field(metadata={"key": "from"})
     to: str = ""
     figure_after: float | None = None  # None: not measured at this step
-    predicted_cost: float | None = None  # the node's cost in float, a share of the float model's run (the profile's)
+    predicted_cost: float | None = None  # the node's cost in float, a share of a run as asked (the profiles')
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
 from qlinear.quantize._build import Built, ModelBuilder
 from qlinear.quantize._calibrate import CalibrationRun, calibrate
+from qlinear.quantize._cheaper_search import FAST_ENOUGH, cheapest_first, search_cheaper
 from qlinear.quantize._checked import check_quantized
 from qlinear.quantize._data import Dataset, input_specs, load_dataset, random_dataset
 from qlinear.quantize._evaluate import Evaluation, Reference, evaluate, evaluation_batches, output_figures
@@ -32,17 +33,7 @@ from qlinear.quantize._observed import CalibrationState, Observed
 from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import plan
 from qlinear.quantize._precision import FLOAT, NodePrecision, reachable
-from qlinear.quantize._promotion import (
-    FAST_ENOUGH,
-    AccuracyTarget,
-    Promotion,
-    Search,
-    cheapest_first,
-    promotion_steps,
-    search,
-    search_cheaper,
-    search_within,
-)
+from qlinear.quantize._promotion import AccuracyTarget, Promotion, Search, promotion_steps, search, search_within
 from qlinear.quantize._refusals import check_without_data, no_classes
 from qlinear.quantize._run_settings import RunSetting, settings_where_faster
 from qlinear.quantize._sensitivity import SCREEN_SAMPLES, NodeSensitivity, analysis_runs, analyze, most_sensitive_first
@@ -265,12 +256,12 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         costs: dict[str, float] = {}
         if options.latency_budget is None:
             found = search(steps, start_figure, goal, measure)
-            if found.promotions and (not found.met or _slower_than(FAST_ENOUGH, timed(found.precision)[0])):
+            if steps and (not found.met or (found.promotions and _slower_than(FAST_ENOUGH, timed(found.precision)[0]))):
                 cheap, costs = cheap_steps()  # where a cheaper set of promotions could matter to the users
                 found, steps = search_cheaper(found, cheap, steps, goal, measure, costs)
         else:
             binding = any(v is not None for v in (options.target_agreement, options.target_sqnr_db, options.target_metric))
-            cheap, costs = cheap_steps() if steps else (steps, {})
+            cheap, costs = cheap_steps() if steps else (steps, {})  # a budget to fill: always (three profiles)
             order = "cost" if cheap != steps else "sensitivity"
             steps = cheap  # the most accuracy for the latency: the cheapest steps first
             found = search_within(steps, start_figure, goal, float(options.latency_budget), ratio, measure, binding=binding)
