@@ -242,6 +242,11 @@ def test_a_target_the_sensitivity_order_misses_is_searched_in_the_cheap_order_to
     # Missed both ways: the sensitivity order's best stands.
     found, taken = _both(cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), lambda p: 0.985, {"conv": 0.3})
     assert not found.met and taken is steps and found.order == "sensitivity" and found.evaluations == 2
+    # Missed both ways, the cheap order closer: its model is the best found.
+    found, taken = _both(
+        cheap, steps, 0.98, AccuracyTarget("agreement", 0.99), lambda p: 0.988 if "dense" in p else 0.985, {"conv": 0.3}
+    )  # fmt: skip
+    assert not found.met and taken is cheap and found.figure == 0.988 and found.order == "cost"
 
 
 @pytest.fixture(scope="module")
