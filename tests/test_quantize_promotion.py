@@ -295,6 +295,32 @@ def test_a_slow_result_is_searched_for_a_cheaper_set_and_a_fast_one_is_not(outli
     assert fast.model.SerializeToString() == slow.model.SerializeToString()
 
 
+def test_a_cheaper_set_found_is_the_model_written_and_its_tradeoff_rows_are_the_cheap_lists(outliers, monkeypatch):
+    import qlinear.quantize._stages as stages
+
+    model, cal, ev = outliers
+
+    def is_float(m, name):  # a node whose weight no DequantizeLinear gives
+        dq = {o for n in m.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+        return next(n for n in m.graph.node if n.name == name).input[1] not in dq
+
+    # Either node in float meets the target; "down" costs half a run in float, "up" saves a tenth (a fake profile).
+    monkeypatch.setattr(stages, "judge", lambda *a: lambda m: 0.995 if is_float(m, "up") or is_float(m, "down") else 0.98)
+    seconds = {("up", False): 1e-3, ("up", True): 0.0, ("down", False): 1e-3, ("down", True): 6e-3}
+    monkeypatch.setattr(
+        stages, "node_seconds", lambda m, feeds, rt: [({n: seconds[n, is_float(m, n)] for n in ("up", "down")}, 0.01)] * len(feeds)
+    )  # fmt: skip
+    monkeypatch.setattr(stages, "FAST_ENOUGH", 0.0)  # every model slow enough to look for a cheaper one
+    monkeypatch.setattr(stages, "cheapest_first", lambda ranking, figures, costs: ranking[::-1])  # "up" first
+    r = qq.quantize_model(model, None, cal, eval=ev, smoothquant=False, max_float=1.0).report
+    p = r.promotions
+    assert p.met and p.order == "cost" and [s.node for s in p.steps] == ["up"]
+    assert p.steps[0].predicted_cost == pytest.approx(-0.1) and p.evaluations == 2  # {down}, then {up}
+    assert [n.name for n in r.left_float if n.reason == "promoted to float"] == ["up"]
+    # The written model is the cheap list's one-step prefix: a trade-off row of it, if any, is the model written.
+    assert all(c.promotions <= 1 for c in r.tradeoff) and r.tradeoff[-1].chosen
+
+
 def test_sensitivity_is_the_output_sqnr_with_only_that_node_quantized(outliers):
     model, cal, ev = outliers
     ev = {"x": ev["x"][:64]}  # the analysis runs on the first 64 eval samples
