@@ -151,6 +151,8 @@ def test_search_drops_promotions_the_target_holds_without():
 
     found = search(steps, 0.5, AccuracyTarget("agreement", 0.99), measure)
     assert found.met and [p.node for p in found.promotions] == ["fragile"]
+    # Every assignment evaluated, prefixes and prune trials alike, is kept for a later search to read.
+    assert len(found.judged) == found.evaluations + 1 and found.judged[frozenset(found.precision.items())] == 0.999
 
 
 def test_search_that_cannot_reach_the_target_keeps_the_best_found():

@@ -72,11 +72,11 @@ def search_cheaper(
     target), and its result is taken where it meets the target at a
     predicted cost that much lower (prefixes whose nodes cost less than
     nothing in float can reach the first result's own nodes), or where
-    both miss it and it comes closer. The prefixes ``found`` judged are
-    not judged again; the evaluations counted are the two searches'
+    both miss it and it comes closer. What ``found`` judged (its
+    prefixes and prune trials) is not judged again; the evaluations counted are the two searches'
     together. Returns the search and the list it took.
     """
-    judged = {_key({s.node: s.after for s in steps[:k]}): f for k, f in found.tried.items()}
+    judged = dict(found.judged)
     added = 0
 
     def once(precision: dict[str, NodePrecision]) -> float | None:

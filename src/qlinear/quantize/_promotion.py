@@ -113,6 +113,8 @@ class Search:
     budget: float | None = None  # the latency budget the search kept to (the result's over the float model's)
     order: str = "sensitivity"  # the promotion list's order: "sensitivity" or "cost" (cheapest_first)
     costs: dict[str, float] = field(default_factory=dict)  # each node's predicted cost in float, where the profile gave it
+    # Every assignment the search evaluated (prefixes and prune trials, by _key) -> its figure: a later search reads it.
+    judged: dict[frozenset, float | None] = field(default_factory=dict, repr=False)
 
     @property
     def precision(self) -> dict[str, NodePrecision]:
@@ -191,10 +193,10 @@ def search(
         found = max(figures, key=lambda k: (_as_number(figures[k], target.metric), -k))
     kept = [Promotion(s.node, s.before, s.after, figures.get(k + 1), k + 1 in figures) for k, s in enumerate(steps[:found])]
     figure, pruned = figures[found], 0
+    judged = {_key({s.node: s.after for s in steps[:k]}): f for k, f in figures.items()}
     if met:
-        judged = {_key({s.node: s.after for s in steps[:k]}): f for k, f in figures.items()}
         kept, figure, pruned = _prune(kept, figure, target, measure, judged)
-    return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned, dict(figures))
+    return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned, dict(figures), judged=judged)
 
 
 def search_within(
@@ -264,8 +266,9 @@ def _prune(
     tried. ``judged``: the figures of the assignments the search already
     evaluated (by :func:`_key`), read instead of evaluated again (the
     prefix one step short of the result is one, and dropping a node
-    promoted only by the last step gives it). Returns the steps kept, the
-    figure and the evaluations made.
+    promoted only by the last step gives it), and each trial's figure
+    added to it. Returns the steps kept, the figure and the evaluations
+    made.
     """
     evaluations = tries = 0
     nodes = list(dict.fromkeys(p.node for p in kept))
@@ -279,7 +282,7 @@ def _prune(
             got = judged[_key(precision)]
         else:
             evaluations += 1
-            got = measure(precision)
+            got = judged[_key(precision)] = measure(precision)
         if target.met(got):
             first = next(k for k, p in enumerate(kept) if p.node == node)
             kept = [p if k < first else Promotion(p.node, p.before, p.after) for k, p in enumerate(trial)]
