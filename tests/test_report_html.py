@@ -42,6 +42,18 @@ def test_page_is_self_contained_with_every_node(report):
         assert f"<td>{node.name}</td>" in table
     assert table.count("<tr>") == len(report.analysis) + 1
     assert "Promotions, most sensitive node first" in page and "--weights int2" in page
+    # A search told the nodes' costs says its order and each step's predicted cost in float.
+    steps = [replace(s, predicted_cost=-0.0412) for s in report.promotions.steps]
+    costed = render_html(replace(report, promotions=replace(report.promotions, steps=steps, order="cost")))
+    assert "Promotions, cheapest for the noise they remove first" in costed and "<th>predicted cost</th>" in costed
+    assert '<td class="num">-4.1%</td>' in costed and '<td class="num">-</td></tr>' in page
+    from rich.console import Console
+
+    from qlinear.quantize._report_print import print_report
+
+    out = io.StringIO()
+    print_report(replace(report, promotions=replace(report.promotions, steps=steps, order="cost")), Console(file=out, width=200))
+    assert "promotions (cheapest for the noise they remove first)" in out.getvalue() and "-4.1%" in out.getvalue()
     assert report.analysis and "The sensitivity was not measured" not in page
     # Names are escaped.
     assert "<script>alert(1)</script>" not in render_html(_first_named(report, "<script>alert(1)</script>"))

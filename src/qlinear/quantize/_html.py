@@ -23,7 +23,7 @@ from qlinear.quantize._options import QuantizeOptions
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT
 from qlinear.quantize._records import plain
 from qlinear.quantize._report_schema import NodeAnalysis, NodeRow, Report
-from qlinear.quantize._report_text import db_text, figure_value, measure_rows, runtime_name, share_text
+from qlinear.quantize._report_text import cost_text, db_text, figure_value, measure_rows, order_text, runtime_name, share_text
 from qlinear.quantize._speed import FASTER_IN_FLOAT
 from qlinear.quantize._tradeoff import latency_text
 
@@ -271,13 +271,13 @@ def _promotions(report: Report) -> str:
     metric = promotions.target.metric
     rows = "".join(
         f"<tr><td>{k + 1}</td><td>{_e(s.node)}</td><td>{_e(s.from_)}</td><td>{_e(s.to)}</td>"
-        f'<td class="num">{_figure(s.figure_after, metric)}</td></tr>'
+        f'<td class="num">{_figure(s.figure_after, metric)}</td><td class="num">{cost_text(s.predicted_cost)}</td></tr>'
         for k, s in enumerate(promotions.steps)
     )
     return (
-        "<h2>Promotions, most sensitive node first</h2>"
-        "<table><thead><tr><th>#</th><th>node</th><th>from</th><th>to</th><th>figure after</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
+        f"<h2>Promotions, {order_text(promotions.order)}</h2>"
+        "<table><thead><tr><th>#</th><th>node</th><th>from</th><th>to</th><th>figure after</th>"
+        f"<th>predicted cost</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 
 

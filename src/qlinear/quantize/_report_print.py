@@ -12,7 +12,7 @@ from rich.markup import escape
 from qlinear._table import Table
 from qlinear.quantize._placement import PROMOTED_TO_FLOAT, left_float_text, listed
 from qlinear.quantize._report_schema import Report
-from qlinear.quantize._report_text import db_text, figure_text, measure_rows, runtime_name, share_text
+from qlinear.quantize._report_text import cost_text, db_text, figure_text, measure_rows, order_text, runtime_name, share_text
 from qlinear.quantize._tradeoff import latency_text
 from qlinear.quantize.targets import QDQ_FORM
 
@@ -196,15 +196,13 @@ def print_report(
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(options_named(w) if options_named else w)}")
     if promotions and promotions.steps:
-        order = "cheapest for the noise they remove first" if promotions.order == "cost" else "most sensitive nodes first"
-        steps = Table(title=f"promotions ({order})")
+        steps = Table(title=f"promotions ({order_text(promotions.order)})")
         steps.add_column("node", overflow="fold", ratio=1)
         for col in ("from", "to", "figure after", "predicted cost"):
             steps.add_column(col, no_wrap=True)
         for step in promotions.steps:
             after = "-" if step.figure_after is None else figure_text(step.figure_after, promotions.target.metric)
-            cost = "-" if step.predicted_cost is None else f"{step.predicted_cost:+.1%}"
-            steps.add_row(step.node, step.from_, step.to, after, cost)
+            steps.add_row(step.node, step.from_, step.to, after, cost_text(step.predicted_cost))
         console.print(steps)
     _print_tradeoff(report, console)
     if analysis and report.analysis:

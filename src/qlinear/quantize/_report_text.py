@@ -8,7 +8,8 @@ from qlinear.quantize._promotion import TARGET_METRICS, TargetMetric
 from qlinear.quantize.targets import TARGETS
 
 __all__ = [
-    "cosine_text", "db_text", "figure_text", "figure_value", "measure_rows", "runtime_name", "share_text", "unloadable_text",
+    "cosine_text", "cost_text", "db_text", "figure_text", "figure_value", "measure_rows", "order_text", "runtime_name",
+    "share_text", "unloadable_text",
 ]  # fmt: skip
 
 
@@ -18,6 +19,16 @@ def runtime_name(report: Any, *, full: bool = False) -> str:
     if t is None:
         return str(report.settings.target)
     return t.runtime if full else t.label
+
+
+def order_text(order: str) -> str:
+    """The promotion list's order (``promotions.order``) as the promotions table's title says it."""
+    return "cheapest for the noise they remove first" if order == "cost" else "most sensitive node first"
+
+
+def cost_text(value: float | None) -> str:
+    """A step's predicted cost in float (``predicted_cost``, a share of a run as asked): ``+12.3%``, or ``-``."""
+    return "-" if value is None else f"{value:+.1%}"
 
 
 def db_text(value: float | None) -> str:
