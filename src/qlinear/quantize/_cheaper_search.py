@@ -63,7 +63,7 @@ def search_cheaper(
     measure: Callable[[dict[str, NodePrecision]], float | None],
     costs: dict[str, float],
 ) -> tuple[Search, list[Promotion]]:
-    """After ``found``, :func:`search` on ``steps`` (most sensitive node first), a search of ``cheap`` for a cheaper set.
+    """A search of ``cheap`` for a cheaper set than ``found``, :func:`search`'s result on ``steps`` (most sensitive first).
 
     ``cheap``: the same steps in :func:`cheapest_first`'s order; ``costs``:
     each node's predicted cost in float. The cheap list is searched only
@@ -88,12 +88,14 @@ def search_cheaper(
         return judged[key]
 
     spent = predicted_cost(found.promotions, costs) if found.met else math.inf
-    affordable, floated, cost = 0, {}, 0.0  # the longest prefix predicted cheaper, its cost kept as it grows
+    # The longest prefix predicted cheaper: predicted_cost of each prefix, kept running (each node's cost as it stands).
+    affordable, held, cost = 0, {}, 0.0
     for k, s in enumerate(cheap, 1):
-        cost += (0.0 if s.after.quantized else costs.get(s.node, 0.0)) - floated.pop(s.node, 0.0)
-        if not s.after.quantized:
-            floated[s.node] = costs.get(s.node, 0.0)
-        affordable = k if cost < spent - COST_FLOOR else affordable
+        now = 0.0 if s.after.quantized else costs.get(s.node, 0.0)
+        cost += now - held.get(s.node, 0.0)
+        held[s.node] = now
+        if cost < spent - COST_FLOOR:
+            affordable = k
     other = search(cheap[:affordable], found.start_figure, target, once) if affordable and cheap != steps else None
     if other is not None and (
         predicted_cost(other.promotions, costs) < spent - COST_FLOOR

@@ -211,11 +211,14 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
             allows=builder.allows, ladder=runtime.ladder,
         )  # fmt: skip
 
-    def as_written(precision: dict[str, NodePrecision]) -> onnx.ModelProto:
+    def written(built_model: onnx.ModelProto) -> onnx.ModelProto:
         model = onnx.ModelProto()
-        model.CopyFrom(builder.build(precision).model)
+        model.CopyFrom(built_model)
         runtime.as_written(model, options.format)  # timed as it will be written
         return model
+
+    def as_written(precision: dict[str, NodePrecision]) -> onnx.ModelProto:
+        return written(builder.build(precision).model)
 
     def timed(precision: dict[str, NodePrecision], again: bool = False, give_up_above: float | None = None,
               glance: bool = False) -> tuple[tuple[Latency, ...] | None, int]:  # fmt: skip
@@ -237,7 +240,7 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
         # quantized neighbours (the Q/DQ a float node adds at its edges counted).
         in_graph = [p.name for p in requested.plan.nodes if p.name in figures]
         costs = float_costs(
-            node_seconds(as_written({}), timer.feeds, runtime),
+            node_seconds(written(requested.model), timer.feeds, runtime),  # built already: not again
             [(node_seconds(as_written(dict.fromkeys(half, FLOAT)), timer.feeds, runtime), half) for half in alternate(in_graph)],
         )  # fmt: skip
         return (steps, {}) if costs is None else (steps_in(cheapest_first(ranking, figures, costs)), costs)
@@ -282,19 +285,17 @@ def meet_target(builder: ModelBuilder, requested: Built, reference: Reference, o
     settings: list[RunSetting] = []
     trials = runtime.setting_trials(built.model) if options.promote else []
     if trials:
-        written = onnx.ModelProto()  # the chosen model as it will be written, from the build above
-        written.CopyFrom(built.model)
-        runtime.as_written(written, options.format)
+        chosen = written(built.model)  # the chosen model as it will be written, from the build above
         with bars.task("trying the runtime's settings", None):
             # The target first; where it was not met, no setting may lower the figure the search reached.
             # The search's figure where the speed trials changed nothing: the same model, already judged.
-            floor = None if found.met else found.figure if precision == found.precision else figure_of(written)
+            floor = None if found.met else found.figure if precision == found.precision else figure_of(chosen)
 
             def meets(model: onnx.ModelProto) -> bool:
                 figure = figure_of(model)
                 return goal.met(figure) if floor is None else figure is not None and figure >= floor
 
-            writes, settings = settings_where_faster(written, trials, lambda m, again: timer.time(m, again=again), meets)
+            writes, settings = settings_where_faster(chosen, trials, lambda m, again: timer.time(m, again=again), meets)
         if writes:
             model = onnx.ModelProto()
             model.CopyFrom(built.model)
