@@ -11,11 +11,14 @@ Prints a Markdown table. Needs about 2.3 times the largest model's size in
 free disk (model, output, temporary files); everything is removed after.
 
 With `--activations uint8` the run is a calibrated one instead (16 random
-samples, no promotions), which keeps the weights beside the graph from
-1 GiB up: its memory grows with the model (about five times its size).
+samples, no promotions; its evaluation on the last 3), which keeps the
+weights beside the graph from 1 GiB up and runs the model in parts; with
+`--ort` ONNX Runtime's `quantize_static` (QDQ, per-channel int8 weights,
+uint8 activations, MinMax) quantizes the same model on the same 13
+samples after it, in a fresh process too, for the same figures.
 
     python benchmarks/large_models.py [--sizes 1 4 13] [--weights int8] [--dir /tmp]
-    python benchmarks/large_models.py --sizes 2.2 --activations uint8
+    python benchmarks/large_models.py --sizes 3 --activations uint8 --ort
 """
 
 from __future__ import annotations
@@ -95,12 +98,13 @@ def main() -> None:
     parser.add_argument("--granularity", default="per-channel")
     parser.add_argument("--activations", default=None, help="calibrate with these activations (default: weights only)")
     parser.add_argument("--dir", default=None, help="where to write the models (default: the temporary folder)")
+    parser.add_argument("--ort", action="store_true", help="with --activations: ONNX Runtime's quantize_static too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
         write, read = disk_speed(work)
         print(f"disk: write {write:.0f} MB/s (fsync), read {read:.0f} MB/s (cold)\n")
-        print("| weights | model | output | time | peak RSS | read + write MB/s |")
+        print("| quantizer | model | output | time | peak RSS | read + write MB/s |")
         print("| --- | --: | --: | --: | --: | --: |")
         for gb in args.sizes:
             folder = work / f"m{gb:g}"
@@ -108,7 +112,6 @@ def main() -> None:
             src = make_model(folder, gb)
             drop_cache(folder / "model.onnx.data")
             out = work / "q.onnx"
-            # The child prints its own peak RSS (VmHWM) last, on stderr.
             child = (
                 "import sys; from qlinear.cli import main; rc = main(sys.argv[1:]); "
                 "print('VmHWM', open('/proc/self/status').read().split('VmHWM:')[1].split()[0], file=sys.stderr); sys.exit(rc)"
@@ -119,26 +122,67 @@ def main() -> None:
                 cmd += ["--activations", args.activations, "--calibrate-random", "16", "--no-promote"]
             else:
                 cmd += ["--activations", "none", "--stream-weights"]
-            start = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            seconds = time.perf_counter() - start
-            if proc.returncode:
-                print(f"| {args.weights} | {gb:g} GB | error: {proc.stderr.strip()[-200:]} | | | |", flush=True)
-            else:
-                peak_kib = int(proc.stderr.rsplit("VmHWM", 1)[1].split()[0])
-                size_in = (folder / "model.onnx.data").stat().st_size
-                size_out = sum(f.stat().st_size for f in work.glob("q.onnx*"))
-                # Each weight is read twice (its scales, then its codes) and its codes written once.
-                moved = 2 * size_in + size_out
-                what = f"{args.weights} {args.granularity}" + (f", {args.activations} activations" if args.activations else "")
-                print(
-                    f"| {what} | {size_in / 1e9:.2f} GB | {size_out / 1e9:.2f} GB | {seconds:.1f} s "
-                    f"| {peak_kib / 1024:.0f} MiB | {moved / seconds / 1e6:.0f} |",
-                    flush=True,
-                )
+            what = f"qlinear {args.weights} {args.granularity}" + (
+                f", {args.activations} activations" if args.activations else ""
+            )
+            _run(what, cmd, folder, work)
+            if args.ort and args.activations:
+                drop_cache(folder / "model.onnx.data")
+                ort = [
+                    "import sys; sys.path.insert(0, sys.argv[1]); from large_models import ort_static; ort_static(*sys.argv[2:])"
+                ]
+                _run("ONNX Runtime quantize_static, int8 per-channel, uint8 activations", [
+                    sys.executable, "-c", ort[0], str(Path(__file__).parent), str(src), str(out)], folder, work)  # fmt: skip
             shutil.rmtree(folder)
-            for f in work.glob("q.onnx*"):
-                f.unlink()
+
+
+def _run(what: str, cmd: list[str], folder: Path, work: Path) -> None:
+    """Run ``cmd`` (a quantizer writing ``work/q.onnx``) in a fresh process and print its table row; remove its output."""
+    # The child prints its own peak RSS (VmHWM) last, on stderr.
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    size_in = (folder / "model.onnx.data").stat().st_size
+    if proc.returncode or "VmHWM" not in proc.stderr:
+        print(f"| {what} | {size_in / 1e9:.2f} GB | error: {proc.stderr.strip()[-200:]} | | | |", flush=True)
+    else:
+        peak_kib = int(proc.stderr.rsplit("VmHWM", 1)[1].split()[0])
+        size_out = sum(f.stat().st_size for f in work.glob("q.onnx*"))
+        # Each weight is read twice (its scales, then its codes) and its codes written once.
+        moved = 2 * size_in + size_out
+        print(
+            f"| {what} | {size_in / 1e9:.2f} GB | {size_out / 1e9:.2f} GB | {seconds:.1f} s "
+            f"| {peak_kib / 1024:.0f} MiB | {moved / seconds / 1e6:.0f} |",
+            flush=True,
+        )
+    for f in work.glob("q.onnx*"):
+        f.unlink()
+    for f in work.glob("*.onnx.data"):  # what ONNX Runtime's quantizer leaves beside its output
+        if f.parent == work:
+            f.unlink()
+
+
+def ort_static(model: str, out: str) -> None:
+    """ONNX Runtime's quantize_static on 13 uniform random samples of [-1, 1] (qlinear's calibration), batches of 16."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    graph = onnx.load(model, load_external_data=False).graph
+    name, width = graph.input[0].name, graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    rng = np.random.default_rng(0)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{name: rng.uniform(-1, 1, (13, width)).astype(np.float32)}])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(
+        model, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax, use_external_data_format=True,
+    )  # fmt: skip
+    print("VmHWM", open("/proc/self/status").read().split("VmHWM:")[1].split()[0], file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,7 @@ def _qdq_model(rng: np.random.Generator) -> onnx.ModelProto:
 
 
 def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    so = ort.SessionOptions()
-    return large.session(model, so, ["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return large.session(model, ort.SessionOptions, ["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
 def test_markers_run_save_and_check_as_the_inline_model(tmp_path):

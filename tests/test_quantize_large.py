@@ -85,6 +85,9 @@ def test_calibrated_quantization_of_a_model_over_2_gb(tmp_path):
         assert ops.count("DequantizeLinear") >= 2 and "QuantizeLinear" in ops
         # The quantized model runs in ONNX Runtime and agrees with the float one on the eval samples.
         assert result.report.output.top1_agreement >= 0.9 and result.report.output.sqnr_db > 20
+        # It runs in parts, a session a part: what would be timed is the sessions, so it is not timed, and says why.
+        assert result.report.decision.faster is None and "runs in parts" in result.report.decision.line
+        assert result.report.fusion.checked  # ONNX Runtime's graph read part by part
     finally:
         for f in tmp_path.rglob("*.data"):
             f.unlink()

@@ -9,8 +9,10 @@ import pytest
 import qlinear.onnx as qo
 import qlinear.quantize as qq
 from qlinear._errors import QuantizationError
+from qlinear.dtypes import element_type
 from qlinear.quantize._data import load_dataset
 from qlinear.quantize._model import load_float_model
+from qlinear.quantize.algorithms import smoothquant
 from qlinear.quantize.algorithms.smoothquant import smooth
 from qlinear.quantize.targets import ORT_CPU
 from qlinear.quantize.targets.ort_cpu import prepare
@@ -154,3 +156,19 @@ def test_the_division_goes_into_a_layernormalization_before_dense_layers_of_open
     assert "Mul" not in [n.op_type for n in fm.graph.node] and fm.node("dense").op_type == "Gemm"
     scale = fm.constant(fm.node("ln").input[1])
     assert scale[7] < 10 * np.median(scale)
+
+
+def test_a_wide_layer_simulated_in_blocks_of_output_channels_has_the_whole_layers_error(monkeypatch):
+    # A layer of 8192 x 8192 simulated whole takes several float64 copies of 512 MB: wide ones go a block of output
+    # channels at a time. The error is the same sum, in another order.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 48))
+    x[:, 3] *= 20.0
+    weights = [rng.standard_normal((48, 40)).astype(np.float32), rng.standard_normal((48, 24)).astype(np.float32)]
+    refs = [x @ w for w in weights]
+    s = smoothquant._scales(np.abs(x).max(axis=0), weights, 0.5)
+    wt, at = element_type("int8"), element_type("uint8")
+    whole = smoothquant._error(x, weights, refs, s, wt, at)
+    monkeypatch.setattr(smoothquant, "_SIMULATED_ELEMENTS", 48 * 7)  # blocks of 7 output channels, the last shorter
+    assert len(smoothquant._column_blocks((48, 40))) == 6
+    assert smoothquant._error(x, weights, refs, s, wt, at) == pytest.approx(whole, rel=1e-12)

@@ -112,8 +112,9 @@ def load(path: str | PathLike[str]) -> onnx.ModelProto:
 def load_mapped(path: str | PathLike[str], store: TensorStore) -> onnx.ModelProto:
     """Read the model at ``path``; its external tensors become markers of ``store`` over read-only memory maps.
 
-    Nothing of the external data is read until a value is used; each value
-    is a view of the file (copy it to change it). Tensors whose stored
+    Nothing of the external data is read until a value is used; each use
+    maps the value afresh, a read-only view of the file (copy it to change
+    it) whose pages leave the process with the array. Tensors whose stored
     bytes are not one array element each (4-bit and 2-bit types) are read.
 
     Raises:
@@ -130,12 +131,7 @@ def load_mapped(path: str | PathLike[str], store: TensorStore) -> onnx.ModelProt
             del t.external_data[:]
             t.ClearField("data_location")
             continue
-        value = (
-            np.memmap(f.name, dtype=dtype, mode="r", offset=offset, shape=tuple(t.dims))
-            if count
-            else np.empty(tuple(t.dims), dtype)
-        )
-        t.CopyFrom(store.marker(t.name, value))
+        t.CopyFrom(store.mapped_marker(t.name, f.name, offset, dtype, tuple(t.dims)))
     return model
 
 

@@ -4,8 +4,9 @@ Protobuf serializes no message of 2 GiB or more, so a model whose weights
 pass that cannot reach ONNX Runtime, the checker or shape inference as
 bytes, and every copy of it costs its weights. Here its large initializers
 are *markers* (name, type and shape; data location EXTERNAL, naming a
-:class:`TensorStore`) and their values live in the store: arrays, or
-read-only memory maps of the model's external data file. Copies of the
+:class:`TensorStore`) and their values live in the store: small arrays,
+or slices of a file (the model's external data, or the store's own for
+values it was given), mapped read-only at each use. Copies of the
 graph cost the graph alone.
 
 - ONNX Runtime receives the values as tensors beside the graph
@@ -23,8 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import secrets
+import tempfile
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +40,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qlinear._errors import QuantizationError
 
 __all__ = [
-    "PROTOBUF_LIMIT", "TensorStore", "byte_size", "check_model", "digest", "graph_only", "has_markers", "infer_shapes", "inline", "into_store",
+    "PROTOBUF_LIMIT", "TensorStore", "byte_size", "check_model", "copy_fields", "digest", "graph_only", "has_markers", "infer_shapes", "inline", "into_store",
     "is_large", "session", "tensor_bytes", "value_of",
 ]  # fmt: skip
 
@@ -43,9 +48,35 @@ __all__ = [
 PROTOBUF_LIMIT = (2 << 30) - (64 << 20)
 # Initializers of this many bytes or more leave the graph-only copy.
 MOVED_THRESHOLD = 1 << 20
+# ONNX Runtime's session settings: no packed copy of a weight; the file beside an optimized model for its weights.
+NO_PACKED_COPIES = "session.disable_prepacking"
+OPTIMIZED_DATA = "session.optimized_model_external_initializers_file_name"
+# Values a store is given of this many bytes or more go to its spill file (TensorStore).
+SPILLED_BYTES = 16 << 20
 _MARKER_LOCATION = "qlinear-in-memory"  # names no file: the values travel beside the graph
 _STORE_SCHEME = "qlinear-store:"  # a store marker's location: the scheme, the store's key, "/", the value's number
 _STORES: weakref.WeakValueDictionary[str, TensorStore] = weakref.WeakValueDictionary()
+
+
+@dataclass(frozen=True)
+class _FileSlice:
+    """A value that lives in a file: read through a fresh read-only memory map at each use."""
+
+    path: str
+    offset: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    def read(self) -> np.ndarray:
+        # A map of its own for each reader: its pages leave the process with the reader's array, so a model
+        # read weight by weight holds one weight's pages at a time (a map kept open would keep every page read).
+        if not all(self.shape):
+            return np.empty(self.shape, self.dtype)
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
 class TensorStore:
@@ -55,22 +86,50 @@ class TensorStore:
     a copy of the graph made earlier keeps the value it was made with. The
     store lives as long as something holds it (a model's markers do not):
     keep it beside the graphs that name it.
+
+    Values of :data:`SPILLED_BYTES` or more that the store is given as
+    arrays (a rewritten weight, a weight's codes) are written to a file of
+    the store's own and read back like the model's external data, so a
+    large model's changed weights take the disk, not the memory. The file
+    goes with the store.
     """
 
     def __init__(self) -> None:
         self.key = secrets.token_hex(8)
-        self._values: dict[str, np.ndarray] = {}
+        self._values: dict[str, np.ndarray | _FileSlice] = {}
         self._numbers = itertools.count()
+        self._spill: Any = None  # the spill file, opened at the first value spilled
         _STORES[self.key] = self
 
     def marker(self, name: str, value: np.ndarray) -> TensorProto:
         """A marker for initializer ``name`` whose value is ``value`` (kept, not copied: do not change it)."""
         number = str(next(self._numbers))
-        self._values[number] = value
-        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype), dims=value.shape)
+        self._values[number] = self._spilled(value) if value.nbytes >= SPILLED_BYTES else value
+        return self._marker(name, number, value.dtype, value.shape)
+
+    def mapped_marker(self, name: str, path: str, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> TensorProto:
+        """A marker for initializer ``name`` whose value is the bytes of file ``path`` from ``offset`` (read at each use)."""
+        number = str(next(self._numbers))
+        self._values[number] = _FileSlice(path, offset, np.dtype(dtype), tuple(shape))
+        return self._marker(name, number, np.dtype(dtype), shape)
+
+    def _marker(self, name: str, number: str, dtype: np.dtype, shape: tuple[int, ...]) -> TensorProto:
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(dtype), dims=shape)
         t.data_location = TensorProto.EXTERNAL
         t.external_data.add(key="location", value=f"{_STORE_SCHEME}{self.key}/{number}")
         return t
+
+    def _spilled(self, value: np.ndarray) -> np.ndarray | _FileSlice:
+        """``value`` written to the spill file, as a slice of it (an ml_dtypes value, stored as an array, stays one)."""
+        if value.dtype.isbuiltin == 2 or not all(value.shape):
+            return value
+        if self._spill is None:
+            self._spill = tempfile.NamedTemporaryFile(prefix="qlinear-weights-", suffix=".bin")
+        f = self._spill
+        offset = f.seek(0, os.SEEK_END)
+        np.ascontiguousarray(value).tofile(f)
+        f.flush()
+        return _FileSlice(f.name, offset, value.dtype, tuple(value.shape))
 
     def __len__(self) -> int:
         return len(self._values)
@@ -102,7 +161,8 @@ def value_of(t: TensorProto) -> np.ndarray:
     store = _STORES.get(key)
     if store is None or number not in store._values:
         raise QuantizationError(f"tensor {t.name!r} names values of a model that no longer exists: keep the model alive")
-    return store._values[number]
+    value = store._values[number]
+    return value.read() if isinstance(value, _FileSlice) else value
 
 
 def inline(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -110,8 +170,8 @@ def inline(model: onnx.ModelProto) -> onnx.ModelProto:
     if not has_markers(model):
         return model
     out = onnx.ModelProto()
-    _copy_fields(model, out, skip="graph")
-    _copy_fields(model.graph, out.graph, skip="initializer")
+    copy_fields(model, out, skip="graph")
+    copy_fields(model.graph, out.graph, skip="initializer")
     for t in model.graph.initializer:
         out.graph.initializer.append(numpy_helper.from_array(value_of(t), t.name) if is_marker(t) else t)
     return out
@@ -124,7 +184,23 @@ def byte_size(model: onnx.ModelProto) -> int:
     except EncodeError:
         light, moved = graph_only(model)
         size = light.ByteSize() + sum(t.ByteSize() for t in moved)
-    return size + sum(value_of(t).nbytes for t in model.graph.initializer if is_marker(t))
+    return size + sum(_inline_bytes(t) - t.ByteSize() for t in model.graph.initializer if is_marker(t))
+
+
+def _inline_bytes(marker: TensorProto) -> int:
+    """The serialized size of the tensor ``marker`` names, its value in ``raw_data``."""
+    nbytes = value_of(marker).nbytes
+    header = TensorProto(name=marker.name, data_type=marker.data_type, dims=marker.dims).ByteSize()
+    return header + 1 + len(_varint(nbytes)) + nbytes  # raw_data's tag, its length, its bytes
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
 
 
 def tensor_bytes(t: TensorProto) -> int:
@@ -146,8 +222,8 @@ def graph_only(model: onnx.ModelProto, threshold: int | None = None) -> tuple[on
     """
     threshold = MOVED_THRESHOLD if threshold is None else threshold
     light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(model.graph, light.graph, skip="initializer")
+    copy_fields(model, light, skip="graph")
+    copy_fields(model.graph, light.graph, skip="initializer")
     moved = []
     for t in model.graph.initializer:
         if t.data_location != TensorProto.EXTERNAL and t.ByteSize() >= threshold:  # markers stay as they are
@@ -170,7 +246,8 @@ def into_store(model: onnx.ModelProto, store: TensorStore, threshold: int | None
     return light
 
 
-def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
+def copy_fields(source: Any, target: Any, *, skip: str) -> None:
+    """Every field ``source`` (a protobuf message) sets, but ``skip``, set on ``target`` alike (a copy of the rest)."""
     for fd, value in source.ListFields():
         if fd.name == skip:
             continue
@@ -182,12 +259,23 @@ def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
             setattr(target, fd.name, value)
 
 
-def session(model: onnx.ModelProto, options: Any, providers: list[str]) -> Any:
+def session(model: onnx.ModelProto, make_options: Callable[[], Any], providers: list[str]) -> Any:
     """An ONNX Runtime session for ``model`` of any size: a large one's big initializers go beside its graph.
 
-    ``options`` (a ``SessionOptions``) is consumed: it holds the values for
-    the session's life.
+    ``make_options`` makes the ``SessionOptions`` (a session's own: they
+    hold the values given beside its graph for the session's life). A
+    large model, and a model made from one, runs in parts
+    (:func:`qlinear.onnx._parts.runs_in_parts`; its session is a
+    :class:`qlinear.onnx._parts.PartedSession`, which has ``run`` only).
     """
+    from qlinear.onnx._parts import PartedSession, runs_in_parts
+
+    if runs_in_parts(model):
+        return PartedSession(model, make_options, lambda part, options: _whole_session(part, options, providers))
+    return _whole_session(model, make_options(), providers)
+
+
+def _whole_session(model: onnx.ModelProto, options: Any, providers: list[str]) -> Any:
     import onnxruntime as ort
 
     from qlinear.onnx._ort_values import to_ort_value

@@ -25,13 +25,24 @@ import onnx
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
+from qlinear.onnx._parts import WHOLE_BYTES, runs_in_parts
 from qlinear.quantize._data import Dataset, _take, samples_in
 from qlinear.quantize._session import run_batch
 
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
 
-__all__ = ["QUICK_PAIRS", "Latency", "PairTimer", "UserBatchTimer", "batch_feeds", "mean_ratio", "user_batches", "worst_ratio"]
+__all__ = [
+    "QUICK_PAIRS",
+    "UNTIMED_IN_PARTS",
+    "Latency",
+    "PairTimer",
+    "UserBatchTimer",
+    "batch_feeds",
+    "mean_ratio",
+    "user_batches",
+    "worst_ratio",
+]
 
 # Each side's runs a timing takes at most, and about how long it may take (seconds, both sides together).
 _MOST_PAIRS = 25
@@ -39,6 +50,8 @@ _FEWEST_PAIRS = 5
 _SECONDS = 1.0
 # Pairs a batch of a timing that may be given up on (UserBatchTimer.time's give_up_above): the first look.
 QUICK_PAIRS = 3
+# Why a model run in parts is not timed.
+UNTIMED_IN_PARTS = f"its weights pass {WHOLE_BYTES >> 30} GiB, so it runs in parts, a session a part"
 
 
 @dataclass(frozen=True)
@@ -127,10 +140,16 @@ class UserBatchTimer:
     written, the evaluation's latency) read it instead of timing it again;
     a caller that wants a second opinion (a decision confirmed) asks
     ``again``.
+
+    A model whose weights pass :data:`qlinear.onnx._parts.WHOLE_BYTES`
+    runs in parts, a session a part and a run (so its memory follows a
+    part, not the model), which times the sessions, not the model: it is
+    not timed (``untimed`` says why).
     """
 
     def __init__(self, float_model: onnx.ModelProto, data: Dataset, batches: tuple[int, ...], runtime: Target) -> None:
-        self._timers = [PairTimer(float_model, batch_feeds(data, b), runtime) for b in batches]
+        self.untimed = UNTIMED_IN_PARTS if runs_in_parts(float_model) else None
+        self._timers = [] if self.untimed else [PairTimer(float_model, batch_feeds(data, b), runtime) for b in batches]
         self._runtime = runtime
         self._timed: dict[bytes, tuple[Latency, ...] | None] = {}  # by the model's digest: its latest timing
 
@@ -153,6 +172,8 @@ class UserBatchTimer:
         model was not timed before (not kept): a figure to show, not to
         decide on.
         """
+        if self.untimed:
+            return None
         key = _digest(model)
         if not again and key is not None and key in self._timed:
             return self._timed[key]

@@ -86,7 +86,7 @@ def node_seconds(
     The kernels the runtime added are under :data:`ADDED`. None where the
     runtime cannot tell (no profile, or it cannot load or run the model).
     """
-    if runtime.node_times is None:
+    if runtime.node_times is None or not feeds:  # no feeds: a model not timed (one run in parts)
         return None
     timed = runtime.node_times(model, feeds)
     if timed is None:

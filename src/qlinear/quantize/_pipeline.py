@@ -148,7 +148,7 @@ def quantize_model(
                 model, out_path, options, met, fm_size=size_before, qmodel=qmodel, run=run, data=data, eval_data=eval_data,
                 stats=stats, evaluation=evaluation, fusion=fusion, latency=latency, algorithms={**rewritten, **refined},
                 onnxruntime_error=unloadable, measures=measures,
-                data_flags=data_words(calibration, eval, labels, calibrate_random, stats),
+                data_flags=data_words(calibration, eval, labels, calibrate_random, stats), untimed=timer.untimed,
             )
         )  # fmt: skip
     qmodel, report = _written(qmodel, out_path, report, bars)

@@ -99,13 +99,14 @@ class ReportInputs:
     run_settings: list[RunSetting] = field(default_factory=list)  # the runtime's settings tried for speed
     data_flags: list[str] = field(default_factory=list)  # the data flags that repeat the run
     judged: bool = True  # False: no data was given, so nothing was judged or timed
+    untimed: str | None = None  # why the models were not timed, where the runtime could have run them
 
     @classmethod
     def of(cls, model: Any, output: Path | None, options: QuantizeOptions, met: Any, *, fm_size: int, qmodel: Any, run: Any,
            data: Any, eval_data: Dataset, stats: Any, evaluation: Evaluation, fusion: FusionCheck | None,
            latency: list[Latency], algorithms: dict[str, Any],
            onnxruntime_error: str | None = None, measures: dict[str, Any] | None = None,
-           data_flags: list[str] | None = None, judged: bool = True) -> ReportInputs:  # fmt: skip
+           data_flags: list[str] | None = None, judged: bool = True, untimed: str | None = None) -> ReportInputs:  # fmt: skip
         """The inputs of one run's report: ``met`` is the run's TargetResult, ``algorithms`` what each algorithm did."""
         built = met.built
         return cls(
@@ -119,7 +120,7 @@ class ReportInputs:
             awq=algorithms.get("awq", []), equalized=algorithms.get("equalize", []), finetuned=algorithms.get("finetune"),
             gates=built.gates, algorithms=algorithms, batch_fixed_by=data.fixed_by,
             onnxruntime_error=onnxruntime_error or evaluation.onnxruntime_error, measures=measures or {},
-            data_flags=data_flags or [], judged=judged, kept_float_weights=_kept_float(qmodel, built.plan),
+            data_flags=data_flags or [], judged=judged, kept_float_weights=_kept_float(qmodel, built.plan), untimed=untimed,
         )  # fmt: skip
 
 
@@ -159,7 +160,8 @@ def _decision(r: ReportInputs) -> Decision:
     if not r.judged:
         return Decision(None, None, f"weights rounded; {NOT_JUDGED}")
     faster = None if not r.latency else all(t.ratio <= 1.0 for t in r.latency)
-    speed = ", ".join(f"{t.ratio:.2f}x at a batch of {t.batch}" for t in r.latency) or "not timed (the runtime cannot run it)"
+    untimed = f"not timed ({r.untimed or 'the runtime cannot run it'})"
+    speed = ", ".join(f"{t.ratio:.2f}x at a batch of {t.batch}" for t in r.latency) or untimed
     if faster is None:
         head = f"latency {speed}"
     else:

@@ -12,6 +12,7 @@ import onnxruntime as ort
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
+from qlinear.onnx._parts import runs_in_parts
 
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
@@ -70,34 +71,38 @@ def session(
     Raises:
         QuantizationError: ONNX Runtime cannot load the model (its first line of error).
     """
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
-    levels = ort.GraphOptimizationLevel
-    so.graph_optimization_level = (
-        (levels.ORT_ENABLE_BASIC if basic else levels.ORT_ENABLE_ALL) if optimize else levels.ORT_DISABLE_ALL
-    )
-    # ONNX Runtime fuses a 2/4/8-bit blocked DequantizeLinear into its MatMul (MatMulNBits) and, by default
-    # (level 4), quantizes that MatMul's float input to int8 in blocks: not what the QDQ model says, and on
-    # small layers slower (the character transformer's int4 MatMuls, batch 16: 1.78 ms at level 4, 1.15 ms
-    # at 0, float 1.0). Level 0 keeps the input float, so the figures qlinear reports are the model's own,
-    # unless the model says it runs at another (chosen by speed, its figures measured there).
-    so.add_session_config_entry(MATMUL_NBITS_ACCURACY_LEVEL, str(nbits_level(model)))
-    so.enable_cpu_mem_arena = arena
-    if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if profile_prefix:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    if optimized_path:
-        so.optimized_model_filepath = optimized_path
-        # Its weights in a file beside it: an optimized model past 2 GB cannot be one protobuf file.
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx.data")
+
+    def options() -> ort.SessionOptions:  # a session's own (a large model's parts take one each)
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads = threads
+        levels = ort.GraphOptimizationLevel
+        so.graph_optimization_level = (
+            (levels.ORT_ENABLE_BASIC if basic else levels.ORT_ENABLE_ALL) if optimize else levels.ORT_DISABLE_ALL
+        )
+        # ONNX Runtime fuses a 2/4/8-bit blocked DequantizeLinear into its MatMul (MatMulNBits) and, by default
+        # (level 4), quantizes that MatMul's float input to int8 in blocks: not what the QDQ model says, and on
+        # small layers slower (the character transformer's int4 MatMuls, batch 16: 1.78 ms at level 4, 1.15 ms
+        # at 0, float 1.0). Level 0 keeps the input float, so the figures qlinear reports are the model's own,
+        # unless the model says it runs at another (chosen by speed, its figures measured there).
+        so.add_session_config_entry(MATMUL_NBITS_ACCURACY_LEVEL, str(nbits_level(model)))
+        so.enable_cpu_mem_arena = arena
+        if not spinning:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if profile_prefix:
+            so.enable_profiling = True
+            so.profile_file_prefix = profile_prefix
+        if optimized_path:
+            so.optimized_model_filepath = optimized_path
+            # Its weights in a file beside it: an optimized model past 2 GB cannot be one protobuf file.
+            so.add_session_config_entry(large.OPTIMIZED_DATA, "optimized.onnx.data")
+        return so
+
     try:
         if path is not None:
-            return ort.InferenceSession(path, so, providers=PROVIDERS)
-        return large.session(model, so, PROVIDERS)
+            return ort.InferenceSession(path, options(), providers=PROVIDERS)
+        return large.session(model, options, PROVIDERS)
     except Exception as e:  # ONNX Runtime raises its own exception types; the user needs the one line
         raise QuantizationError(f"quantize: ONNX Runtime cannot load the model: {_first_line(e)}{_hint(e)}") from None
 
@@ -110,6 +115,8 @@ def optimized_graph(model: onnx.ModelProto, *, basic: bool = False) -> onnx.Mode
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "optimized.onnx")
         try:
+            if runs_in_parts(model):  # each part's graph, in one
+                return session(model, basic=basic).optimized(tmp)
             session(model, optimized_path=path, basic=basic)
         except QuantizationError:  # no kernels for its types, or a model it refuses: the caller goes on without
             return None

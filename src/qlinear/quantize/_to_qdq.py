@@ -23,7 +23,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import qlinear
-from qlinear.dtypes import ElementType, element_type, to_tensor_proto
+from qlinear.dtypes import ElementType, element_type, from_tensor_proto, to_tensor_proto
+from qlinear.onnx import _large as large
 from qlinear.onnx._graph import names_read
 from qlinear.quantize._choose import QuantParams, in_float_type, weight_params
 from qlinear.quantize._model import FloatModel, reserve_name
@@ -204,7 +205,7 @@ class _StoredWeight:
     params: QuantParams
     sqnr: float | None
     nbytes: int
-    error: np.ndarray | None  # dequantized minus float, kept where an algorithm corrects the layer's bias by it
+    codes: TensorProto  # the codes' initializer (the one in the new graph, not a copy)
 
 
 def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> ConvertedNode:
@@ -214,7 +215,7 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
     if p.weight is None or p.weight_type is None:
         return result
     w = fm.constant(p.weight.tensor)
-    stored = _store_weight(p, w, ctx)
+    stored, error = _store_weight(p, w, ctx)
     dq_out = ctx.names.fresh(p.weight.tensor + VALUES)
     attrs = {"axis": stored.axis} if stored.params.scale.ndim else {}
     if stored.block:
@@ -232,7 +233,7 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
     result.weight_type, result.weight_sqnr_db = p.weight_type, stored.sqnr
     result.weight_bytes_before, result.weight_bytes_after = w.size * 4, stored.nbytes  # as float32
     bias_name, bias = p.bias, (fm.constant(p.bias) if p.bias else None)
-    shift, where = _bias_shift(p, stored, ctx)
+    shift, where = _bias_shift(p, error, ctx)
     if shift is not None and where.add is None:
         # A layer without a bias gets one of its weight's float type (float16 in a float16 model).
         layer_type = helper.tensor_dtype_to_np_dtype(fm.elem_types.get(p.weight.tensor, TensorProto.FLOAT))
@@ -271,13 +272,29 @@ def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> Converted
     return result
 
 
-def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
-    """The weight's codes, scales and zero points as initializers (once for every node sharing it at these axes and type)."""
+def _codes_initializer(codes: np.ndarray, name: str, store: large.TensorStore | None) -> TensorProto:
+    """A weight's codes as an initializer: a marker of a large model's store where they are big, so copies of the
+    quantized graph (the search's candidates, the sessions' models) cost the graph alone; else inline. Packed
+    (4-bit, 2-bit) codes stay inline: the store holds arrays of one element a byte or more."""
+    if store is None or codes.nbytes < large.MOVED_THRESHOLD or element_type(codes.dtype).is_packed:
+        return to_tensor_proto(codes, name)
+    return store.marker(name, codes)
+
+
+def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> tuple[_StoredWeight, np.ndarray | None]:
+    """The weight's codes, scales and zero points as initializers (once for every node sharing it at these axes and type).
+
+    And its error (dequantized minus float, float64) where an algorithm
+    corrects the node's bias by it: made for the node, never kept (a large
+    model's errors together are twice its weights).
+    """
     wt = element_type(p.weight_type)
     weight_only = p.activation_type is None  # a narrow signed weight beside float activations takes a zero point
     key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis, wt.name, weight_only)
+    keep = _corrector(p, ctx) is not None
     if key in ctx.weights:
-        return ctx.weights[key]
+        stored = ctx.weights[key]
+        return stored, (_error(w, stored) if keep else None)
     o, names = ctx.options, ctx.names
     rounded = ctx.rounded.get(key, _NOT_ROUNDED)
     if rounded is _NOT_ROUNDED:  # GPTQ's rounding of a wide layer takes seconds: once a run, not once a candidate
@@ -298,19 +315,37 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> _StoredWeight:
         codes, params, axis, block = _codes(w, params, axis, block, wt, p, ctx)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
     # A float64 copy of the weight's error only where an algorithm corrects the layer's bias by it.
-    sqnr, error = _weight_error(w, back, keep=_corrector(p, ctx) is not None)
+    sqnr, error = _weight_error(w, back, keep=keep)
     del back
     q_name = names.fresh(p.weight.tensor + CODES)
     s_name = names.fresh(p.weight.tensor + SCALE)
     z_name = names.fresh(p.weight.tensor + ZERO_POINT) if params.zero_point is not None else None
-    q_proto = to_tensor_proto(codes, q_name)
+    q_proto = _codes_initializer(codes, q_name, ctx.fm.store)
     ctx.new_inits += [q_proto, to_tensor_proto(params.scale, s_name)]
     if z_name:
         ctx.new_inits.append(to_tensor_proto(params.zero_point, z_name))
-    nbytes = len(q_proto.raw_data) + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
-    stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, error)
+    code_bytes = large.value_of(q_proto).nbytes if large.is_marker(q_proto) else len(q_proto.raw_data)
+    nbytes = code_bytes + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
+    stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, q_proto)
     ctx.weights[key] = stored
-    return stored
+    return stored, error
+
+
+def _error(w: np.ndarray, stored: _StoredWeight) -> np.ndarray:
+    """The error of a weight stored before (another node reads it), dequantized again from its codes."""
+    t = stored.codes
+    codes = large.value_of(t) if large.is_marker(t) else from_tensor_proto(t)
+    back = qlinear.dequantize_linear(
+        codes, stored.params.scale, stored.params.zero_point, axis=stored.axis, block_size=stored.block
+    )
+    return _difference(back, w)
+
+
+def _difference(back: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``back - w`` in float64, each read as float64 once (no float64 copy of ``w``: a wide layer's is 512 MB)."""
+    error = back.astype(np.float64)
+    np.subtract(error, w, out=error)
+    return error
 
 
 def _codes(
@@ -335,10 +370,9 @@ _ERROR_SLICE = 1 << 22
 
 def _weight_error(w: np.ndarray, back: np.ndarray, *, keep: bool) -> tuple[float | None, np.ndarray | None]:
     """The weight's SQNR (dequantized ``back`` against ``w``) and, if ``keep``, its error ``back - w`` in float64."""
-    if keep:
-        w64 = w.astype(np.float64)
-        error = back.astype(np.float64) - w64
-        return sqnr_db(float((w64**2).sum()), float((error**2).sum())), error
+    if keep:  # the error whole, and no float64 copy of the weight beside it
+        error = _difference(back, w)
+        return sqnr_db(float(np.square(w, dtype=np.float64).sum()), float(np.square(error).sum())), error
     signal = noise = 0.0
     flat_w, flat_back = w.reshape(-1), back.reshape(-1)
     for start in range(0, flat_w.size, _ERROR_SLICE):
@@ -354,10 +388,10 @@ def _corrector(p: NodePlan, ctx: _Context):
     return next((c for a in ctx.algorithms if a.corrects and (c := a.corrects(ctx.fm, p, ctx.calibrated)) is not None), None)
 
 
-def _bias_shift(p: NodePlan, stored: _StoredWeight, ctx: _Context):
-    """``(shift, site)`` of the node's bias correction, or ``(None, None)``."""
-    correct = _corrector(p, ctx) if stored.error is not None else None
-    found = correct(stored.error) if correct is not None else None
+def _bias_shift(p: NodePlan, error: np.ndarray | None, ctx: _Context):
+    """``(shift, site)`` of the node's bias correction by the weight's ``error``, or ``(None, None)``."""
+    correct = _corrector(p, ctx) if error is not None else None
+    found = correct(error) if correct is not None else None
     return (None, None) if found is None else found
 
 

@@ -26,6 +26,7 @@ import qlinear
 from qlinear._errors import QuantizationError
 from qlinear.dtypes import element_type
 from qlinear.dtypes._tensor_proto import to_tensor_proto
+from qlinear.onnx import _large as large
 from qlinear.onnx._graph import producers
 from qlinear.quantize._data import Dataset
 from qlinear.quantize._evaluate import Reference, output_figures
@@ -167,7 +168,7 @@ def _float_weights(fm: FloatModel, qmodel: onnx.ModelProto) -> dict[str, np.ndar
         if codes not in values or not codes.endswith(CODES) or values[codes].data_type == TensorProto.INT32:
             continue
         w = fm.constant(codes.removesuffix(CODES))
-        stored = numpy_helper.to_array(values[codes])
+        stored = large.value_of(values[codes])  # a large model's codes are markers
         if w is None or w.shape != stored.shape:
             continue
         a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
@@ -279,7 +280,7 @@ def _written_back(qmodel: onnx.ModelProto, module: Any) -> onnx.ModelProto:
         new[name] = module.scales[index].detach().numpy().astype(old.dtype).reshape(old.shape)
     for dq_out, node in module.weight_nodes.items():
         a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-        stored = numpy_helper.to_array(values[node.input[0]])
+        stored = large.value_of(values[node.input[0]])
         zp = numpy_helper.to_array(values[node.input[2]]) if len(node.input) > 2 and node.input[2] else None
         latent = module.weights[module.weight_index[dq_out]].detach().numpy()
         scale = new[node.input[1]]

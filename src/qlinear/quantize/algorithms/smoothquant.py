@@ -120,19 +120,44 @@ def _error(x: np.ndarray, weights: list[np.ndarray], refs: list[np.ndarray], s: 
     maximum rests on fewer values) pays for its clipping.
     """
     xs = x / s
-    wq = []
-    for w in weights:
-        ws = w * s[:, None]
-        wscale, wzp = scale_and_zero_point(ws.min(axis=0), ws.max(axis=0), wt, symmetric_weights(wt, weight_only=False))
-        wq.append((np.clip(np.rint(ws / wscale) + wzp, wt.qmin, wt.qmax) - wzp) * wscale)
     folds = (slice(0, None, 2), slice(1, None, 2)) if xs.shape[0] > 1 else (slice(None), slice(None))
-    total = 0.0
+    quantized = []  # each fold's activation rows, quantized with the range of the other fold's
     for fit, test in (folds, folds[::-1]):
         scale, zp = scale_and_zero_point(np.array([xs[fit].min()]), np.array([xs[fit].max()]), at, at.qmin < 0)
-        xq = (np.clip(np.rint(xs[test] / scale[0]) + zp[0], at.qmin, at.qmax) - zp[0]) * scale[0]
-        for q, ref in zip(wq, refs, strict=True):
-            total += float(((xq @ q - ref[test]) ** 2).sum())
+        quantized.append((test, (np.clip(np.rint(xs[test] / scale[0]) + zp[0], at.qmin, at.qmax) - zp[0]) * scale[0]))
+    errors = [[0.0] * len(weights) for _ in quantized]  # by fold, then weight: summed in that order, as one error
+    for k, (w, ref) in enumerate(zip(weights, refs, strict=True)):
+        blocks = _column_blocks(w.shape)  # a wide layer's output channels a block at a time
+        for cols in blocks:
+            q = _simulated(w[:, cols] if len(blocks) > 1 else w, s, wt)
+            for fold, (test, xq) in enumerate(quantized):
+                errors[fold][k] += float(((xq @ q - ref[test][:, cols]) ** 2).sum())
+    total = 0.0
+    for by_weight in errors:
+        for error in by_weight:
+            total += error
     return total
+
+
+# Float64 elements of a weight simulated at a time: a wider layer's output channels go in blocks (its float64 copies
+# are then tens of MB, not a few GB: an 8192 x 8192 layer's is 512 MB, and the simulation takes several).
+_SIMULATED_ELEMENTS = 1 << 23
+
+
+def _column_blocks(shape: tuple[int, ...]) -> list[slice]:
+    """The output channels (columns of ``rows_first``) of a weight of ``shape``, in blocks simulated together."""
+    rows, cols = shape
+    if rows * cols <= _SIMULATED_ELEMENTS:
+        return [slice(None)]
+    step = max(1, _SIMULATED_ELEMENTS // rows)
+    return [slice(start, start + step) for start in range(0, cols, step)]
+
+
+def _simulated(w: np.ndarray, s: np.ndarray, wt) -> np.ndarray:
+    """``s W`` quantized as ``wt`` (one scale per output channel) and back, in float64."""
+    ws = w * s[:, None]
+    wscale, wzp = scale_and_zero_point(ws.min(axis=0), ws.max(axis=0), wt, symmetric_weights(wt, weight_only=False))
+    return (np.clip(np.rint(ws / wscale) + wzp, wt.qmin, wt.qmax) - wzp) * wscale
 
 
 def _default(options, facts: Facts) -> bool:
