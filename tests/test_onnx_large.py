@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import qlinear.onnx as qo
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
+from qlinear.onnx import _parts as parts
 from qlinear.onnx._io import load_mapped
 
 
@@ -42,7 +43,7 @@ def _qdq_model(rng: np.random.Generator) -> onnx.ModelProto:
 
 
 def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    return large.session(model, ort.SessionOptions, ["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return parts.session(model, ort.SessionOptions, ["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
 def test_markers_run_save_and_check_as_the_inline_model(tmp_path):

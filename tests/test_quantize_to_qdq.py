@@ -177,7 +177,7 @@ def test_float16_model_keeps_its_type(op):
 
 
 def test_sqnr_of_a_non_finite_noise_is_minus_infinity():
-    from qlinear.quantize._to_qdq import sqnr_db
+    from qlinear.quantize._sqnr import sqnr_db
 
     # An infinite noise once ended the quantizer in "math domain error", a NaN one gave a NaN figure.
     assert sqnr_db(1.0, math.inf) == -math.inf and sqnr_db(1.0, math.nan) == -math.inf

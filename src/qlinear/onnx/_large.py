@@ -28,7 +28,6 @@ import os
 import secrets
 import tempfile
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +40,7 @@ from qlinear._errors import QuantizationError
 
 __all__ = [
     "PROTOBUF_LIMIT", "TensorStore", "byte_size", "check_model", "copy_fields", "digest", "graph_only", "has_markers", "infer_shapes", "inline", "into_store",
-    "is_large", "session", "tensor_bytes", "value_of",
+    "is_large", "tensor_bytes", "value_of",
 ]  # fmt: skip
 
 # What protobuf serializes, less a margin for the graph around the tensors.
@@ -257,39 +256,6 @@ def copy_fields(source: Any, target: Any, *, skip: str) -> None:
             getattr(target, fd.name).CopyFrom(value)
         else:
             setattr(target, fd.name, value)
-
-
-def session(model: onnx.ModelProto, make_options: Callable[[], Any], providers: list[str]) -> Any:
-    """An ONNX Runtime session for ``model`` of any size: a large one's big initializers go beside its graph.
-
-    ``make_options`` makes the ``SessionOptions`` (a session's own: they
-    hold the values given beside its graph for the session's life). A
-    large model, and a model made from one, runs in parts
-    (:func:`qlinear.onnx._parts.runs_in_parts`; its session is a
-    :class:`qlinear.onnx._parts.PartedSession`, which has ``run`` only).
-    """
-    from qlinear.onnx._parts import PartedSession, runs_in_parts
-
-    if runs_in_parts(model):
-        return PartedSession(model, make_options, lambda part, options: _whole_session(part, options, providers))
-    return _whole_session(model, make_options(), providers)
-
-
-def _whole_session(model: onnx.ModelProto, options: Any, providers: list[str]) -> Any:
-    import onnxruntime as ort
-
-    from qlinear.onnx._ort_values import to_ort_value
-
-    markers = [t for t in model.graph.initializer if is_marker(t)]
-    large = is_large(model)
-    if not markers and not large:
-        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-    light, moved = graph_only(model) if large else (model, [])
-    values = [to_ort_value(value_of(t)) for t in (*markers, *moved)]
-    options.add_external_initializers([t.name for t in (*markers, *moved)], values)
-    sess = ort.InferenceSession(light.SerializeToString(), options, providers=providers)
-    sess._qlinear_initializers = values  # ONNX Runtime reads them in place: they live as long as the session
-    return sess
 
 
 def infer_shapes(model: onnx.ModelProto, **kwargs: Any) -> onnx.ModelProto:

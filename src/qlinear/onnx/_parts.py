@@ -38,7 +38,7 @@ from qlinear.onnx import _large as large
 from qlinear.onnx._graph import node_reads
 from qlinear.onnx._ort_values import from_ort_value, to_ort_value
 
-__all__ = ["PART_BYTES", "WHOLE_BYTES", "PartedSession", "cut", "runs_in_parts"]
+__all__ = ["PART_BYTES", "WHOLE_BYTES", "PartedSession", "cut", "runs_in_parts", "session"]
 
 # A model whose initializers hold this many bytes or more runs in parts.
 WHOLE_BYTES = 1 << 30
@@ -48,16 +48,43 @@ PART_BYTES = 256 << 20
 
 @dataclass
 class Part:
-    """Nodes of the graph run as one session: what they read from before the part, and what they make."""
+    """Nodes of the graph run as one session, in graph order, and what they read from outside the part."""
 
     nodes: list[onnx.NodeProto]
     reads: list[str]  # graph inputs and tensors of earlier parts, in the order first read
-    makes: set[str]
-    initializers: list[str]
+    initializers: list[str]  # the graph's initializers they read
 
 
 # ONNX Runtime's names of tensor types ("tensor(float)") -> ONNX's.
 _ORT_TYPES = {f"tensor({name.lower()})": number for name, number in onnx.TensorProto.DataType.items()}
+
+
+def session(model: onnx.ModelProto, make_options: Callable[[], Any], providers: list[str]) -> Any:
+    """An ONNX Runtime session for ``model`` of any size: a large one's big initializers go beside its graph.
+
+    ``make_options`` makes the ``SessionOptions`` (a session's own: they
+    hold the values given beside its graph for the session's life). A
+    model that :func:`runs_in_parts` gets a :class:`PartedSession`, which
+    has ``run`` only.
+    """
+    if runs_in_parts(model):
+        return PartedSession(model, make_options, lambda part, options: _whole_session(part, options, providers))
+    return _whole_session(model, make_options(), providers)
+
+
+def _whole_session(model: onnx.ModelProto, options: Any, providers: list[str]) -> Any:
+    import onnxruntime as ort
+
+    markers = [t for t in model.graph.initializer if large.is_marker(t)]
+    past_limit = large.is_large(model)
+    if not markers and not past_limit:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    light, moved = large.graph_only(model) if past_limit else (model, [])
+    values = [to_ort_value(large.value_of(t)) for t in (*markers, *moved)]
+    options.add_external_initializers([t.name for t in (*markers, *moved)], values)
+    sess = ort.InferenceSession(light.SerializeToString(), options, providers=providers)
+    sess._qlinear_initializers = values  # ONNX Runtime's API asks that they live as long as the session
+    return sess
 
 
 def runs_in_parts(model: onnx.ModelProto) -> bool:
@@ -77,12 +104,8 @@ def runs_in_parts(model: onnx.ModelProto) -> bool:
 
 
 def cut(graph: onnx.GraphProto, part_bytes: int | None = None) -> list[Part]:
-    """``graph``'s nodes in parts of about ``part_bytes`` (default :data:`PART_BYTES`) of weights, in graph order.
-
-    Raises:
-        QuantizationError: a node reads a tensor no node before it makes
-            (the graph is not in topological order).
-    """
+    """``graph``'s nodes (in topological order, as ONNX has them) in parts of about ``part_bytes`` (default
+    :data:`PART_BYTES`) of weights, in that order."""
     part_bytes = PART_BYTES if part_bytes is None else part_bytes
     inits = {t.name: t for t in graph.initializer}
     sizes = {name: large.tensor_bytes(t) for name, t in inits.items()}
@@ -136,7 +159,7 @@ def cut(graph: onnx.GraphProto, part_bytes: int | None = None) -> list[Part]:
         reads = list(dict.fromkeys(name for n in nodes for name in node_reads(n) if name not in makes))
         initializers = [name for name in reads if name in inits]
         outer = [name for name in reads if name not in inits]
-        parts.append(Part(nodes, outer, makes, initializers))
+        parts.append(Part(nodes, outer, initializers))
     return parts
 
 
@@ -209,6 +232,8 @@ class PartedSession:
         seen: set[str] = set()
         for k, (part, read_after) in enumerate(zip(self.parts, self._read_after, strict=True)):
             outputs = [o for n in part.nodes for o in n.output if o and (o in read_after or o in self._outputs)]
+            if not outputs:  # nothing of it is read: a run skips it too
+                continue
             missing = [name for name in part.reads if not types.get(name)]
             if missing:
                 raise QuantizationError(f"optimized graph: no type inferred for {missing[0]!r}, which crosses a cut")

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from qlinear.quantize._sqnr import sqnr_db
 from qlinear.quantize._sums import squared_sums
-from qlinear.quantize._to_qdq import sqnr_db
 
 __all__ = ["OutputsPower", "Power", "judged_outputs"]
 

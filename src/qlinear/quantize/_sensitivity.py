@@ -42,7 +42,7 @@ from qlinear.quantize._evaluate import Reference, Runner, output_power
 from qlinear.quantize._output_power import OutputsPower
 from qlinear.quantize._precision import FLOAT, NodePrecision
 from qlinear.quantize._session import only_outputs
-from qlinear.quantize._to_qdq import sqnr_db
+from qlinear.quantize._sqnr import sqnr_db
 
 __all__ = [
     "HELD_BYTES",

@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from qlinear._errors import QuantizationError
 from qlinear.onnx import _large as large
-from qlinear.onnx._parts import runs_in_parts
+from qlinear.onnx import _parts as parts
 
 if TYPE_CHECKING:
     from qlinear.quantize.targets import Target
@@ -102,7 +102,7 @@ def session(
     try:
         if path is not None:
             return ort.InferenceSession(path, options(), providers=PROVIDERS)
-        return large.session(model, options, PROVIDERS)
+        return parts.session(model, options, PROVIDERS)
     except Exception as e:  # ONNX Runtime raises its own exception types; the user needs the one line
         raise QuantizationError(f"quantize: ONNX Runtime cannot load the model: {_first_line(e)}{_hint(e)}") from None
 
@@ -115,7 +115,7 @@ def optimized_graph(model: onnx.ModelProto, *, basic: bool = False) -> onnx.Mode
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "optimized.onnx")
         try:
-            if runs_in_parts(model):  # each part's graph, in one
+            if parts.runs_in_parts(model):  # each part's graph, in one
                 return session(model, basic=basic).optimized(tmp)
             session(model, optimized_path=path, basic=basic)
         except QuantizationError:  # no kernels for its types, or a model it refuses: the caller goes on without

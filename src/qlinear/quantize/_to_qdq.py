@@ -13,7 +13,6 @@ of what is stored.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,13 +31,14 @@ from qlinear.quantize._node_placement import NodePlan
 from qlinear.quantize._opset import at_opset
 from qlinear.quantize._placement import Plan, moves_data
 from qlinear.quantize._qdq_names import CODES, SCALE, VALUES, ZERO_POINT
+from qlinear.quantize._sqnr import difference, weight_error
 from qlinear.quantize.algorithms._registry import Algorithm, Calibrated
 
 if TYPE_CHECKING:  # the options compose every algorithm's fields, and algorithms import this module
     from qlinear.quantize._options import QuantizeOptions
 
 
-__all__ = ["ConvertedNode", "convert", "sqnr_db"]
+__all__ = ["ConvertedNode", "convert"]
 
 _INT32 = np.iinfo(np.int32)
 
@@ -56,23 +56,6 @@ class ConvertedNode:
     weight_bytes_after: int
     bias_int32: bool
     bias_corrected: bool = False
-
-
-def sqnr_db(signal_power: float, noise_power: float) -> float | None:
-    """``10 log10(signal / noise)``; None where there is no noise (exact).
-
-    A noise that is not finite (the quantized values hold NaN or infinity
-    where the float ones do not: a Log, Sqrt or division that quantization
-    pushed out of its domain) is minus infinity, the worst figure there is,
-    so that every comparison of figures ranks it last.
-    """
-    if not math.isfinite(noise_power):
-        return -math.inf
-    if noise_power <= 0:
-        return None
-    if signal_power <= 0:
-        return -math.inf
-    return 10.0 * math.log10(signal_power / noise_power)
 
 
 def convert(
@@ -291,10 +274,9 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> tuple[_StoredWei
     wt = element_type(p.weight_type)
     weight_only = p.activation_type is None  # a narrow signed weight beside float activations takes a zero point
     key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis, wt.name, weight_only)
-    keep = _corrector(p, ctx) is not None
     if key in ctx.weights:
         stored = ctx.weights[key]
-        return stored, (_error(w, stored) if keep else None)
+        return stored, (_error(w, stored) if _corrector(p, ctx) is not None else None)
     o, names = ctx.options, ctx.names
     rounded = ctx.rounded.get(key, _NOT_ROUNDED)
     if rounded is _NOT_ROUNDED:  # GPTQ's rounding of a wide layer takes seconds: once a run, not once a candidate
@@ -315,7 +297,7 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> tuple[_StoredWei
         codes, params, axis, block = _codes(w, params, axis, block, wt, p, ctx)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
     # A float64 copy of the weight's error only where an algorithm corrects the layer's bias by it.
-    sqnr, error = _weight_error(w, back, keep=keep)
+    sqnr, error = weight_error(w, back, keep=_corrector(p, ctx) is not None)
     del back
     q_name = names.fresh(p.weight.tensor + CODES)
     s_name = names.fresh(p.weight.tensor + SCALE)
@@ -338,14 +320,7 @@ def _error(w: np.ndarray, stored: _StoredWeight) -> np.ndarray:
     back = qlinear.dequantize_linear(
         codes, stored.params.scale, stored.params.zero_point, axis=stored.axis, block_size=stored.block
     )
-    return _difference(back, w)
-
-
-def _difference(back: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """``back - w`` in float64, each read as float64 once (no float64 copy of ``w``: a wide layer's is 512 MB)."""
-    error = back.astype(np.float64)
-    np.subtract(error, w, out=error)
-    return error
+    return difference(back, w)
 
 
 def _codes(
@@ -362,25 +337,6 @@ def _codes(
     x = x if params.scale.dtype != np.float32 else x.astype(np.float32, copy=False)
     codes = qlinear.quantize_linear(x, params.scale, params.zero_point, axis=axis, block_size=block, output_dtype=wt.name)
     return codes, params, axis, block
-
-
-# Elements a weight's error is summed over at a time: float64 copies of a slice, not of the weight.
-_ERROR_SLICE = 1 << 22
-
-
-def _weight_error(w: np.ndarray, back: np.ndarray, *, keep: bool) -> tuple[float | None, np.ndarray | None]:
-    """The weight's SQNR (dequantized ``back`` against ``w``) and, if ``keep``, its error ``back - w`` in float64."""
-    if keep:  # the error whole, and no float64 copy of the weight beside it
-        error = _difference(back, w)
-        return sqnr_db(float(np.square(w, dtype=np.float64).sum()), float(np.square(error).sum())), error
-    signal = noise = 0.0
-    flat_w, flat_back = w.reshape(-1), back.reshape(-1)
-    for start in range(0, flat_w.size, _ERROR_SLICE):
-        a = flat_w[start : start + _ERROR_SLICE].astype(np.float64)
-        e = flat_back[start : start + _ERROR_SLICE].astype(np.float64) - a
-        signal += float(a @ a)
-        noise += float(e @ e)
-    return sqnr_db(signal, noise), None
 
 
 def _corrector(p: NodePlan, ctx: _Context):
