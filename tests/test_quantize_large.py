@@ -91,3 +91,27 @@ def test_calibrated_quantization_of_a_model_over_2_gb(tmp_path):
     finally:
         for f in tmp_path.rglob("*.data"):
             f.unlink()
+
+
+def test_a_large_models_builds_share_the_codes_their_store_holds(monkeypatch):
+    # Each build of a run (the requested types, every candidate of the search) quantizes the same weights alike:
+    # a large model's codes are stored once a run and every build's marker names them.
+    from qlinear.quantize._placement import plan
+    from qlinear.quantize._to_qdq import convert
+
+    monkeypatch.setattr(model_pass, "STORE_THRESHOLD", 0)
+    monkeypatch.setattr(large, "MOVED_THRESHOLD", 256)
+    model, _ = outlier_mlp()
+    fm = model_pass.load_float_model(model)
+    options = qq.QuantizeOptions(activations=None, bias_correction=False, gptq=False)
+    rounded: dict = {}
+    first, _ = convert(fm, plan(fm, options), options, {}, fm.opset, rounded=rounded)
+    held = len(fm.store)
+    second, _ = convert(fm, plan(fm, options), options, {}, fm.opset, rounded=rounded)
+    assert len(fm.store) == held  # nothing stored again
+
+    def codes(m):
+        return {t.name: t.external_data[0].value for t in m.graph.initializer if large.is_marker(t) and t.name.endswith("_q")}
+
+    assert codes(first) and codes(first) == codes(second)
+    assert _by_value(first) == _by_value(second)

@@ -14,7 +14,7 @@ of what is stored.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -278,6 +278,12 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> tuple[_StoredWei
         stored = ctx.weights[key]
         return stored, (_error(w, stored) if _corrector(p, ctx) is not None else None)
     o, names = ctx.options, ctx.names
+    # A large model's codes are in its store: an earlier build of the run that stored this weight alike gives them.
+    again = ("stored", *key, o.granularity, o.block_size, o.weight_clip) if ctx.fm.store is not None else None
+    if again in ctx.rounded:
+        stored = _named_again(ctx.rounded[again], p, ctx)
+        ctx.weights[key] = stored
+        return stored, (_error(w, stored) if _corrector(p, ctx) is not None else None)
     rounded = ctx.rounded.get(key, _NOT_ROUNDED)
     if rounded is _NOT_ROUNDED:  # GPTQ's rounding of a wide layer takes seconds: once a run, not once a candidate
         found = next(
@@ -310,7 +316,23 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> tuple[_StoredWei
     nbytes = code_bytes + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
     stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, q_proto)
     ctx.weights[key] = stored
+    if again is not None:
+        ctx.rounded[again] = stored
     return stored, error
+
+
+def _named_again(earlier: _StoredWeight, p: NodePlan, ctx: _Context) -> _StoredWeight:
+    """A weight stored by an earlier build of the run, under this model's names: its codes' marker names the same value."""
+    q_name = ctx.names.fresh(p.weight.tensor + CODES)
+    s_name = ctx.names.fresh(p.weight.tensor + SCALE)
+    z_name = ctx.names.fresh(p.weight.tensor + ZERO_POINT) if earlier.z_name else None
+    q_proto = TensorProto()
+    q_proto.CopyFrom(earlier.codes)
+    q_proto.name = q_name
+    ctx.new_inits += [q_proto, to_tensor_proto(earlier.params.scale, s_name)]
+    if z_name:
+        ctx.new_inits.append(to_tensor_proto(earlier.params.zero_point, z_name))
+    return replace(earlier, q_name=q_name, s_name=s_name, z_name=z_name, codes=q_proto)
 
 
 def _error(w: np.ndarray, stored: _StoredWeight) -> np.ndarray:
