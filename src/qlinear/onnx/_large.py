@@ -9,7 +9,8 @@ or slices of a file (the model's external data, or the store's own for
 values it was given), mapped read-only at each use. Copies of the
 graph cost the graph alone.
 
-- ONNX Runtime receives the values as tensors beside the graph
+- ONNX Runtime (:func:`qlinear.onnx._parts.session`) receives the
+  values as tensors beside the graph
   (``SessionOptions.add_external_initializers``): nothing is written to
   disk and nothing but the graph is serialized;
 - shape inference reads types and shapes from the markers;
@@ -72,10 +73,6 @@ class _FileSlice:
         if not all(self.shape):
             return np.empty(self.shape, self.dtype)
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
 class TensorStore:
