@@ -158,17 +158,18 @@ def test_the_division_goes_into_a_layernormalization_before_dense_layers_of_open
     assert scale[7] < 10 * np.median(scale)
 
 
-def test_a_wide_layer_simulated_in_blocks_of_output_channels_has_the_whole_layers_error(monkeypatch):
-    # A layer of 8192 x 8192 simulated whole takes several float64 copies of 512 MB: wide ones go a block of output
-    # channels at a time. The error is the same sum, in another order.
+def test_a_wide_layer_is_judged_on_a_sample_of_its_output_channels_and_picks_the_whole_layers_alpha(monkeypatch):
+    # An 8192 x 8192 layer simulated whole takes seven float64 passes of 512 MB an alpha: a wide layer's error is
+    # estimated on evenly spaced output channels (each quantized on its own), its share of the layer counted.
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((64, 48))
-    x[:, 3] *= 20.0
-    weights = [rng.standard_normal((48, 40)).astype(np.float32), rng.standard_normal((48, 24)).astype(np.float32)]
-    refs = [x @ w for w in weights]
-    s = smoothquant._scales(np.abs(x).max(axis=0), weights, 0.5)
+    x = rng.standard_normal((256, 64))
+    x[:, [3, 40]] *= 25.0  # outlier channels, as SmoothQuant meets them
+    weights = [rng.standard_normal((64, 400)).astype(np.float32), rng.standard_normal((64, 48)).astype(np.float32)]
     wt, at = element_type("int8"), element_type("uint8")
-    whole = smoothquant._error(x, weights, refs, s, wt, at)
-    monkeypatch.setattr(smoothquant, "_SIMULATED_ELEMENTS", 48 * 7)  # blocks of 7 output channels, the last shorter
-    assert len(smoothquant._column_blocks((48, 40))) == 6
-    assert smoothquant._error(x, weights, refs, s, wt, at) == pytest.approx(whole, rel=1e-12)
+    whole = smoothquant._search(x, np.abs(x).max(axis=0), weights, wt, at)
+    monkeypatch.setattr(smoothquant, "_SIMULATED_ELEMENTS", 64 * 100)  # the first layer judged on 100 of its 400
+    judged, share = smoothquant._judged(weights[0])
+    assert judged.shape == (64, 100) and share == 0.25 and smoothquant._judged(weights[1])[1] == 1.0
+    sampled = smoothquant._search(x, np.abs(x).max(axis=0), weights, wt, at)
+    assert whole[0] is not None and sampled[0] == whole[0]  # the same alpha
+    assert sampled[1] == pytest.approx(whole[1], rel=0.1) and sampled[2] == pytest.approx(whole[2], rel=0.1)
