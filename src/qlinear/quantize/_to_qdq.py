@@ -188,7 +188,7 @@ class _StoredWeight:
     params: QuantParams
     sqnr: float | None
     nbytes: int
-    codes: TensorProto  # the codes' initializer (the one in the new graph, not a copy)
+    codes: TensorProto  # the codes' initializer as made (a large model's: a marker of its store)
 
 
 def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> ConvertedNode:
