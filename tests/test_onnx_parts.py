@@ -172,3 +172,28 @@ def test_a_spilled_value_reads_back_from_the_stores_file(monkeypatch):
     small = large.value_of(store.marker("b", np.ones(8, np.float32)))
     assert not isinstance(small, np.memmap)  # under the threshold: kept as given
     assert large.tensor_bytes(marker) == value.nbytes
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_constants_only_the_outputs_read_and_an_activations_scale_made_by_a_node_are_placed():
+    # A graph output made from initializers alone (no node reads it), and an activation's DequantizeLinear whose
+    # scale a Reshape of an initializer makes: each goes into a part, with what it reads.
+    model = _layers(np.random.default_rng(6), count=4)
+    g = model.graph
+    g.node.append(helper.make_node("Identity", ["s0"], ["scales_out"], name="scales_copy"))
+    g.output.append(helper.make_tensor_value_info("scales_out", TensorProto.FLOAT, [_WIDTH]))
+    g.initializer.append(numpy_helper.from_array(np.array([0.05], np.float32), "ms_vector"))
+    g.initializer.append(numpy_helper.from_array(np.array([], np.int64), "scalar_shape"))
+    g.node.insert(0, helper.make_node("Reshape", ["ms_vector", "scalar_shape"], ["ms_made"], name="make_ms"))
+    dq = next(n for n in g.node if n.name == "md2")
+    dq.input[1] = "ms_made"
+    cut = parts.cut(g, _PART)
+    with_dq = next(part for part in cut if "md2" in [n.name for n in part.nodes])
+    assert "make_ms" in [n.name for n in with_dq.nodes] and "ms_made" not in with_dq.reads
+    assert "scales_copy" in [n.name for n in cut[-1].nodes]
+    marked, _store = _marked(model)
+    x = np.random.default_rng(7).standard_normal((3, _WIDTH)).astype(np.float32)
+    y, scales = session(marked).run(None, {"x": x})
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(y, want[0], rtol=1e-5, atol=1e-6)
+    assert np.array_equal(scales, want[1])

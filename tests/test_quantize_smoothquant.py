@@ -158,9 +158,9 @@ def test_the_division_goes_into_a_layernormalization_before_dense_layers_of_open
     assert scale[7] < 10 * np.median(scale)
 
 
-def test_a_wide_layer_is_judged_on_a_sample_of_its_output_channels_and_picks_the_whole_layers_alpha(monkeypatch):
-    # An 8192 x 8192 layer simulated whole takes seven float64 passes of 512 MB an alpha: a wide layer's error is
-    # estimated on evenly spaced output channels (each quantized on its own), its share of the layer counted.
+def test_a_large_models_wide_layer_is_judged_on_a_sample_of_its_output_channels_and_picks_the_same_alpha(monkeypatch):
+    # An 8192 x 8192 layer simulated whole takes seven float64 passes of 512 MB an alpha: a large model's wide layer's
+    # error is estimated on evenly spaced output channels (each quantized on its own), its share of the layer counted.
     rng = np.random.default_rng(7)
     x = rng.standard_normal((256, 64))
     x[:, [3, 40]] *= 25.0  # outlier channels, as SmoothQuant meets them
@@ -170,6 +170,7 @@ def test_a_wide_layer_is_judged_on_a_sample_of_its_output_channels_and_picks_the
     monkeypatch.setattr(smoothquant, "_SIMULATED_ELEMENTS", 64 * 100)  # the first layer judged on 100 of its 400
     judged, share = smoothquant._judged(weights[0])
     assert judged.shape == (64, 100) and share == 0.25 and smoothquant._judged(weights[1])[1] == 1.0
-    sampled = smoothquant._search(x, np.abs(x).max(axis=0), weights, wt, at)
+    assert smoothquant._search(x, np.abs(x).max(axis=0), weights, wt, at) == whole  # a model under 1 GiB: every channel
+    sampled = smoothquant._search(x, np.abs(x).max(axis=0), weights, wt, at, sampled=True)
     assert whole[0] is not None and sampled[0] == whole[0]  # the same alpha
     assert sampled[1] == pytest.approx(whole[1], rel=0.1) and sampled[2] == pytest.approx(whole[2], rel=0.1)

@@ -98,7 +98,8 @@ class TensorStore:
         _STORES[self.key] = self
 
     def marker(self, name: str, value: np.ndarray) -> TensorProto:
-        """A marker for initializer ``name`` whose value is ``value`` (kept, not copied: do not change it)."""
+        """A marker for initializer ``name`` whose value is ``value``: kept as given (do not change it), or, from
+        :data:`SPILLED_BYTES`, copied to the store's file."""
         number = str(next(self._numbers))
         self._values[number] = self._spilled(value) if value.nbytes >= SPILLED_BYTES else value
         return self._marker(name, number, value.dtype, value.shape)

@@ -135,7 +135,7 @@ def cut(graph: onnx.GraphProto, part_bytes: int | None = None) -> list[Part]:
         if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
             # A cut passes an activation's codes, never its dequantized values: ONNX Runtime fuses a DequantizeLinear
             # into its consumer (an integer kernel) only where both are in one part.
-            pending.add(k)
+            pending |= closure(k)  # with the constants it reads (a scale a Reshape makes)
             continue
         own = closure(k) | pending
         pending = set()
@@ -148,10 +148,14 @@ def cut(graph: onnx.GraphProto, part_bytes: int | None = None) -> list[Part]:
             groups.append(set())
         groups[-1] |= own
         held += added
-    if pending:  # the graph ends with them
+    # What no node placed reads, the graph ends with: those DequantizeLinear nodes, and constant nodes whose outputs
+    # only the graph's outputs (or a caller asking for them) read.
+    placed = set().union(*groups) | pending
+    unread = {j for k in range(len(order)) if k not in placed and order[k].output for j in closure(k)}
+    if pending or unread:
         if not groups:
             groups.append(set())
-        groups[-1] |= pending
+        groups[-1] |= pending | unread
     parts = []
     for group in groups:
         nodes = [order[j] for j in sorted(group)]
@@ -202,13 +206,12 @@ class PartedSession:
         live = {name: to_ort_value(np.asarray(a)) for name, a in feeds.items()}
         for part, read_after in zip(self.parts, self._read_after, strict=True):
             hand_on = [o for n in part.nodes for o in n.output if o and (o in read_after or o in wanted)]
-            if not hand_on:
-                continue
-            types = {name: _ort_type(name, live) for name in part.reads}
-            session = self._make_session(self._part_model(part, hand_on, types), self._options())
-            got = session.run_with_ort_values(hand_on, {name: live[name] for name in part.reads})
-            del session
-            live.update(zip(hand_on, got, strict=True))
+            if hand_on:  # else nothing of it is read
+                types = {name: _ort_type(name, live) for name in part.reads}
+                session = self._make_session(self._part_model(part, hand_on, types), self._options())
+                got = session.run_with_ort_values(hand_on, {name: live[name] for name in part.reads})
+                del session
+                live.update(zip(hand_on, got, strict=True))
             for name in [n for n in live if n not in read_after and n not in wanted]:
                 del live[name]
         missing = [n for n in wanted if n not in live and n not in self._inits]
@@ -225,7 +228,8 @@ class PartedSession:
             QuantizationError: a tensor crossing a cut has no inferred type, or ONNX Runtime cannot load a part.
         """
         inferred = large.infer_shapes(self._model)
-        types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.input, *inferred.graph.value_info)}
+        g = inferred.graph
+        types = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.value_info, *g.output)}
         graph = onnx.GraphProto(name=self._model.graph.name)
         graph.input.extend(self._model.graph.input)
         graph.output.extend(self._model.graph.output)

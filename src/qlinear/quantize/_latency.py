@@ -51,7 +51,7 @@ _SECONDS = 1.0
 # Pairs a batch of a timing that may be given up on (UserBatchTimer.time's give_up_above): the first look.
 QUICK_PAIRS = 3
 # Why a model run in parts is not timed.
-UNTIMED_IN_PARTS = f"its weights pass {WHOLE_BYTES >> 30} GiB, so it runs in parts, a session a part"
+UNTIMED_IN_PARTS = f"it runs in parts, a session a part, as a model of {WHOLE_BYTES >> 30} GiB or more and those made from it do"
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ class UserBatchTimer:
     a caller that wants a second opinion (a decision confirmed) asks
     ``again``.
 
-    A model whose weights pass :data:`qlinear.onnx._parts.WHOLE_BYTES`
-    runs in parts, a session a part and a run (so its memory follows a
+    A model that runs in parts (:func:`qlinear.onnx._parts.runs_in_parts`)
+    makes a session a part and a run (so its memory follows a
     part, not the model), which times the sessions, not the model: it is
     not timed (``untimed`` says why).
     """

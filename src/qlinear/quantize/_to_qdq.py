@@ -189,6 +189,7 @@ class _StoredWeight:
     sqnr: float | None
     nbytes: int
     codes: TensorProto  # the codes' initializer as made (a large model's: a marker of its store)
+    with_error: bool = False  # the node that stored it took its error: nodes after it that share it take it only then
 
 
 def _convert_node(node: onnx.NodeProto, p: NodePlan, ctx: _Context) -> ConvertedNode:
@@ -276,14 +277,14 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> tuple[_StoredWei
     key = (p.weight.tensor, p.weight.channel_axis, p.weight.reduction_axis, wt.name, weight_only)
     if key in ctx.weights:
         stored = ctx.weights[key]
-        return stored, (_error(w, stored) if _corrector(p, ctx) is not None else None)
+        return stored, (_error(w, stored) if stored.with_error and _corrector(p, ctx) is not None else None)
     o, names = ctx.options, ctx.names
     # A large model's codes are in its store: an earlier build of the run that stored this weight alike gives them.
     again = ("stored", *key, o.granularity, o.block_size, o.weight_clip) if ctx.fm.store is not None else None
     if again in ctx.rounded:
-        stored = _named_again(ctx.rounded[again], p, ctx)
+        stored = _named_again(ctx.rounded[again], p, ctx, with_error=_corrector(p, ctx) is not None)
         ctx.weights[key] = stored
-        return stored, (_error(w, stored) if _corrector(p, ctx) is not None else None)
+        return stored, (_error(w, stored) if stored.with_error else None)
     rounded = ctx.rounded.get(key, _NOT_ROUNDED)
     if rounded is _NOT_ROUNDED:  # GPTQ's rounding of a wide layer takes seconds: once a run, not once a candidate
         found = next(
@@ -303,7 +304,8 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> tuple[_StoredWei
         codes, params, axis, block = _codes(w, params, axis, block, wt, p, ctx)
     back = qlinear.dequantize_linear(codes, params.scale, params.zero_point, axis=axis, block_size=block)
     # A float64 copy of the weight's error only where an algorithm corrects the layer's bias by it.
-    sqnr, error = weight_error(w, back, keep=_corrector(p, ctx) is not None)
+    with_error = _corrector(p, ctx) is not None
+    sqnr, error = weight_error(w, back, keep=with_error)
     del back
     q_name = names.fresh(p.weight.tensor + CODES)
     s_name = names.fresh(p.weight.tensor + SCALE)
@@ -314,14 +316,14 @@ def _store_weight(p: NodePlan, w: np.ndarray, ctx: _Context) -> tuple[_StoredWei
         ctx.new_inits.append(to_tensor_proto(params.zero_point, z_name))
     code_bytes = large.value_of(q_proto).nbytes if large.is_marker(q_proto) else len(q_proto.raw_data)
     nbytes = code_bytes + params.scale.nbytes + (params.zero_point.nbytes if params.zero_point is not None else 0)
-    stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, q_proto)
+    stored = _StoredWeight(q_name, s_name, z_name, axis, block, params, sqnr, nbytes, q_proto, with_error)
     ctx.weights[key] = stored
     if again is not None:
         ctx.rounded[again] = stored
     return stored, error
 
 
-def _named_again(earlier: _StoredWeight, p: NodePlan, ctx: _Context) -> _StoredWeight:
+def _named_again(earlier: _StoredWeight, p: NodePlan, ctx: _Context, *, with_error: bool) -> _StoredWeight:
     """A weight stored by an earlier build of the run, under this model's names: its codes' marker names the same value."""
     q_name = ctx.names.fresh(p.weight.tensor + CODES)
     s_name = ctx.names.fresh(p.weight.tensor + SCALE)
@@ -332,7 +334,7 @@ def _named_again(earlier: _StoredWeight, p: NodePlan, ctx: _Context) -> _StoredW
     ctx.new_inits += [q_proto, to_tensor_proto(earlier.params.scale, s_name)]
     if z_name:
         ctx.new_inits.append(to_tensor_proto(earlier.params.zero_point, z_name))
-    return replace(earlier, q_name=q_name, s_name=s_name, z_name=z_name, codes=q_proto)
+    return replace(earlier, q_name=q_name, s_name=s_name, z_name=z_name, codes=q_proto, with_error=with_error)
 
 
 def _error(w: np.ndarray, stored: _StoredWeight) -> np.ndarray:

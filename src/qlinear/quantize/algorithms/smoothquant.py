@@ -15,7 +15,9 @@ is searched per activation: among 0.3-0.8 and no smoothing, the
 one whose quantization (activation per tensor, weights per output channel,
 at the types asked for) of the layers' output has the least squared error
 on a sample of the calibration inputs, the activation's range taken from
-one half of the sample and the error from the other. It rewrites the float model before the plan, from
+one half of the sample and the error from the other (a large model's
+wide layer: the error of a sample of its output channels, over their
+share, :func:`_judged`). It rewrites the float model before the plan, from
 a first pass over the calibration data that keeps each activation's
 per-channel maximum and its first rows; the model's function is unchanged
 up to float rounding.
@@ -84,7 +86,7 @@ def smooth(
         if tensor not in absmax or absmax[tensor].max() < OUTLIER_RATIO * max(float(np.median(absmax[tensor])), 1e-30):
             continue
         weights = [rows_first(fm, n) for n in nodes]
-        best = _search(rows[tensor], absmax[tensor], weights, wt, at)
+        best = _search(rows[tensor], absmax[tensor], weights, wt, at, sampled=fm.store is not None)
         done.append(ScaledActivation(tensor, tuple(n.name for n in nodes), *best))
         if best[0] is not None:
             rewrite(
@@ -105,15 +107,17 @@ def _weight_max(weights: list[np.ndarray]) -> np.ndarray:
     return np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
 
 
-def _search(x: np.ndarray, absmax: np.ndarray, weights: list[np.ndarray], wt, at) -> tuple[float | None, float, float]:
+def _search(x: np.ndarray, absmax: np.ndarray, weights: list[np.ndarray], wt, at, *,
+            sampled: bool = False) -> tuple[float | None, float, float]:  # fmt: skip
     """``(alpha, error without, error with)``: the alpha of least simulated output error (None: none beats no smoothing).
 
-    A wide layer's error is that of a sample of its output channels (see
-    :func:`_judged`); its scales come from all of them.
+    ``sampled`` (a large model's layers): a wide layer's error is that of a
+    sample of its output channels (see :func:`_judged`); its scales come
+    from all of them.
     """
     x = x.astype(np.float64)
     wmax = _weight_max(weights)  # each alpha's scales read it: once, not once an alpha (a pass over every weight)
-    judged, shares = zip(*(_judged(w) for w in weights), strict=True)
+    judged, shares = zip(*(_judged(w) if sampled else (w, 1.0) for w in weights), strict=True)
     refs = [x @ w for w in judged]
     plain = _error(x, judged, refs, np.ones(x.shape[1]), wt, at, shares)
     best_alpha, best = None, plain
@@ -124,8 +128,8 @@ def _search(x: np.ndarray, absmax: np.ndarray, weights: list[np.ndarray], wt, at
     return best_alpha, plain, best
 
 
-# Float64 elements of a layer the alpha search simulates: a wider layer (an 8192 x 8192 one has 64M) is judged on
-# evenly spaced output channels (1024 of its 8192). Each output channel's weights are quantized on their own and add
+# Float64 elements of a large model's layer the alpha search simulates: a wider layer (an 8192 x 8192 one has 64M)
+# is judged on evenly spaced output channels (1024 of its 8192). Each output channel's weights are quantized on their own and add
 # their own error, so the sample's error, over its share of the channels, estimates the layer's, and every alpha is
 # compared on the same sample. Simulated whole, each 8192 x 8192 layer took seven float64 passes of 512 MB an alpha
 # (138 s of a 3 GB model's 169 s run).
