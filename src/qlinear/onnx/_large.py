@@ -186,7 +186,7 @@ def byte_size(model: onnx.ModelProto) -> int:
 
 def _inline_bytes(marker: TensorProto) -> int:
     """The serialized size of the tensor ``marker`` names, its value in ``raw_data``."""
-    nbytes = value_of(marker).nbytes
+    nbytes = tensor_bytes(marker)
     header = TensorProto(name=marker.name, data_type=marker.data_type, dims=marker.dims).ByteSize()
     return header + 1 + len(_varint(nbytes)) + nbytes  # raw_data's tag, its length, its bytes
 
@@ -201,8 +201,11 @@ def _varint(n: int) -> bytes:
 
 
 def tensor_bytes(t: TensorProto) -> int:
-    """The bytes ``t`` holds: a marker's value's, any other tensor's serialized size."""
-    return value_of(t).nbytes if is_marker(t) else t.ByteSize()
+    """The bytes ``t`` holds: a marker's value's (from its type and shape: nothing is mapped), any other tensor's
+    serialized size."""
+    if not is_marker(t):
+        return t.ByteSize()
+    return int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
 
 
 def is_large(model: onnx.ModelProto) -> bool:

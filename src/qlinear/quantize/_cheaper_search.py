@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from qlinear.quantize._precision import NodePrecision
-from qlinear.quantize._promotion import AccuracyTarget, Promotion, Search, _as_number, _key, search
+from qlinear.quantize._promotion import AccuracyTarget, Promotion, Search, as_number, assignment_key, search
 from qlinear.quantize._sensitivity import NodeSensitivity
 
 __all__ = ["COST_FLOOR", "FAST_ENOUGH", "cheapest_first", "predicted_cost", "search_cheaper"]
@@ -81,7 +81,7 @@ def search_cheaper(
 
     def once(precision: dict[str, NodePrecision]) -> float | None:
         nonlocal added
-        key = _key(precision)
+        key = assignment_key(precision)
         if key not in judged:
             added += 1
             judged[key] = measure(precision)
@@ -100,7 +100,7 @@ def search_cheaper(
     if other is not None and (
         predicted_cost(other.promotions, costs) < spent - COST_FLOOR
         if other.met
-        else not found.met and _as_number(other.figure, target.metric) > _as_number(found.figure, target.metric)
+        else not found.met and as_number(other.figure, target.metric) > as_number(found.figure, target.metric)
     ):  # cheaper at the target, or, both missing it, the better figure
         return replace(other, order="cost", evaluations=found.evaluations + added), cheap
     return replace(found, evaluations=found.evaluations + added), steps

@@ -28,6 +28,8 @@ from qlinear.quantize._sensitivity import NodeSensitivity
 
 __all__ = [
     "PRUNE_TRIALS",
+    "as_number",
+    "assignment_key",
     "TARGET_METRICS",
     "Promotion",
     "Search",
@@ -79,7 +81,7 @@ class AccuracyTarget:
     name: str = ""
 
     def met(self, figure: float | None) -> bool:
-        return _as_number(figure, self.metric) >= self.value
+        return as_number(figure, self.metric) >= self.value
 
     def describe(self) -> str:
         kind = TARGET_METRICS[self.metric]
@@ -113,7 +115,7 @@ class Search:
     budget: float | None = None  # the latency budget the search kept to (the result's over the float model's)
     order: str = "sensitivity"  # the promotion list's order: "sensitivity" or "cost" (cheapest_first)
     costs: dict[str, float] = field(default_factory=dict)  # each node's predicted cost in float, where the profile gave it
-    # Every assignment the search evaluated (prefixes and prune trials, by _key) -> its figure: a later search reads it.
+    # Every assignment the search evaluated (prefixes and prune trials, by assignment_key) -> its figure: a later search reads it.
     judged: dict[frozenset, float | None] = field(default_factory=dict, repr=False)
 
     @property
@@ -190,10 +192,10 @@ def search(
                     low = mid
     met = found is not None
     if found is None:  # the best evaluated
-        found = max(figures, key=lambda k: (_as_number(figures[k], target.metric), -k))
+        found = max(figures, key=lambda k: (as_number(figures[k], target.metric), -k))
     kept = [Promotion(s.node, s.before, s.after, figures.get(k + 1), k + 1 in figures) for k, s in enumerate(steps[:found])]
     figure, pruned = figures[found], 0
-    judged = {_key({s.node: s.after for s in steps[:k]}): f for k, f in figures.items()}
+    judged = {assignment_key({s.node: s.after for s in steps[:k]}): f for k, f in figures.items()}
     if met:
         kept, figure, pruned = _prune(kept, figure, target, measure, judged)
     return Search(target, start_figure, figure, met, kept, len(figures) - 1 + pruned, dict(figures), judged=judged)
@@ -264,7 +266,7 @@ def _prune(
     A step's figure is kept only while no earlier step was dropped; the
     last step's is the final figure. At most :data:`PRUNE_TRIALS` nodes are
     tried. ``judged``: the figures of the assignments the search already
-    evaluated (by :func:`_key`), read instead of evaluated again (the
+    evaluated (by :func:`assignment_key`), read instead of evaluated again (the
     prefix one step short of the result is one, and dropping a node
     promoted only by the last step gives it), and each trial's figure
     added to it. Returns the steps kept, the figure and the evaluations
@@ -278,11 +280,11 @@ def _prune(
         trial = [p for p in kept if p.node != node]
         tries += 1
         precision = {p.node: p.after for p in trial}
-        if _key(precision) in judged:
-            got = judged[_key(precision)]
+        if assignment_key(precision) in judged:
+            got = judged[assignment_key(precision)]
         else:
             evaluations += 1
-            got = judged[_key(precision)] = measure(precision)
+            got = judged[assignment_key(precision)] = measure(precision)
         if target.met(got):
             first = next(k for k, p in enumerate(kept) if p.node == node)
             kept = [p if k < first else Promotion(p.node, p.before, p.after) for k, p in enumerate(trial)]
@@ -292,7 +294,7 @@ def _prune(
     return kept, figure, evaluations
 
 
-def _key(precision: dict[str, NodePrecision]) -> frozenset:
+def assignment_key(precision: dict[str, NodePrecision]) -> frozenset:
     """A precision assignment as a key: the same nodes at the same types, in any order."""
     return frozenset(precision.items())
 
@@ -313,7 +315,7 @@ def _gained(db: float | None, before: str | None, after: str | None) -> float | 
     return db + _DB_PER_BIT * (element_type(after).bits - element_type(before).bits)
 
 
-def _as_number(figure: float | None, metric: str) -> float:
+def as_number(figure: float | None, metric: str) -> float:
     """A figure for comparison: an exact output (None SQNR) is infinitely good; no agreement is the worst."""
     if figure is None:
         return math.inf if metric == "sqnr" else -math.inf
